@@ -1,0 +1,307 @@
+// The CPU platform: N virtual devices, each with a caching allocator and memory accounting, and
+// one intra-op thread pool shared by all of them.
+#include <cblas.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <fmt/format.h>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "cjax/device.h"
+#include "cjax/errors.h"
+#include "core/buffer.h"
+#include "core/parallel.h"
+
+extern "C" {
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int);
+}
+
+namespace cjax {
+namespace {
+
+constexpr size_t kAlignment = 64;
+constexpr size_t kSmallLimit = 1 << 20;  // below this, round to a power of two (bins)
+
+size_t round_size(size_t n) {
+  if (n == 0) n = 1;
+  if (n <= kSmallLimit) return std::max<size_t>(kAlignment, std::bit_ceil(n));
+  // Large blocks: round up to 1/8 of the next power of two so similar sizes share a bin.
+  size_t p = std::bit_floor(n);
+  size_t step = std::max<size_t>(p / 8, 4096);
+  return (n + step - 1) / step * step;
+}
+
+// A caching allocator: freed blocks are kept per rounded size and handed out again, so a loop
+// that allocates the same 64 MB temporaries every step never page-faults after the first one.
+// The cache holds at most `limit` bytes; beyond that, freed blocks go back to the system.
+class CachingAllocator {
+ public:
+  void* allocate(size_t nbytes) {
+    size_t sz = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.num_allocs++;
+    stats_.bytes_in_use += int64_t(sz);
+    stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+    auto it = free_.find(sz);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.bytes_cached -= int64_t(sz);
+      stats_.num_cache_hits++;
+      return p;
+    }
+    void* p = std::aligned_alloc(kAlignment, sz);
+    if (!p) {
+      release_cache_locked();
+      p = std::aligned_alloc(kAlignment, sz);
+    }
+    if (!p) {
+      stats_.bytes_in_use -= int64_t(sz);
+      throw BackendError(fmt::format("out of host memory allocating {} bytes", nbytes));
+    }
+    if (sz >= (2u << 20)) madvise(p, sz, MADV_HUGEPAGE);
+    return p;
+  }
+  void deallocate(void* p, size_t nbytes) {
+    size_t sz = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_in_use -= int64_t(sz);
+    if (stats_.bytes_cached + int64_t(sz) > limit_) {
+      std::free(p);
+      return;
+    }
+    free_[sz].push_back(p);
+    stats_.bytes_cached += int64_t(sz);
+  }
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  ~CachingAllocator() { release_cache_locked(); }
+
+ private:
+  void release_cache_locked() {
+    for (auto& [sz, v] : free_)
+      for (void* p : v) std::free(p);
+    free_.clear();
+    stats_.bytes_cached = 0;
+  }
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  MemoryStats stats_;
+  int64_t limit_ = int64_t(4) << 30;
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x <= 0 || x > 4096)
+    throw BackendError(fmt::format("{}={} is not a positive integer; set it to e.g. 8", name, v));
+  return int(x);
+}
+
+std::atomic<int> g_requested_devices{0};
+std::atomic<int> g_requested_threads{0};
+
+// The thread pool: workers wait for a job (a chunked range); the caller takes part too.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) : n_(n) {
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int size() const { return n_; }
+
+  void run(int64_t n, int64_t nchunks, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock<std::mutex> run_lock(run_mu_);  // one parallel job at a time
+    Job job;
+    job.fn = &fn;
+    job.n = n;
+    job.nchunks = nchunks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work_on(job);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return job.finished == job.nchunks && job.active == 0; });
+    job_ = nullptr;
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+ private:
+  struct Job {
+    const std::function<void(int64_t, int64_t)>* fn = nullptr;
+    int64_t n = 0, nchunks = 0;
+    std::atomic<int64_t> next{0};
+    int64_t finished = 0;  // guarded by mu_
+    int active = 0;        // workers inside work_on; guarded by mu_
+    std::exception_ptr error;
+  };
+  static thread_local bool tl_in_region;
+  friend bool cjax::in_parallel_region();
+
+  void work_on(Job& job) {
+    bool saved = tl_in_region;
+    tl_in_region = true;
+    int64_t done = 0;
+    for (;;) {
+      int64_t c = job.next.fetch_add(1);
+      if (c >= job.nchunks) break;
+      int64_t b = job.n * c / job.nchunks, e = job.n * (c + 1) / job.nchunks;
+      try {
+        (*job.fn)(b, e);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!job.error) job.error = std::current_exception();
+      }
+      ++done;
+    }
+    tl_in_region = saved;
+    if (done) {
+      std::lock_guard<std::mutex> lock(mu_);
+      job.finished += done;
+      if (job.finished == job.nchunks) done_cv_.notify_all();
+    }
+  }
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || (job_ && generation_ != seen); });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+        ++job->active;
+      }
+      work_on(*job);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--job->active == 0) done_cv_.notify_all();
+    }
+  }
+  int n_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_, done_cv_;
+  Job* job_ = nullptr;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+thread_local bool ThreadPool::tl_in_region = false;
+
+struct CpuRuntime {
+  std::vector<std::unique_ptr<CachingAllocator>> allocators;
+  std::unique_ptr<ThreadPool> pool;
+  CpuRuntime() {
+    int ndev = g_requested_devices.load() ? g_requested_devices.load() : env_int("CJAX_NUM_CPU_DEVICES", 1);
+    int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    int nthreads = g_requested_threads.load() ? g_requested_threads.load() : env_int("CJAX_NUM_THREADS", hw);
+    for (int i = 0; i < ndev; ++i) allocators.push_back(std::make_unique<CachingAllocator>());
+    pool = std::make_unique<ThreadPool>(nthreads);
+    g_requested_devices = ndev;
+    g_requested_threads = nthreads;
+  }
+};
+std::atomic<bool> g_started{false};
+CpuRuntime& runtime() {
+  static CpuRuntime rt;
+  g_started = true;
+  return rt;
+}
+
+CachingAllocator& allocator_for(const Device& d) {
+  auto& rt = runtime();
+  if (d.platform() != Platform::cpu || d.id() < 0 || d.id() >= int(rt.allocators.size()))
+    throw BackendError(fmt::format("no such device {}: this process has {} CPU devices (CJAX_NUM_CPU_DEVICES)",
+                                   d.str(), rt.allocators.size()));
+  return *rt.allocators[size_t(d.id())];
+}
+}  // namespace
+
+void* device_allocate(const Device& d, size_t nbytes) { return allocator_for(d).allocate(nbytes); }
+void device_deallocate(const Device& d, void* p, size_t nbytes) { allocator_for(d).deallocate(p, nbytes); }
+
+std::string Device::str() const { return fmt::format("{}:{}", platform_ == Platform::cpu ? "cpu" : "cuda", id_); }
+std::string Device::repr() const {
+  return fmt::format("{}(id={})", platform_ == Platform::cpu ? "CpuDevice" : "CudaDevice", id_);
+}
+
+std::vector<Device> devices(std::string_view platform) {
+  if (!platform.empty() && platform != "cpu")
+    throw BackendError(fmt::format("platform '{}' is not available in this build; available: cpu", platform));
+  std::vector<Device> out;
+  for (int i = 0; i < int(runtime().allocators.size()); ++i) out.emplace_back(Platform::cpu, i);
+  return out;
+}
+int device_count() { return int(runtime().allocators.size()); }
+Device default_device() { return Device(Platform::cpu, 0); }
+
+MemoryStats memory_stats(const Device& d) { return allocator_for(d).stats(); }
+void reset_peak_memory(const Device& d) { allocator_for(d).reset_peak(); }
+
+namespace config {
+void set_num_cpu_devices(int n) {
+  if (n <= 0) throw ValueError(fmt::format("set_num_cpu_devices({}): the count must be positive", n));
+  if (g_started && g_requested_devices.load() != n)
+    throw BackendError(fmt::format("set_num_cpu_devices({}) called after the runtime started with {} devices; "
+                                   "call it before creating any array, or set CJAX_NUM_CPU_DEVICES",
+                                   n, g_requested_devices.load()));
+  g_requested_devices = n;
+}
+void set_num_threads(int n) {
+  if (n <= 0) throw ValueError(fmt::format("set_num_threads({}): the count must be positive", n));
+  if (g_started && g_requested_threads.load() != n)
+    throw BackendError(fmt::format("set_num_threads({}) called after the runtime started with {} threads; "
+                                   "call it before creating any array, or set CJAX_NUM_THREADS",
+                                   n, g_requested_threads.load()));
+  g_requested_threads = n;
+}
+}  // namespace config
+
+int num_threads() { return runtime().pool->size(); }
+bool in_parallel_region() { return ThreadPool::tl_in_region; }
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  auto& pool = *runtime().pool;
+  grain = std::max<int64_t>(grain, 1);
+  int64_t nchunks = std::min<int64_t>((n + grain - 1) / grain, int64_t(pool.size()) * 4);
+  if (nchunks <= 1 || pool.size() == 1 || in_parallel_region()) {
+    fn(0, n);
+    return;
+  }
+  pool.run(n, nchunks, fn);
+}
+
+BlasSingleThreadScope::BlasSingleThreadScope() : previous_(openblas_get_num_threads()) {
+  if (previous_ != 1) openblas_set_num_threads(1);
+}
+BlasSingleThreadScope::~BlasSingleThreadScope() {
+  if (previous_ != 1) openblas_set_num_threads(previous_);
+}
+
+}  // namespace cjax

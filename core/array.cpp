@@ -1,0 +1,176 @@
+// Array handle basics: construction of scalars, accessors, host reads, concrete-array helpers.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "core/array_impl.h"
+#include "core/visit_dtype.h"
+
+namespace cjax {
+
+int64_t shape_size(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+std::vector<int64_t> row_major_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+std::string shape_str(const Shape& s) {
+  if (s.size() == 1) return fmt::format("({},)", s[0]);
+  return fmt::format("({})", fmt::join(s, ", "));
+}
+int64_t AbstractValue::size() const { return shape_size(shape); }
+std::string AbstractValue::str() const {
+  std::string s = fmt::format("{}[{}]", dtype_short_name(dtype), fmt::join(shape, ","));
+  if (!vma.empty()) s += fmt::format("{{V:{}}}", fmt::join(vma, ","));
+  return s;
+}
+
+Array make_uninitialized(AbstractValue aval, Device device) {
+  size_t nbytes = size_t(aval.size()) * itemsize(aval.dtype);
+  auto buf = std::make_shared<Buffer>(device, nbytes);
+  return Array(std::make_shared<ConcreteArray>(std::move(aval), std::move(buf)));
+}
+Array make_view(const Array& base, AbstractValue aval) {
+  auto* c = concrete(base);
+  auto impl = std::make_shared<ConcreteArray>(std::move(aval), c->buffer());
+  impl->sharding = c->sharding;
+  return Array(std::move(impl));
+}
+Array make_from_host(const void* data, AbstractValue aval, Device device) {
+  size_t nbytes = size_t(aval.size()) * itemsize(aval.dtype);
+  Array a = make_uninitialized(std::move(aval), device);
+  if (nbytes) std::memcpy(raw_ptr(a), data, nbytes);
+  return a;
+}
+Array make_abstract(AbstractValue aval) { return Array(std::make_shared<ShapedArray>(std::move(aval))); }
+
+Array make_scalar(double value, DType dtype, bool weak) {
+  Array a = make_uninitialized(AbstractValue{{}, dtype, weak, {}}, default_device());
+  visit_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (is_half_v<T>) *data_ptr<T>(a) = T(float(value));
+    else *data_ptr<T>(a) = T(value);
+  });
+  return a;
+}
+namespace {
+template <class T> Array exact_scalar(T v, bool weak) {
+  Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, weak, {}}, default_device());
+  *data_ptr<T>(a) = v;
+  return a;
+}
+}  // namespace
+
+Array::Array(float v) : Array(exact_scalar<float>(v, true)) {}
+Array::Array(double v) : Array(exact_scalar<double>(v, true)) {}
+Array::Array(int v) : Array(exact_scalar<int32_t>(v, true)) {}
+Array::Array(int64_t v) : Array(exact_scalar<int64_t>(v, true)) {}
+Array::Array(bool v) : Array(exact_scalar<bool>(v, false)) {}
+
+namespace {
+const ArrayImpl& checked(const std::shared_ptr<ArrayImpl>& p) {
+  if (!p) throw ValueError("use of an empty Array handle (default-constructed or moved-from); assign a value first");
+  return *p;
+}
+}  // namespace
+
+const Shape& Array::shape() const { return checked(impl_).aval.shape; }
+int Array::ndim() const { return int(checked(impl_).aval.shape.size()); }
+int64_t Array::size() const { return checked(impl_).aval.size(); }
+DType Array::dtype() const { return checked(impl_).aval.dtype; }
+bool Array::weak_type() const { return checked(impl_).aval.weak_type; }
+const AbstractValue& Array::aval() const { return checked(impl_).aval; }
+
+ConcreteArray& require_concrete(const Array& a, std::string_view what) {
+  const ArrayImpl& impl = checked(a.impl_ptr());
+  if (!impl.is_concrete())
+    throw ConcretizationError(fmt::format(
+        "{} needs a concrete value, but got an abstract tracer of type {}. The value depends on an "
+        "argument of a transformed function (jit/grad/vmap); use lax::cond / lax::select for data-"
+        "dependent choices, or mark the argument static",
+        what, impl.aval.str()));
+  return const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(impl));
+}
+
+template <class T> std::vector<T> Array::to_vector() const {
+  ConcreteArray& c = require_concrete(*this, "to_vector()");
+  block_until_ready();
+  int64_t n = size();
+  std::vector<T> out(static_cast<size_t>(n));
+  if (c.buffers.size() != 1)
+    throw ShardingError("to_vector() of a sharded array: gather it to one device first (device_put)");
+  visit_dtype(dtype(), [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    const S* src = static_cast<const S*>(c.buffer()->data());
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (is_half_v<S> || is_half_v<T>) out[size_t(i)] = T(float(src[i]));
+      else out[size_t(i)] = static_cast<T>(src[i]);
+    }
+  });
+  return out;
+}
+template <class T> T Array::item() const {
+  if (size() != 1)
+    throw ShapeError(fmt::format("item() needs an array of size 1, got shape {}; index or reduce it first",
+                                 shape_str(shape())));
+  return to_vector<T>()[0];
+}
+#define CJAX_INSTANTIATE(T) \
+  template std::vector<T> Array::to_vector<T>() const; \
+  template T Array::item<T>() const;
+CJAX_INSTANTIATE(bool)
+CJAX_INSTANTIATE(int8_t)
+CJAX_INSTANTIATE(int16_t)
+CJAX_INSTANTIATE(int32_t)
+CJAX_INSTANTIATE(int64_t)
+CJAX_INSTANTIATE(uint8_t)
+CJAX_INSTANTIATE(uint16_t)
+CJAX_INSTANTIATE(uint32_t)
+CJAX_INSTANTIATE(uint64_t)
+CJAX_INSTANTIATE(float)
+CJAX_INSTANTIATE(double)
+CJAX_INSTANTIATE(bfloat16_t)
+CJAX_INSTANTIATE(float16_t)
+#undef CJAX_INSTANTIATE
+
+Array::operator bool() const {
+  const ArrayImpl& impl = checked(impl_);
+  if (!impl.is_concrete())
+    throw TracerBoolConversionError(fmt::format(
+        "attempted to convert an abstract tracer of type {} to a C++ bool. The value depends on an "
+        "argument of a transformed function; use lax::cond or lax::select (or jnp::where) instead of "
+        "`if`, or mark the argument static",
+        impl.aval.str()));
+  if (size() != 1)
+    throw ValueError(fmt::format("the truth value of an array of shape {} is ambiguous; use jnp::any or jnp::all",
+                                 shape_str(shape())));
+  return item<bool>();
+}
+
+std::string SingleDeviceSharding::str() const { return fmt::format("SingleDeviceSharding(device={})", device_.repr()); }
+
+const Sharding& Array::sharding() const {
+  ConcreteArray& c = require_concrete(*this, "sharding()");
+  if (!c.sharding) c.sharding = std::make_shared<SingleDeviceSharding>(c.device());
+  return *c.sharding;
+}
+std::vector<Shard> Array::addressable_shards() const {
+  ConcreteArray& c = require_concrete(*this, "addressable_shards()");
+  std::vector<Slice> idx(static_cast<size_t>(ndim()), Slice());
+  return {Shard{c.device(), idx, *this}};
+}
+// Eager execution is synchronous: a concrete array is always ready. The async runtime (compiler
+// issue) adds a ready event to buffers and waits on it here.
+void Array::block_until_ready() const { checked(impl_); }
+bool Array::is_ready() const { return checked(impl_).is_concrete(); }
+
+}  // namespace cjax

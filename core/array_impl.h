@@ -1,0 +1,73 @@
+// What an Array handle points to: concrete data (one buffer per addressable shard) or a tracer.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cjax/array.h"
+#include "core/buffer.h"
+
+namespace cjax {
+
+class Trace;
+
+class ArrayImpl {
+ public:
+  explicit ArrayImpl(AbstractValue a) : aval(std::move(a)) {}
+  virtual ~ArrayImpl() = default;
+  virtual bool is_concrete() const { return false; }
+  AbstractValue aval;
+};
+
+// A value with no data and no trace: used to run abstract evaluation on types alone
+// (check_jaxpr, shape inference in the numpy layer).
+class ShapedArray final : public ArrayImpl {
+ public:
+  using ArrayImpl::ArrayImpl;
+};
+
+// Concrete data. Single-device arrays hold one buffer; sharded arrays one per addressable shard.
+class ConcreteArray final : public ArrayImpl {
+ public:
+  ConcreteArray(AbstractValue a, std::shared_ptr<Buffer> buf)
+      : ArrayImpl(std::move(a)), buffers{std::move(buf)} {}
+  bool is_concrete() const override { return true; }
+  const std::shared_ptr<Buffer>& buffer() const { return buffers[0]; }
+  Device device() const { return buffers[0]->device(); }
+  std::vector<std::shared_ptr<Buffer>> buffers;
+  std::shared_ptr<const Sharding> sharding;  // null: SingleDeviceSharding(device())
+};
+
+// A tracer is owned by exactly one trace (trace/trace.h).
+class Tracer : public ArrayImpl {
+ public:
+  Tracer(AbstractValue a, Trace* t) : ArrayImpl(std::move(a)), trace(t) {}
+  Trace* trace;
+};
+
+// Helpers used by kernels and ops.
+inline ConcreteArray* concrete(const Array& a) {
+  return a.impl() && a.impl()->is_concrete() ? static_cast<ConcreteArray*>(a.impl()) : nullptr;
+}
+// The concrete impl of `a`; raises ConcretizationError naming `what` if `a` is a tracer.
+ConcreteArray& require_concrete(const Array& a, std::string_view what);
+
+template <class T> T* data_ptr(const Array& a) {
+  return static_cast<T*>(static_cast<ConcreteArray*>(a.impl())->buffer()->data());
+}
+inline void* raw_ptr(const Array& a) { return static_cast<ConcreteArray*>(a.impl())->buffer()->data(); }
+
+// Uninitialized concrete array of the given type on `device`.
+Array make_uninitialized(AbstractValue aval, Device device);
+// Same buffer, new shape (reshape of contiguous data is free).
+Array make_view(const Array& base, AbstractValue aval);
+// Concrete array from host data of the matching dtype.
+Array make_from_host(const void* data, AbstractValue aval, Device device);
+Array make_abstract(AbstractValue aval);  // a ShapedArray handle
+// A concrete scalar of `dtype` holding `value` (converted), weak or not.
+Array make_scalar(double value, DType dtype, bool weak = false);
+
+int64_t shape_size(const Shape& s);
+std::vector<int64_t> row_major_strides(const Shape& s);  // in elements
+
+}  // namespace cjax

@@ -1,0 +1,13 @@
+// Elementwise primitives: one per row of the scalar-op table, plus convert_element_type,
+// bitcast_convert_type, select_n, integer_pow and threefry2x32.
+#pragma once
+#include "core/primitive.h"
+
+namespace cjax::prims {
+const PrimitiveDef& elementwise(ScalarOp op);
+const PrimitiveDef& convert_element_type();
+const PrimitiveDef& bitcast_convert_type();
+const PrimitiveDef& select_n();
+const PrimitiveDef& integer_pow();
+const PrimitiveDef& threefry2x32();
+}  // namespace cjax::prims

@@ -1,0 +1,93 @@
+// PrimitiveDef: everything about one primitive, found from one definition (DESIGN.md §4).
+// A family file (elementwise.cpp, shape.cpp, ...) defines its primitives and registers them;
+// later layers (autodiff, batching, sharding, codegen) find their rules through the same def.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "cjax/array.h"
+#include "core/scalar_ops.h"
+
+namespace cjax {
+
+// Structured parameter values (gather dimension numbers, sub-jaxprs) implement this.
+struct ParamObject {
+  virtual ~ParamObject() = default;
+  virtual std::string str() const = 0;  // as JAX prints it in a jaxpr
+  virtual size_t hash() const = 0;
+  virtual bool equals(const ParamObject& other) const = 0;
+};
+
+using ParamValue = std::variant<std::monostate, bool, int64_t, double, std::string, DType,
+                                std::vector<int64_t>, std::vector<std::vector<int64_t>>,
+                                std::shared_ptr<const ParamObject>>;
+
+// Sorted name -> value map (sorted because jaxprs print params sorted).
+class Params {
+ public:
+  Params() = default;
+  Params(std::initializer_list<std::pair<std::string, ParamValue>> items);
+  void set(std::string name, ParamValue v);
+  bool has(std::string_view name) const { return find(name) != nullptr; }
+  const ParamValue& at(std::string_view name) const;  // raises Error naming a missing param
+  template <class T> const T& get(std::string_view name) const {
+    const ParamValue& v = at(name);
+    if (auto* p = std::get_if<T>(&v)) return *p;
+    bad_type(name);
+  }
+  template <class T> std::shared_ptr<const T> object(std::string_view name) const {
+    auto p = std::dynamic_pointer_cast<const T>(get<std::shared_ptr<const ParamObject>>(name));
+    if (!p) bad_type(name);
+    return p;
+  }
+  int64_t i(std::string_view name) const { return get<int64_t>(name); }
+  const std::vector<int64_t>& ints(std::string_view name) const { return get<std::vector<int64_t>>(name); }
+  const auto& items() const { return items_; }
+  bool empty() const { return items_.empty(); }
+  bool operator==(const Params& o) const;
+  size_t hash() const;
+
+ private:
+  const ParamValue* find(std::string_view name) const;
+  [[noreturn]] void bad_type(std::string_view name) const;
+  std::vector<std::pair<std::string, ParamValue>> items_;
+};
+std::string param_value_str(const ParamValue& v);  // JAX's text: (0, 1), True, float32
+
+enum class PrimKind : uint8_t { Elementwise, Broadcast, Reduction, Shape, Indexing, Linalg, Collective, HigherOrder, Opaque };
+
+struct PrimitiveDef {
+  using AbstractEvalFn = std::function<std::vector<AbstractValue>(std::span<const Array>, const Params&)>;
+  // Eager kernel on one device: inputs are concrete; out_avals come from abstract_eval.
+  using ImplFn = std::function<std::vector<Array>(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                                  const Params&)>;
+
+  std::string name;
+  PrimKind kind = PrimKind::Opaque;
+  AbstractEvalFn abstract_eval;
+  ImplFn cpu_impl;
+  std::optional<ScalarOp> scalar_op;  // elementwise primitives: the row of the scalar-op table
+  // Rules of later layers (jvp, transpose, batching, sharding, codegen) are attached to the def
+  // by those layers through rule tables keyed by the def (autodiff/, jit/), so this struct
+  // does not depend on them.
+};
+
+// Registers a primitive under its name (unique) and returns the stable definition.
+const PrimitiveDef& register_primitive(PrimitiveDef def);
+const PrimitiveDef* find_primitive(std::string_view name);
+std::vector<const PrimitiveDef*> all_primitives();
+
+// Hands a primitive to the current trace (trace/trace.h). Eagerly: checks shapes/dtypes with
+// abstract_eval and runs the kernel synchronously on the caller's thread.
+std::vector<Array> bind(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params = {});
+std::vector<Array> bind(const PrimitiveDef& def, std::initializer_list<Array> inputs, const Params& params = {});
+Array bind1(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params = {});
+Array bind1(const PrimitiveDef& def, std::initializer_list<Array> inputs, const Params& params = {});
+
+}  // namespace cjax

@@ -1,0 +1,53 @@
+// Devices of the runtime. The CPU platform exposes N virtual devices (CJAX_NUM_CPU_DEVICES or
+// config::set_num_cpu_devices before first use; default 1), each with its own worker and memory
+// accounting, so meshes of 8 devices run on any laptop.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cjax {
+
+enum class Platform : uint8_t { cpu, cuda };
+
+class Device {
+ public:
+  Device() = default;
+  Device(Platform platform, int id) : platform_(platform), id_(id) {}
+  Platform platform() const { return platform_; }
+  int id() const { return id_; }
+  std::string str() const;   // "cpu:0"
+  std::string repr() const;  // "CpuDevice(id=0)"
+  bool operator==(const Device&) const = default;
+
+ private:
+  Platform platform_ = Platform::cpu;
+  int id_ = 0;
+};
+
+std::vector<Device> devices(std::string_view platform = "");
+int device_count();
+Device default_device();
+
+// Memory accounting per device: bytes held by live arrays, their high-water mark, and bytes the
+// caching allocator keeps for reuse.
+struct MemoryStats {
+  int64_t bytes_in_use = 0;
+  int64_t peak_bytes_in_use = 0;
+  int64_t bytes_cached = 0;   // freed blocks kept for reuse
+  int64_t num_allocs = 0;     // requests served
+  int64_t num_cache_hits = 0; // requests served from the cache
+};
+MemoryStats memory_stats(const Device&);
+void reset_peak_memory(const Device&);
+
+namespace config {
+// Must be called before the runtime starts (before the first array is created). Throws
+// BackendError afterwards, naming the count in force.
+void set_num_cpu_devices(int n);
+// Number of intra-op threads (default: hardware cores). Same timing rule as above.
+void set_num_threads(int n);
+}  // namespace config
+
+}  // namespace cjax

@@ -1,0 +1,2 @@
+// cjax::io — see API.md; filled in by its family.
+#pragma once

@@ -1,0 +1,2 @@
+// cjax::nn — see API.md; filled in by its family.
+#pragma once

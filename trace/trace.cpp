@@ -1,0 +1,58 @@
+#include "trace/trace.h"
+
+#include <fmt/format.h>
+
+#include "core/array_impl.h"
+
+namespace cjax {
+namespace {
+EvalTrace g_eval_trace;
+thread_local Trace* tl_current = &g_eval_trace;
+}  // namespace
+
+Trace* current_trace() { return tl_current; }
+EvalTrace* eval_trace() { return &g_eval_trace; }
+
+TraceScope::TraceScope(Trace* t) : saved_(tl_current) { tl_current = t; }
+TraceScope::~TraceScope() { tl_current = saved_; }
+
+bool Trace::is_active() const {
+  for (Trace* t = tl_current; t; t = t->parent())
+    if (t == this) return true;
+  return false;
+}
+
+void raise_escaped_tracer(const Array& a, const PrimitiveDef& def) {
+  throw EscapedTracerError(fmt::format(
+      "an intermediate value of type {} from a finished transformation was passed to '{}'. A tracer "
+      "escaped its trace (for example it was stored in a global or captured by a lambda that outlived "
+      "jit/grad); return it from the transformed function instead",
+      a.aval().str(), def.name));
+}
+
+std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
+                                                const Params& params) {
+  for (const Array& a : inputs) {
+    if (!a.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
+    if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
+  }
+  std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
+  if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
+  return def.cpu_impl(inputs, out_avals, params);
+}
+
+std::vector<Array> bind(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+  return tl_current->process_primitive(def, inputs, params);
+}
+std::vector<Array> bind(const PrimitiveDef& def, std::initializer_list<Array> inputs, const Params& params) {
+  return tl_current->process_primitive(def, std::span<const Array>(inputs.begin(), inputs.size()), params);
+}
+Array bind1(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+  auto outs = tl_current->process_primitive(def, inputs, params);
+  return std::move(outs[0]);
+}
+Array bind1(const PrimitiveDef& def, std::initializer_list<Array> inputs, const Params& params) {
+  return bind1(def, std::span<const Array>(inputs.begin(), inputs.size()), params);
+}
+
+}  // namespace cjax
