@@ -112,15 +112,12 @@ TypeInfo result_type(std::span<const TypeInfo> inputs) {
                      "cast the operands explicitly with astype");
   }
   if (lub == IW || lub == FW) {
-    // Only weak inputs of that kind reach a weak node: keep the widest of their dtypes.
-    DType best = lub == IW ? DType::int32 : DType::float32;
-    size_t width = 0;
-    for (auto& t : inputs)
-      if (t.weak && (lub == IW ? is_integer(t.dtype) : is_floating(t.dtype)) && itemsize(t.dtype) > width) {
-        width = itemsize(t.dtype);
-        best = t.dtype;
-      }
-    return {best, true};
+    // A weak result takes the default dtype of its kind (int32 / float32), as in JAX, except when
+    // every input is weak with the same dtype (scalar arithmetic keeps an exact f64/i64 scalar).
+    bool all_same_weak = true;
+    for (auto& t : inputs) all_same_weak &= t.weak && t.dtype == inputs[0].dtype;
+    if (all_same_weak) return {inputs[0].dtype, true};
+    return {lub == IW ? DType::int32 : DType::float32, true};
   }
   return {strong[lub], false};
 }

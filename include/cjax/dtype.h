@@ -28,7 +28,11 @@ bool is_unsigned_integer(DType);
 int mantissa_bits(DType);  // f32 23, f64 52, f16 10, bf16 7; 0 for non-floats
 
 // JAX's promotion lattice. A weakly typed value (a C++ scalar, or a result computed only from
-// them) yields to the other operand's dtype of the same kind: f16_array * 2.0 -> f16.
+// them) yields to the other operand's dtype: f16_array * 2.0 -> f16, f64_array * 0.1 -> f64
+// (the scalar is held exactly as a weak f64). A weak result takes JAX's default dtype of its kind:
+// i32_array * 0.5 -> weak f32, like JAX's default (32-bit) mode; only all-weak inputs of one
+// dtype keep it (Array(1.5) * Array(2.0) -> weak f64). Integer -> inexact conversions needed by
+// an op (true division, sqrt, mean of ints) produce float32.
 struct TypeInfo {
   DType dtype;
   bool weak = false;
