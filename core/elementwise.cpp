@@ -470,3 +470,9 @@ std::pair<Array, Array> threefry2x32(const Array& k0, const Array& k1, const Arr
 }  // namespace lax
 
 }  // namespace cjax
+
+namespace cjax::lax {
+// On values stop_gradient is the identity. The autodiff layer gives it its meaning (a zero
+// tangent) by treating it as a non-differentiable boundary; eagerly there is nothing to stop.
+Array stop_gradient(const Array& x) { return x; }
+}  // namespace cjax::lax
