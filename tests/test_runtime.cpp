@@ -1,0 +1,136 @@
+// CPU runtime: virtual devices, memory accounting, caching allocator, thread pool, config errors.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <numeric>
+
+#include "cjax/cjax.h"
+#include "core/array_impl.h"
+#include "core/parallel.h"
+
+using namespace cjax;
+
+TEST_CASE("CJAX_NUM_CPU_DEVICES gives that many virtual devices") {
+  // ctest runs every suite with CJAX_NUM_CPU_DEVICES=8.
+  auto devs = devices();
+  REQUIRE(devs.size() == 8);
+  CHECK(device_count() == 8);
+  for (int i = 0; i < 8; ++i) {
+    CHECK(devs[size_t(i)].id() == i);
+    CHECK(devs[size_t(i)].platform() == Platform::cpu);
+  }
+  CHECK(devs[3].str() == "cpu:3");
+  CHECK(devs[3].repr() == "CpuDevice(id=3)");
+  CHECK(default_device() == devs[0]);
+}
+
+TEST_CASE("unknown platform and device are errors naming them") {
+  CHECK_THROWS_WITH_AS(devices("tpu"), doctest::Contains("'tpu'"), BackendError);
+  CHECK_THROWS_WITH_AS(memory_stats(Device(Platform::cpu, 99)), doctest::Contains("cpu:99"), BackendError);
+}
+
+TEST_CASE("config cannot change the device count after start") {
+  (void)devices();
+  CHECK_NOTHROW(config::set_num_cpu_devices(8));  // same value: fine
+  CHECK_THROWS_WITH_AS(config::set_num_cpu_devices(4), doctest::Contains("before creating any array"), BackendError);
+  CHECK_THROWS_AS(config::set_num_cpu_devices(0), ValueError);
+}
+
+TEST_CASE("memory stats track bytes in use and peak per device") {
+  Device d1(Platform::cpu, 1);
+  reset_peak_memory(d1);
+  MemoryStats before = memory_stats(d1);
+  {
+    Array a = make_uninitialized(AbstractValue{{1024, 1024}, DType::float32, false, {}}, d1);  // 4 MiB
+    MemoryStats during = memory_stats(d1);
+    CHECK(during.bytes_in_use - before.bytes_in_use >= 4 * 1024 * 1024);
+    CHECK(during.peak_bytes_in_use >= during.bytes_in_use);
+    // Other devices are unaffected.
+    CHECK(memory_stats(Device(Platform::cpu, 2)).bytes_in_use == memory_stats(Device(Platform::cpu, 2)).bytes_in_use);
+  }
+  MemoryStats after = memory_stats(d1);
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+  CHECK(after.peak_bytes_in_use >= before.bytes_in_use + 4 * 1024 * 1024);
+}
+
+TEST_CASE("the caching allocator reuses a freed large block") {
+  Device d2(Platform::cpu, 2);
+  const Shape big{16, 1024, 1024};  // 64 MiB of f32
+  void* first;
+  {
+    Array a = make_uninitialized(AbstractValue{big, DType::float32, false, {}}, d2);
+    first = raw_ptr(a);
+  }
+  MemoryStats s0 = memory_stats(d2);
+  CHECK(s0.bytes_cached >= 64 * 1024 * 1024);
+  Array b = make_uninitialized(AbstractValue{big, DType::float32, false, {}}, d2);
+  CHECK(raw_ptr(b) == first);
+  MemoryStats s1 = memory_stats(d2);
+  CHECK(s1.num_cache_hits == s0.num_cache_hits + 1);
+  CHECK(s1.bytes_cached == s0.bytes_cached - (64 << 20));
+}
+
+TEST_CASE("buffers are 64-byte aligned") {
+  for (int64_t n : {1, 3, 17, 1000, 100000}) {
+    Array a = make_uninitialized(AbstractValue{{n}, DType::int8, false, {}}, default_device());
+    CHECK(reinterpret_cast<uintptr_t>(raw_ptr(a)) % 64 == 0);
+  }
+}
+
+TEST_CASE("parallel_for covers the range exactly once with deterministic chunks") {
+  const int64_t n = 1'000'003;
+  std::vector<int> hits(size_t(n), 0);
+  parallel_for(n, 1000, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+  });
+  CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+
+  auto chunks = [&] {
+    std::vector<std::pair<int64_t, int64_t>> c;
+    std::mutex mu;
+    parallel_for(n, 1000, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(mu);
+      c.emplace_back(b, e);
+    });
+    std::sort(c.begin(), c.end());
+    return c;
+  };
+  CHECK(chunks() == chunks());
+}
+
+TEST_CASE("nested parallel_for runs inline and exceptions propagate") {
+  std::atomic<int64_t> total{0};
+  parallel_for(64, 1, [&](int64_t b, int64_t e) {
+    CHECK(in_parallel_region());
+    parallel_for(100, 1, [&](int64_t b2, int64_t e2) { total += (e - b) * (e2 - b2); });
+  });
+  CHECK(total == 64 * 100);
+  CHECK_THROWS_WITH(parallel_for(1 << 20, 1, [](int64_t b, int64_t) {
+                      if (b > 0) throw ValueError("boom in a chunk");
+                    }),
+                    doctest::Contains("boom"));
+  CHECK_FALSE(in_parallel_region());
+}
+
+TEST_CASE("empty array handles raise ValueError") {
+  Array a;
+  CHECK_FALSE(a.defined());
+  CHECK_THROWS_WITH_AS(a.shape(), doctest::Contains("empty Array"), ValueError);
+}
+
+TEST_CASE("weak scalars and item/to_vector conversions") {
+  Array f(1.5f), d(2.25), i(7), l(int64_t(1) << 40), b(true);
+  CHECK(f.dtype() == f32);
+  CHECK(f.weak_type());
+  CHECK(d.dtype() == f64);
+  CHECK(i.dtype() == i32);
+  CHECK(l.dtype() == i64);
+  CHECK(b.dtype() == bool_);
+  CHECK_FALSE(b.weak_type());
+  CHECK(d.item<double>() == 2.25);
+  CHECK(l.item<int64_t>() == (int64_t(1) << 40));
+  CHECK(i.item<float>() == 7.0f);
+  CHECK(bool(b));
+  CHECK(f.ndim() == 0);
+  CHECK(f.size() == 1);
+}
