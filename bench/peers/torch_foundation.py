@@ -1,0 +1,22 @@
+# PyTorch CPU peer numbers for bench_foundation (single process, default threads).
+import time
+import torch
+
+def median(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+a, b = torch.ones(8), torch.ones(8)
+n_ops = 100000
+def dispatch():
+    for _ in range(n_ops):
+        c = a + b
+print("add8_us=%f" % (median(dispatch, 5) / n_ops * 1e6))
+x, y = torch.ones(16 << 20), torch.ones(16 << 20)
+print("add16m_ms=%f" % (median(lambda: x + y, 9) * 1e3))
+A, B = torch.full((1024, 1024), 0.5), torch.full((1024, 1024), 0.25)
+print("mm1024_ms=%f" % (median(lambda: A @ B, 7) * 1e3))
