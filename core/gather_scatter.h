@@ -1,0 +1,76 @@
+// Gather and scatter primitives (XLA/JAX semantics): `gather`, `scatter`, `scatter-add`,
+// `scatter-mul`, `scatter-min`, `scatter-max`. Their params are stored with JAX's names and print
+// as JAX prints them:
+//   gather[dimension_numbers=GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,),
+//          start_index_map=(0,), operand_batching_dims=(), start_indices_batching_dims=())
+//          fill_value=None indices_are_sorted=False mode=GatherScatterMode.PROMISE_IN_BOUNDS
+//          slice_sizes=(1, 4) unique_indices=False]
+//   scatter-add[dimension_numbers=ScatterDimensionNumbers(update_window_dims=(1,), ...)
+//          indices_are_sorted=False mode=GatherScatterMode.FILL_OR_DROP unique_indices=False
+//          update_consts=() update_jaxpr=None]
+// The index vector is always the last dimension of the indices.
+#pragma once
+#include <optional>
+
+#include "cjax/lax.h"
+#include "core/primitive.h"
+
+namespace cjax {
+
+struct GatherDimensionNumbersParam final : ParamObject {
+  lax::GatherDimensionNumbers dn;
+  explicit GatherDimensionNumbersParam(lax::GatherDimensionNumbers d) : dn(std::move(d)) {}
+  std::string str() const override;
+  size_t hash() const override;
+  bool equals(const ParamObject& other) const override;
+};
+struct ScatterDimensionNumbersParam final : ParamObject {
+  lax::ScatterDimensionNumbers dn;
+  explicit ScatterDimensionNumbersParam(lax::ScatterDimensionNumbers d) : dn(std::move(d)) {}
+  std::string str() const override;
+  size_t hash() const override;
+  bool equals(const ParamObject& other) const override;
+};
+// Prints as GatherScatterMode.CLIP / FILL_OR_DROP / PROMISE_IN_BOUNDS.
+struct GatherScatterModeParam final : ParamObject {
+  lax::GatherScatterMode mode;
+  explicit GatherScatterModeParam(lax::GatherScatterMode m) : mode(m) {}
+  std::string str() const override;
+  size_t hash() const override;
+  bool equals(const ParamObject& other) const override;
+};
+std::string gather_scatter_mode_str(lax::GatherScatterMode);
+
+// Param readers (for rules of later layers: transpose of gather is scatter-add, etc.).
+const lax::GatherDimensionNumbers& gather_dimension_numbers(const Params&);
+const lax::ScatterDimensionNumbers& scatter_dimension_numbers(const Params&);
+lax::GatherScatterMode gather_scatter_mode(const Params&);
+std::optional<double> gather_fill_value(const Params&);  // nullopt: JAX's default for the dtype
+
+// Param builders with every param JAX prints.
+Params gather_params(const lax::GatherDimensionNumbers& dn, const std::vector<int64_t>& slice_sizes,
+                     lax::GatherScatterMode mode, std::optional<double> fill_value = std::nullopt,
+                     bool indices_are_sorted = false, bool unique_indices = false);
+Params scatter_params(const lax::ScatterDimensionNumbers& dn, lax::GatherScatterMode mode,
+                      bool indices_are_sorted = false, bool unique_indices = false);
+
+// Binds with the sortedness/uniqueness hints (lax::gather / lax::scatter_* pass false).
+Array gather_with(const Array& operand, const Array& indices, const lax::GatherDimensionNumbers& dn,
+                  const std::vector<int64_t>& slice_sizes, lax::GatherScatterMode mode,
+                  std::optional<double> fill_value, bool indices_are_sorted, bool unique_indices);
+enum class ScatterKind { Set, Add, Mul, Min, Max };
+Array scatter_with(ScatterKind kind, const Array& operand, const Array& indices, const Array& updates,
+                   const lax::ScatterDimensionNumbers& dn, lax::GatherScatterMode mode, bool indices_are_sorted,
+                   bool unique_indices);
+
+}  // namespace cjax
+
+namespace cjax::prims {
+const PrimitiveDef& gather();
+const PrimitiveDef& scatter();      // "scatter" (overwrite)
+const PrimitiveDef& scatter_add();  // "scatter-add"
+const PrimitiveDef& scatter_mul();  // "scatter-mul"
+const PrimitiveDef& scatter_min();  // "scatter-min"
+const PrimitiveDef& scatter_max();  // "scatter-max"
+const PrimitiveDef& scatter_kind(ScatterKind);
+}  // namespace cjax::prims
