@@ -1,0 +1,456 @@
+// conv_general_dilated: JAX's general convolution (strides, explicit padding, lhs dilation for
+// transposed convolutions, rhs dilation, feature groups, any dimension layout).
+//
+// Eager kernel: im2col + GEMM. For each batch element n the patches of the (virtually dilated and
+// padded) input are gathered into a column matrix col[(c, k...), p] (one row per input feature
+// and kernel offset, one column per output position), and for each feature group g
+//   out[n, g-th block of O] = W_g [O/G, I*prod(K)] x col_g [I*prod(K), prod(P)]
+// runs through the shared GEMM driver (BLAS for floats; bf16/f16 computed in f32).
+#include <absl/hash/hash.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "cjax/lax.h"
+#include "core/array_impl.h"
+#include "core/linalg.h"
+#include "core/parallel.h"
+#include "core/visit_dtype.h"
+
+namespace cjax {
+
+std::string ConvDimsParam::str() const {
+  return fmt::format("ConvDimensionNumbers(lhs_spec=({}), rhs_spec=({}), out_spec=({}))", fmt::join(lhs_spec, ", "),
+                     fmt::join(rhs_spec, ", "), fmt::join(out_spec, ", "));
+}
+size_t ConvDimsParam::hash() const { return absl::HashOf(lhs_spec, rhs_spec, out_spec); }
+bool ConvDimsParam::equals(const ParamObject& other) const {
+  auto* o = dynamic_cast<const ConvDimsParam*>(&other);
+  return o && o->lhs_spec == lhs_spec && o->rhs_spec == rhs_spec && o->out_spec == out_spec;
+}
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;
+
+struct ConvGeom {
+  int64_t nsp = 0;              // number of spatial dims
+  int64_t N = 0, C = 0, O = 0, I = 0, G = 1;
+  Shape in_sp, k_sp, out_sp;    // spatial sizes (in rhs_spec order)
+};
+
+std::string spec_str(const std::vector<int64_t>& v) { return fmt::format("({})", fmt::join(v, ", ")); }
+
+int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t lo, int64_t hi, int64_t ld, int64_t rd) {
+  int64_t din = in == 0 ? 0 : (in - 1) * ld + 1;
+  int64_t dk = k == 0 ? 0 : (k - 1) * rd + 1;
+  int64_t padded = din + lo + hi;
+  if (padded < dk) return 0;
+  return (padded - dk) / s + 1;
+}
+
+ConvGeom geometry(const Array& lhs, const Array& rhs, const Params& p) {
+  auto dn = p.object<ConvDimsParam>("dimension_numbers");
+  const Shape &ls = lhs.shape(), &rs = rhs.shape();
+  ConvGeom g;
+  g.nsp = int64_t(dn->lhs_spec.size()) - 2;
+  g.N = ls[size_t(dn->lhs_spec[0])];
+  g.C = ls[size_t(dn->lhs_spec[1])];
+  g.O = rs[size_t(dn->rhs_spec[0])];
+  g.I = rs[size_t(dn->rhs_spec[1])];
+  g.G = p.i("feature_group_count");
+  auto& ws = p.ints("window_strides");
+  auto& ld = p.ints("lhs_dilation");
+  auto& rd = p.ints("rhs_dilation");
+  auto& pad = p.get<std::vector<std::vector<int64_t>>>("padding");
+  for (int64_t i = 0; i < g.nsp; ++i) {
+    size_t si = size_t(i);
+    g.in_sp.push_back(ls[size_t(dn->lhs_spec[si + 2])]);
+    g.k_sp.push_back(rs[size_t(dn->rhs_spec[si + 2])]);
+    g.out_sp.push_back(out_size(g.in_sp[si], g.k_sp[si], ws[si], pad[si][0], pad[si][1], ld[si], rd[si]));
+  }
+  return g;
+}
+
+std::vector<AbstractValue> conv_abstract_eval(std::span<const Array> in, const Params& p) {
+  if (in.size() != 2) throw ValueError(fmt::format("conv_general_dilated takes 2 operands, got {}", in.size()));
+  const Array &lhs = in[0], &rhs = in[1];
+  auto dn = p.object<ConvDimsParam>("dimension_numbers");
+  if (lhs.dtype() != rhs.dtype())
+    throw DTypeError(fmt::format("conv_general_dilated requires lhs and rhs to have the same dtype, got {} and {} "
+                                 "(convert one with lax::convert_element_type)",
+                                 dtype_name(lhs.dtype()), dtype_name(rhs.dtype())));
+  if (lhs.dtype() == DType::bool_)
+    throw DTypeError("conv_general_dilated does not accept bool operands; convert them to a numeric dtype first");
+  size_t nd = dn->lhs_spec.size();
+  if (lhs.ndim() != int(nd) || rhs.ndim() != int(nd))
+    throw ShapeError(fmt::format("conv_general_dilated: lhs {} and rhs {} must both have rank {} (the length of the "
+                                 "dimension numbers {}); they need the same number of spatial dimensions",
+                                 shape_str(lhs.shape()), shape_str(rhs.shape()), nd, dn->str()));
+  if (nd < 3)
+    throw ShapeError(fmt::format("conv_general_dilated needs at least one spatial dimension, got operands of rank {}",
+                                 nd));
+  size_t nsp = nd - 2;
+  auto check_len = [&](const char* name, size_t len) {
+    if (len != nsp)
+      throw ValueError(fmt::format("conv_general_dilated: {} has {} entries but the operands have {} spatial "
+                                   "dimensions",
+                                   name, len, nsp));
+  };
+  auto& ws = p.ints("window_strides");
+  auto& ld = p.ints("lhs_dilation");
+  auto& rd = p.ints("rhs_dilation");
+  auto& pad = p.get<std::vector<std::vector<int64_t>>>("padding");
+  check_len("window_strides", ws.size());
+  check_len("lhs_dilation", ld.size());
+  check_len("rhs_dilation", rd.size());
+  check_len("padding", pad.size());
+  for (size_t i = 0; i < nsp; ++i) {
+    if (ws[i] <= 0)
+      throw ValueError(fmt::format("conv_general_dilated: window_strides must be positive, got {}", spec_str(ws)));
+    if (ld[i] <= 0 || rd[i] <= 0)
+      throw ValueError(fmt::format("conv_general_dilated: dilations must be positive, got lhs_dilation {} and "
+                                   "rhs_dilation {}",
+                                   spec_str(ld), spec_str(rd)));
+    if (pad[i].size() != 2)
+      throw ValueError("conv_general_dilated: each padding entry must be a (low, high) pair");
+  }
+  if (p.i("batch_group_count") != 1)
+    throw ValueError(fmt::format("conv_general_dilated: batch_group_count={} is not supported by cjax (only 1)",
+                                 p.i("batch_group_count")));
+  ConvGeom g = geometry(lhs, rhs, p);
+  if (g.G < 1)
+    throw ValueError(fmt::format("conv_general_dilated: feature_group_count must be >= 1, got {}", g.G));
+  if (g.C != g.I * g.G)
+    throw ShapeError(fmt::format("conv_general_dilated: lhs feature dimension (size {}) must equal the rhs input "
+                                 "feature dimension (size {}) times feature_group_count ({}); lhs {} rhs {}",
+                                 g.C, g.I, g.G, shape_str(lhs.shape()), shape_str(rhs.shape())));
+  if (g.O % g.G != 0)
+    throw ShapeError(fmt::format("conv_general_dilated: rhs output feature dimension (size {}) must be a multiple of "
+                                 "feature_group_count ({})",
+                                 g.O, g.G));
+  Shape out(nd);
+  out[size_t(dn->out_spec[0])] = g.N;
+  out[size_t(dn->out_spec[1])] = g.O;
+  for (size_t i = 0; i < nsp; ++i) out[size_t(dn->out_spec[i + 2])] = g.out_sp[i];
+  DType dt = lhs.dtype();
+  bool weak = lhs.weak_type() && rhs.weak_type();
+  if (auto* pet = std::get_if<DType>(&p.at("preferred_element_type"))) {
+    if (is_floating(dt) && !is_floating(*pet))
+      throw DTypeError(fmt::format("conv_general_dilated: preferred_element_type {} is incompatible with input type {}",
+                                   dtype_name(*pet), dtype_name(dt)));
+    dt = *pet;
+    weak = false;
+  }
+  return {AbstractValue{out, dt, weak, {}}};
+}
+
+// Input index tables: tab[i][k * P_i + p] = source index along spatial dim i for kernel offset k
+// and output position p, or -1 where the tap falls in padding or a dilation hole.
+std::vector<std::vector<int64_t>> tap_tables(const ConvGeom& g, const Params& p) {
+  auto& ws = p.ints("window_strides");
+  auto& ld = p.ints("lhs_dilation");
+  auto& rd = p.ints("rhs_dilation");
+  auto& pad = p.get<std::vector<std::vector<int64_t>>>("padding");
+  std::vector<std::vector<int64_t>> tab(size_t(g.nsp));
+  for (size_t i = 0; i < size_t(g.nsp); ++i) {
+    int64_t K = g.k_sp[i], P = g.out_sp[i], in = g.in_sp[i];
+    tab[i].resize(size_t(K * P));
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t q = 0; q < P; ++q) {
+        int64_t x = q * ws[i] + k * rd[i] - pad[i][0];  // position in the dilated input
+        int64_t src = -1;
+        if (x >= 0 && x % ld[i] == 0 && x / ld[i] < in) src = x / ld[i];
+        tab[i][size_t(k * P + q)] = src;
+      }
+  }
+  return tab;
+}
+
+template <class S, class CT>
+void conv_kernel(const Array& lhs, const Array& rhs, const Array& out, const Params& p) {
+  auto dn = p.object<ConvDimsParam>("dimension_numbers");
+  ConvGeom g = geometry(lhs, rhs, p);
+  const size_t nsp = size_t(g.nsp);
+  int64_t Kprod = 1, P = 1;
+  for (size_t i = 0; i < nsp; ++i) {
+    Kprod *= g.k_sp[i];
+    P *= g.out_sp[i];
+  }
+  const int64_t Og = g.O / g.G, Kc = g.I * Kprod;
+  const int64_t Ototal = g.N * g.O * P;
+  if (Ototal == 0) return;
+  CT* outc;
+  std::vector<CT> out_tmp;
+  auto ostr = row_major_strides(out.shape());
+  bool out_canonical = true;
+  for (size_t i = 0; i < dn->out_spec.size(); ++i) out_canonical &= dn->out_spec[i] == int64_t(i);
+  bool direct = out_canonical && out.dtype() == dtype_v<CT>;
+  if (direct) {
+    outc = data_ptr<CT>(out);
+  } else {
+    out_tmp.resize(size_t(Ototal));
+    outc = out_tmp.data();
+  }
+  if (Kc == 0) {
+    std::fill(outc, outc + Ototal, CT(0));
+  } else {
+    // Weights in canonical [O, I, K...] layout, converted to the compute type.
+    std::vector<CT> w(size_t(g.O * Kc));
+    {
+      auto rstr = row_major_strides(rhs.shape());
+      const S* r = data_ptr<const S>(rhs);
+      std::vector<int64_t> kidx(nsp, 0);
+      for (int64_t o = 0; o < g.O; ++o)
+        for (int64_t c = 0; c < g.I; ++c) {
+          int64_t base = o * rstr[size_t(dn->rhs_spec[0])] + c * rstr[size_t(dn->rhs_spec[1])];
+          CT* dst = w.data() + (o * g.I + c) * Kprod;
+          for (int64_t kk = 0; kk < Kprod; ++kk) {
+            int64_t rem = kk, off = base;
+            for (size_t i = nsp; i-- > 0;) {
+              off += (rem % g.k_sp[i]) * rstr[size_t(dn->rhs_spec[i + 2])];
+              rem /= g.k_sp[i];
+            }
+            dst[kk] = CT(compute_t<S>(r[off]));
+          }
+        }
+    }
+    auto tab = tap_tables(g, p);
+    auto lstr = row_major_strides(lhs.shape());
+    std::vector<int64_t> sstr(nsp);
+    for (size_t i = 0; i < nsp; ++i) sstr[i] = lstr[size_t(dn->lhs_spec[i + 2])];
+    const int64_t nstride = lstr[size_t(dn->lhs_spec[0])], cstride = lstr[size_t(dn->lhs_spec[1])];
+    const S* x = data_ptr<const S>(lhs);
+    const int64_t Plast = g.out_sp[nsp - 1], Pouter = P / std::max<int64_t>(Plast, 1);
+    std::vector<CT> col(size_t(g.C * Kprod * P));
+    for (int64_t n = 0; n < g.N; ++n) {
+      // im2col for all features of batch element n: row (c, k...) = one input feature and tap.
+      int64_t rows = g.C * Kprod;
+      parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(P, 1)), [&](int64_t rs, int64_t re) {
+        std::vector<int64_t> kidx(nsp), pidx(nsp);
+        for (int64_t row = rs; row < re; ++row) {
+          int64_t c = row / Kprod, rem = row % Kprod;
+          for (size_t i = nsp; i-- > 0;) {
+            kidx[i] = rem % g.k_sp[i];
+            rem /= g.k_sp[i];
+          }
+          const S* base = x + n * nstride + c * cstride;
+          CT* dst = col.data() + row * P;
+          const int64_t* last = tab[nsp - 1].data() + kidx[nsp - 1] * Plast;
+          const int64_t lstride = sstr[nsp - 1];
+          for (int64_t po = 0; po < Pouter; ++po) {
+            int64_t rem2 = po, off = 0;
+            bool valid = true;
+            for (size_t i = nsp - 1; i-- > 0;) {
+              int64_t q = rem2 % g.out_sp[i];
+              rem2 /= g.out_sp[i];
+              int64_t s = tab[i][size_t(kidx[i] * g.out_sp[i] + q)];
+              if (s < 0) valid = false;
+              off += s * sstr[i];
+            }
+            CT* d = dst + po * Plast;
+            if (!valid) {
+              std::fill(d, d + Plast, CT(0));
+              continue;
+            }
+            const S* b = base + off;
+            for (int64_t q = 0; q < Plast; ++q) {
+              int64_t s = last[q];
+              d[q] = s < 0 ? CT(0) : CT(compute_t<S>(b[s * lstride]));
+            }
+          }
+        }
+      });
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        GemmOperand A{w.data() + gi * Og * Kc, false, Kc, 0};
+        GemmOperand B{col.data() + gi * Kc * P, false, P, 0};
+        cpu_gemm(dtype_v<CT>, dtype_v<CT>, 1, Og, P, Kc, A, B, outc + (n * g.O + gi * Og) * P);
+      }
+    }
+  }
+  if (direct) return;
+  // Canonical [N, O, P...] -> the output layout and dtype.
+  visit_dtype(out.dtype(), [&](auto otag) {
+    using OT = typename decltype(otag)::type;
+    OT* o = data_ptr<OT>(out);
+    std::vector<int64_t> psr(nsp);
+    for (size_t i = 0; i < nsp; ++i) psr[i] = ostr[size_t(dn->out_spec[i + 2])];
+    int64_t sn = ostr[size_t(dn->out_spec[0])], so = ostr[size_t(dn->out_spec[1])];
+    parallel_for(g.N * g.O, std::max<int64_t>(1, kGrain / std::max<int64_t>(P, 1)), [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) {
+        int64_t n = r / g.O, oc = r % g.O;
+        const CT* src = outc + r * P;
+        int64_t base = n * sn + oc * so;
+        for (int64_t q = 0; q < P; ++q) {
+          int64_t rem = q, off = base;
+          for (size_t i = nsp; i-- > 0;) {
+            off += (rem % g.out_sp[i]) * psr[i];
+            rem /= g.out_sp[i];
+          }
+          if constexpr (is_half_v<OT>) o[off] = OT(float(src[q]));
+          else o[off] = OT(src[q]);
+        }
+      }
+    });
+  });
+}
+
+std::vector<Array> conv_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+  const Array &lhs = in[0], &rhs = in[1];
+  Array out = make_uninitialized(out_avals[0], concrete(lhs)->device());
+  DType dt = lhs.dtype(), od = out.dtype();
+  visit_dtype(dt, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<S, bool>) {
+      if (dt == DType::float64 || od == DType::float64) conv_kernel<S, double>(lhs, rhs, out, p);
+      else if (is_floating(dt) || is_floating(od)) conv_kernel<S, float>(lhs, rhs, out, p);
+      else {
+        visit_dtype(od, [&](auto otag) {
+          using OT = typename decltype(otag)::type;
+          if constexpr (!is_float_like_v<OT> && !std::is_same_v<OT, bool>) conv_kernel<S, OT>(lhs, rhs, out, p);
+        });
+      }
+    }
+  });
+  return {out};
+}
+
+const PrimitiveDef& g_conv = register_primitive([] {
+  PrimitiveDef def;
+  def.name = "conv_general_dilated";
+  def.kind = PrimKind::Linalg;
+  def.abstract_eval = conv_abstract_eval;
+  def.cpu_impl = conv_impl;
+  return def;
+}());
+
+// JAX's conv_general_permutations: (batch, feature, spatial...) positions of each spec, the
+// spatial order being the order of the spatial characters in the rhs spec.
+std::vector<int64_t> spec_perm(const std::string& spec, const std::string& rhs_spec, char a, char b, int which) {
+  static const char* names[] = {"lhs_spec", "rhs_spec", "out_spec"};
+  if (std::count(spec.begin(), spec.end(), a) != 1 || std::count(spec.begin(), spec.end(), b) != 1)
+    throw ValueError(fmt::format("conv_general_dilated: dimension_numbers.{} \"{}\" must contain the characters '{}' "
+                                 "and '{}' exactly once (e.g. \"{}\")",
+                                 names[which], spec, a, b, which == 1 ? "OIHW" : "NCHW"));
+  for (size_t i = 0; i < spec.size(); ++i)
+    if (spec.find(spec[i], i + 1) != std::string::npos)
+      throw ValueError(fmt::format("conv_general_dilated: dimension_numbers.{} \"{}\" has the character '{}' twice",
+                                   names[which], spec, spec[i]));
+  std::vector<int64_t> perm{int64_t(spec.find(a)), int64_t(spec.find(b))};
+  std::vector<std::pair<size_t, int64_t>> spatial;
+  for (size_t i = 0; i < spec.size(); ++i) {
+    if (spec[i] == a || spec[i] == b) continue;
+    size_t pos = rhs_spec.find(spec[i]);
+    spatial.push_back({pos, int64_t(i)});
+  }
+  std::sort(spatial.begin(), spatial.end());
+  for (auto& [pos, i] : spatial) perm.push_back(i);
+  return perm;
+}
+
+std::shared_ptr<const ParamObject> conv_dims(const lax::ConvDimensionNumbers& dn, int ndim) {
+  auto out = std::make_shared<ConvDimsParam>();
+  lax::ConvDimensionNumbers def;
+  if (dn.lhs_spec == def.lhs_spec && dn.rhs_spec == def.rhs_spec && dn.out_spec == def.out_spec && ndim != 4) {
+    // The default layout for any rank, as JAX's dimension_numbers=None: (N, C, spatial...).
+    for (int i = 0; i < ndim; ++i) out->lhs_spec.push_back(i);
+    out->rhs_spec = out->out_spec = out->lhs_spec;
+    return out;
+  }
+  if (dn.lhs_spec.size() != dn.rhs_spec.size() || dn.lhs_spec.size() != dn.out_spec.size())
+    throw ValueError(fmt::format("conv_general_dilated: dimension_numbers (\"{}\", \"{}\", \"{}\") must have equal "
+                                 "lengths",
+                                 dn.lhs_spec, dn.rhs_spec, dn.out_spec));
+  out->lhs_spec = spec_perm(dn.lhs_spec, dn.rhs_spec, 'N', 'C', 0);
+  out->rhs_spec = spec_perm(dn.rhs_spec, dn.rhs_spec, 'O', 'I', 1);
+  out->out_spec = spec_perm(dn.out_spec, dn.rhs_spec, 'N', 'C', 2);
+  auto spatial = [](const std::string& s, char a, char b) {
+    std::string r;
+    for (char c : s)
+      if (c != a && c != b) r += c;
+    std::sort(r.begin(), r.end());
+    return r;
+  };
+  if (spatial(dn.lhs_spec, 'N', 'C') != spatial(dn.rhs_spec, 'O', 'I') ||
+      spatial(dn.out_spec, 'N', 'C') != spatial(dn.rhs_spec, 'O', 'I'))
+    throw ValueError(fmt::format("conv_general_dilated: dimension_numbers (\"{}\", \"{}\", \"{}\") must each have "
+                                 "the same set of spatial characters",
+                                 dn.lhs_spec, dn.rhs_spec, dn.out_spec));
+  return out;
+}
+
+}  // namespace
+
+namespace prims {
+const PrimitiveDef& conv_general_dilated() { return g_conv; }
+}  // namespace prims
+
+namespace lax {
+Array conv_general_dilated(const Array& lhs, const Array& rhs, const std::vector<int64_t>& window_strides,
+                           const Padding& padding, const std::vector<int64_t>& lhs_dilation,
+                           const std::vector<int64_t>& rhs_dilation, const ConvDimensionNumbers& dn,
+                           int64_t feature_group_count, std::optional<DType> preferred_element_type) {
+  auto dims = conv_dims(dn, lhs.ndim());
+  auto& cd = static_cast<const ConvDimsParam&>(*dims);
+  if (lhs.ndim() != int(cd.lhs_spec.size()) || rhs.ndim() != int(cd.rhs_spec.size()))
+    throw ShapeError(fmt::format("conv_general_dilated: lhs {} and rhs {} must have rank {} to match the dimension "
+                                 "numbers (\"{}\", \"{}\", \"{}\")",
+                                 shape_str(lhs.shape()), shape_str(rhs.shape()), cd.lhs_spec.size(), dn.lhs_spec,
+                                 dn.rhs_spec, dn.out_spec));
+  size_t nsp = cd.lhs_spec.size() - 2;
+  std::vector<int64_t> ld = lhs_dilation.empty() ? std::vector<int64_t>(nsp, 1) : lhs_dilation;
+  std::vector<int64_t> rd = rhs_dilation.empty() ? std::vector<int64_t>(nsp, 1) : rhs_dilation;
+  if (window_strides.size() != nsp || ld.size() != nsp || rd.size() != nsp)
+    throw ValueError(fmt::format("conv_general_dilated: window_strides {}, lhs_dilation {} and rhs_dilation {} need "
+                                 "one entry per spatial dimension ({})",
+                                 spec_str(window_strides), spec_str(ld), spec_str(rd), nsp));
+  std::vector<std::vector<int64_t>> pads;
+  if (padding.mode.empty()) {
+    if (padding.explicit_.size() != nsp)
+      throw ValueError(fmt::format("conv_general_dilated: explicit padding has {} (low, high) pairs but the operands "
+                                   "have {} spatial dimensions",
+                                   padding.explicit_.size(), nsp));
+    for (auto& [lo, hi] : padding.explicit_) pads.push_back({lo, hi});
+  } else if (padding.mode == "VALID") {
+    pads.assign(nsp, {0, 0});
+  } else if (padding.mode == "SAME" || padding.mode == "SAME_LOWER") {
+    // JAX's padtype_to_pads on the undilated input and the dilated kernel.
+    for (size_t i = 0; i < nsp; ++i) {
+      int64_t in = lhs.shape()[size_t(cd.lhs_spec[i + 2])];
+      int64_t k = rhs.shape()[size_t(cd.rhs_spec[i + 2])];
+      int64_t s = window_strides[i];
+      if (s <= 0)
+        throw ValueError(fmt::format("conv_general_dilated: window_strides must be positive, got {}",
+                                     spec_str(window_strides)));
+      int64_t dk = k == 0 ? 0 : (k - 1) * rd[i] + 1;
+      int64_t outn = (in + s - 1) / s;
+      int64_t total = std::max<int64_t>(0, (outn - 1) * s + dk - in);
+      int64_t lo = padding.mode == "SAME" ? total / 2 : total - total / 2;
+      pads.push_back({lo, total - lo});
+    }
+  } else {
+    throw ValueError(fmt::format("conv_general_dilated: unknown padding \"{}\"; use \"SAME\", \"SAME_LOWER\", "
+                                 "\"VALID\" or explicit (low, high) pairs",
+                                 padding.mode));
+  }
+  Params params{{"batch_group_count", int64_t(1)},
+                {"dimension_numbers", dims},
+                {"feature_group_count", feature_group_count},
+                {"lhs_dilation", ld},
+                {"padding", pads},
+                {"precision", std::monostate{}},
+                {"preferred_element_type",
+                 preferred_element_type ? ParamValue(*preferred_element_type) : ParamValue(std::monostate{})},
+                {"rhs_dilation", rd},
+                {"window_strides", window_strides}};
+  return bind1(prims::conv_general_dilated(), {lhs, rhs}, params);
+}
+
+Array conv(const Array& lhs, const Array& rhs, const std::vector<int64_t>& window_strides, const Padding& padding) {
+  return conv_general_dilated(lhs, rhs, window_strides, padding);
+}
+}  // namespace lax
+
+}  // namespace cjax

@@ -1,0 +1,51 @@
+// Linear-algebra primitives: dot_general and conv_general_dilated, plus the CPU GEMM driver
+// shared by both (core/linalg.cpp).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/primitive.h"
+
+namespace cjax {
+
+// dot_general's `dimension_numbers` parameter, printed as JAX does: (([1], [0]), ([], [])).
+struct DotDimsParam final : ParamObject {
+  std::vector<int64_t> lhs_contracting, rhs_contracting, lhs_batch, rhs_batch;
+  std::string str() const override;
+  size_t hash() const override;
+  bool equals(const ParamObject& other) const override;
+};
+
+// conv_general_dilated's `dimension_numbers`: the permutations of (batch/out-feature,
+// feature/in-feature, spatial...) for lhs, rhs and out, printed as JAX's
+// ConvDimensionNumbers(lhs_spec=(0, 1, 2, 3), rhs_spec=(0, 1, 2, 3), out_spec=(0, 1, 2, 3)).
+struct ConvDimsParam final : ParamObject {
+  std::vector<int64_t> lhs_spec, rhs_spec, out_spec;
+  std::string str() const override;
+  size_t hash() const override;
+  bool equals(const ParamObject& other) const override;
+};
+
+// One operand of a batched GEMM, as a strided matrix view: element (b, r, c) of the logical
+// matrix op(X)[b] lives at ptr + b * batch_stride + (trans ? c * ld + r : r * ld + c).
+struct GemmOperand {
+  const void* ptr = nullptr;
+  bool trans = false;
+  int64_t ld = 1;
+  int64_t batch_stride = 0;
+};
+
+// C[b] (M x N, row major, contiguous) = op(A)[b] (M x K) * op(B)[b] (K x N) for b < batch.
+// `in` is the dtype of A and B, `out` the dtype of C. f32/f64 run through BLAS (OpenBLAS);
+// bf16/f16 are widened to f32 (f64 where `out` is f64); integers accumulate in `out`
+// (wrapping); bool is or-of-ands. Parallelises over the batch for small GEMMs.
+void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A,
+              const GemmOperand& B, void* C);
+
+}  // namespace cjax
+
+namespace cjax::prims {
+const PrimitiveDef& dot_general();
+const PrimitiveDef& conv_general_dilated();
+}  // namespace cjax::prims
