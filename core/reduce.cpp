@@ -1,0 +1,625 @@
+// Reduction primitives (reduce_sum/max/min/prod/and/or, argmax/argmin) and cumulative primitives
+// (cumsum/cumprod/cummax/cummin/cumlogsumexp) with their eager CPU kernels.
+//
+// Numerics and determinism:
+//  * bfloat16/float16 accumulate in float32; float32 and float64 in their own type; integer sums and
+//    products wrap (two's complement) like XLA, computed in unsigned arithmetic.
+//  * Every reduction is split into FIXED blocks that depend only on the shape (never on the thread
+//    count): a contiguous run of kBlock elements is reduced with K independent accumulators (a
+//    vectorizable loop) combined by a fixed pairwise tree, and block results are combined in block
+//    order. So results are bit-identical run to run whatever the number of threads.
+//  * Reducing an outer axis ([O, R, I] with I > 1) streams rows and adds them into an accumulator
+//    row (contiguous, vectorizable) instead of striding through memory.
+//  * max/min propagate NaN (like XLA); argmax/argmin treat NaN as the extreme value (first NaN wins,
+//    as JAX does) and return the first occurrence on ties.
+#include "core/reduce.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "cjax/lax.h"
+#include "core/array_impl.h"
+#include "core/parallel.h"
+#include "core/util.h"
+#include "core/visit_dtype.h"
+
+namespace cjax {
+namespace {
+
+constexpr int64_t kBlock = 1 << 15;  // elements per fixed reduction block (shape-only decomposition)
+
+enum class RedOp { Sum, Prod, Max, Min, And, Or, LogAddExp };
+
+// Uninitialized scratch memory (std::vector<bool> has no data(); kernels need a plain array).
+template <class T> class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(int64_t n) { resize(n); }
+  void resize(int64_t n) {
+    if (size_t(n) > n_) {
+      p_.reset(new T[size_t(n)]);
+      n_ = size_t(n);
+    }
+  }
+  T* data() { return p_.get(); }
+  T& operator[](int64_t i) { return p_[size_t(i)]; }
+
+ private:
+  std::unique_ptr<T[]> p_;
+  size_t n_ = 0;
+};
+
+std::string axes_str(const std::vector<int64_t>& a) {
+  if (a.size() == 1) return fmt::format("({},)", a[0]);
+  return fmt::format("({})", fmt::join(a, ", "));
+}
+
+// ---- accumulator types and scalar ops ----
+template <class T> struct WrapInt {
+  using type = std::conditional_t<(sizeof(T) <= 4), uint32_t, uint64_t>;
+};
+template <RedOp op, class T> struct AccOf {
+  using type = compute_t<T>;
+};
+template <class T> struct AccOf<RedOp::Sum, T> {
+  using type = std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, typename WrapInt<T>::type,
+                                  compute_t<T>>;
+};
+template <class T> struct AccOf<RedOp::Prod, T> : AccOf<RedOp::Sum, T> {};
+template <RedOp op, class T> using acc_t = typename AccOf<op, T>::type;
+
+template <class A> inline bool is_nan(A v) {
+  if constexpr (std::is_floating_point_v<A>) return v != v;
+  else return false;
+}
+
+template <RedOp op, class A> struct Red {
+  static A identity() {
+    if constexpr (op == RedOp::Sum || op == RedOp::Or) return A(0);
+    else if constexpr (op == RedOp::Prod) return A(1);
+    else if constexpr (op == RedOp::And) {
+      if constexpr (std::is_same_v<A, bool>) return true;
+      else return A(~A(0));
+    } else if constexpr (op == RedOp::Max || op == RedOp::LogAddExp) {
+      if constexpr (std::is_same_v<A, bool>) return false;
+      else if constexpr (std::is_floating_point_v<A>) return -std::numeric_limits<A>::infinity();
+      else return std::numeric_limits<A>::lowest();
+    } else {  // Min
+      if constexpr (std::is_same_v<A, bool>) return true;
+      else if constexpr (std::is_floating_point_v<A>) return std::numeric_limits<A>::infinity();
+      else return std::numeric_limits<A>::max();
+    }
+  }
+  static inline A apply(A a, A x) {
+    if constexpr (op == RedOp::Sum) return A(a + x);
+    else if constexpr (op == RedOp::Prod) return A(a * x);
+    else if constexpr (op == RedOp::And) {
+      if constexpr (std::is_same_v<A, bool>) return a && x;
+      else return A(a & x);
+    } else if constexpr (op == RedOp::Or) {
+      if constexpr (std::is_same_v<A, bool>) return a || x;
+      else return A(a | x);
+    } else if constexpr (op == RedOp::Max) {
+      if constexpr (std::is_same_v<A, bool>) return a || x;
+      else if constexpr (std::is_floating_point_v<A>) return ((x > a) | (x != x)) ? x : a;  // NaN sticks
+      else return x > a ? x : a;
+    } else if constexpr (op == RedOp::Min) {
+      if constexpr (std::is_same_v<A, bool>) return a && x;
+      else if constexpr (std::is_floating_point_v<A>) return ((x < a) | (x != x)) ? x : a;
+      else return x < a ? x : a;
+    } else {  // LogAddExp (floating only)
+      if (a != a || x != x) return a + x;
+      A m = a > x ? a : x, d = a > x ? x - a : a - x;
+      if (std::isinf(m)) return m;  // both -inf, or one +inf
+      return m + std::log1p(std::exp(d));
+    }
+  }
+};
+
+template <class A, class In> inline A load_as(const In& v) {
+  if constexpr (std::is_same_v<In, bool>) return A(v);
+  else return A(compute_t<In>(v));
+}
+template <class Out, class A> inline Out store_as(A v) {
+  if constexpr (is_half_v<Out>) return Out(float(v));
+  else return Out(v);
+}
+
+// ---- contiguous reduction of one run with K independent accumulators ----
+template <RedOp op, class In, class A> A reduce_contig(const In* __restrict x, int64_t n) {
+  using R = Red<op, A>;
+  constexpr int K = sizeof(A) >= 8 ? 16 : 32;  // 4 (AVX2) / 2 (AVX-512) vector registers of accumulators
+  A acc[K];
+  for (int j = 0; j < K; ++j) acc[j] = R::identity();
+  int64_t i = 0;
+  for (; i + K <= n; i += K)
+#pragma GCC unroll 32
+    for (int j = 0; j < K; ++j) acc[j] = R::apply(acc[j], load_as<A>(x[i + j]));
+  A tail = R::identity();
+  for (; i < n; ++i) tail = R::apply(tail, load_as<A>(x[i]));
+  for (int w = K / 2; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] = R::apply(acc[j], acc[j + w]);
+  return R::apply(acc[0], tail);
+}
+
+// acc[c] = op(acc[c], x[r * stride + c]) for r < rows, c < ncols: rows streamed into an accumulator row.
+template <RedOp op, class In, class A>
+void reduce_rows(const In* __restrict x, int64_t rows, int64_t stride, int64_t ncols, A* __restrict acc) {
+  using R = Red<op, A>;
+  constexpr int K = 64 / sizeof(A) < 8 ? 8 : 64 / sizeof(A);
+  for (int64_t r = 0; r < rows; ++r) {
+    const In* __restrict row = x + r * stride;
+    int64_t c = 0;
+    for (; c + K <= ncols; c += K)
+#pragma GCC unroll 16
+      for (int j = 0; j < K; ++j) acc[c + j] = R::apply(acc[c + j], load_as<A>(row[c + j]));
+    for (; c < ncols; ++c) acc[c] = R::apply(acc[c], load_as<A>(row[c]));
+  }
+}
+
+// out[o, i] = reduce_r x[o, r, i]   (out holds O*I accumulators)
+template <RedOp op, class In, class A> void reduce_ori(const In* x, A* out, int64_t O, int64_t R, int64_t I) {
+  using Rd = Red<op, A>;
+  int64_t n_out = O * I;
+  if (n_out == 0) return;
+  if (R == 0) {
+    std::fill(out, out + n_out, Rd::identity());
+    return;
+  }
+  if (I == 1) {
+    int64_t nb = (R + kBlock - 1) / kBlock;
+    if (nb == 1) {
+      parallel_for(O, std::max<int64_t>(1, kBlock / R), [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) out[o] = reduce_contig<op, In, A>(x + o * R, R);
+      });
+      return;
+    }
+    Scratch<A> part(O * nb);
+    parallel_for(O * nb, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        int64_t o = t / nb, blk = t % nb, s = blk * kBlock;
+        part[t] = reduce_contig<op, In, A>(x + o * R + s, std::min(kBlock, R - s));
+      }
+    });
+    for (int64_t o = 0; o < O; ++o) {
+      A a = part[o * nb];
+      for (int64_t blk = 1; blk < nb; ++blk) a = Rd::apply(a, part[o * nb + blk]);
+      out[o] = a;
+    }
+    return;
+  }
+  // Outer-axis reduction: blocks of Rb rows (fixed by the shape), column chunks of up to kBlock.
+  int64_t Rb = I >= kBlock ? R : std::max<int64_t>(256, kBlock / I);
+  int64_t nb = (R + Rb - 1) / Rb;
+  int64_t Cc = std::min(I, kBlock), ncc = (I + Cc - 1) / Cc;
+  Scratch<A> part(nb > 1 ? O * nb * I : 0);
+  int64_t task_cost = std::min(Rb, R) * Cc;
+  parallel_for(O * nb * ncc, std::max<int64_t>(1, kBlock / task_cost), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t cc = t % ncc, blk = (t / ncc) % nb, o = t / (ncc * nb);
+      int64_t c0 = cc * Cc, nc = std::min(Cc, I - c0), r0 = blk * Rb, nr = std::min(Rb, R - r0);
+      A* dst = nb > 1 ? part.data() + (o * nb + blk) * I + c0 : out + o * I + c0;
+      std::fill(dst, dst + nc, Rd::identity());
+      reduce_rows<op, In, A>(x + (o * R + r0) * I + c0, nr, I, nc, dst);
+    }
+  });
+  if (nb > 1) {
+    parallel_for(O * ncc, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        int64_t o = t / ncc, c0 = (t % ncc) * Cc, nc = std::min(Cc, I - c0);
+        A* dst = out + o * I + c0;
+        std::copy(part.data() + o * nb * I + c0, part.data() + o * nb * I + c0 + nc, dst);
+        for (int64_t blk = 1; blk < nb; ++blk) {
+          const A* src = part.data() + (o * nb + blk) * I + c0;
+          for (int64_t c = 0; c < nc; ++c) dst[c] = Rd::apply(dst[c], src[c]);
+        }
+      }
+    });
+  }
+}
+
+struct Group {
+  int64_t size;
+  bool reduced;
+};
+// Drops size-1 dims and merges neighbours of the same kind. Empty result: nothing to reduce.
+std::vector<Group> collapse(const Shape& shape, const std::vector<int64_t>& axes) {
+  std::vector<Group> g;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool red = std::find(axes.begin(), axes.end(), int64_t(d)) != axes.end();
+    if (!g.empty() && g.back().reduced == red) g.back().size *= shape[d];
+    else g.push_back({shape[d], red});
+  }
+  return g;
+}
+
+template <class Out, class A> void store_all(const A* src, Out* dst, int64_t n) {
+  parallel_for(n, kBlock, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = store_as<Out>(src[i]);
+  });
+}
+
+// Reduces x (shape) over axes into y (of the same element type as x).
+template <RedOp op, class T> void run_reduce(const T* x, T* y, const Shape& shape, const std::vector<int64_t>& axes) {
+  using A = acc_t<op, T>;
+  int64_t n_out = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (std::find(axes.begin(), axes.end(), int64_t(d)) == axes.end()) n_out *= shape[d];
+  if (n_out == 0) return;
+  if (shape_size(shape) == 0) {  // a reduced axis has size 0: the identity everywhere
+    std::fill(y, y + n_out, store_as<T>(Red<op, A>::identity()));
+    return;
+  }
+  std::vector<Group> g = collapse(shape, axes);
+  auto last_reduced = [&]() -> int {
+    for (int j = int(g.size()) - 1; j >= 0; --j)
+      if (g[size_t(j)].reduced) return j;
+    return -1;
+  };
+  int j = last_reduced();
+  if (j < 0) {  // only size-1 axes reduced: a copy
+    std::copy(x, x + n_out, y);
+    return;
+  }
+  constexpr bool direct = std::is_same_v<A, T>;
+  Scratch<A> cur, next;
+  bool first = true;
+  while (j >= 0) {
+    int64_t O = 1, I = 1;
+    for (int k = 0; k < j; ++k) O *= g[size_t(k)].size;
+    for (size_t k = size_t(j) + 1; k < g.size(); ++k) I *= g[k].size;
+    int64_t R = g[size_t(j)].size;
+    // remove the group and merge its (kept) neighbours
+    g.erase(g.begin() + j);
+    if (j > 0 && size_t(j) < g.size() && g[size_t(j - 1)].reduced == g[size_t(j)].reduced) {
+      g[size_t(j - 1)].size *= g[size_t(j)].size;
+      g.erase(g.begin() + j);
+    }
+    int nj = last_reduced();
+    A* dst;
+    if (nj < 0 && direct) dst = reinterpret_cast<A*>(y);
+    else {
+      next.resize(O * I);
+      dst = next.data();
+    }
+    if (first) reduce_ori<op, T, A>(x, dst, O, R, I);
+    else reduce_ori<op, A, A>(cur.data(), dst, O, R, I);
+    first = false;
+    if (dst == next.data()) std::swap(cur, next);
+    j = nj;
+  }
+  if constexpr (!direct) store_all<T, A>(cur.data(), y, n_out);
+}
+
+// ---- argmax / argmin ----
+template <bool is_max, class V> inline bool better(V v, V best) {
+  if constexpr (is_max) return v > best || (is_nan(v) && !is_nan(best));
+  else return v < best || (is_nan(v) && !is_nan(best));
+}
+template <bool is_max, class T, class Idx>
+void run_argminmax(const T* x, Idx* out, int64_t O, int64_t R, int64_t I) {
+  using V = compute_t<T>;
+  if (O * I == 0) return;
+  if (I == 1) {
+    parallel_for(O, std::max<int64_t>(1, kBlock / R), [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        const T* row = x + o * R;
+        V best = V(row[0]);
+        int64_t bi = 0;
+        if (!is_nan(best))
+          for (int64_t r = 1; r < R; ++r) {
+            V v = V(row[r]);
+            if (better<is_max>(v, best)) {
+              best = v;
+              bi = r;
+              if (is_nan(v)) break;
+            }
+          }
+        out[o] = Idx(bi);
+      }
+    });
+    return;
+  }
+  int64_t Cc = std::min<int64_t>(I, 4096), ncc = (I + Cc - 1) / Cc;
+  parallel_for(O * ncc, std::max<int64_t>(1, kBlock / (R * Cc)), [&](int64_t b, int64_t e) {
+    Scratch<V> best(Cc);
+    Scratch<Idx> idx(Cc);
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t / ncc, c0 = (t % ncc) * Cc, nc = std::min(Cc, I - c0);
+      const T* base = x + o * R * I + c0;
+      for (int64_t c = 0; c < nc; ++c) {
+        best[c] = V(base[c]);
+        idx[c] = Idx(0);
+      }
+      for (int64_t r = 1; r < R; ++r) {
+        const T* row = base + r * I;
+        for (int64_t c = 0; c < nc; ++c) {
+          V v = V(row[c]);
+          if (better<is_max>(v, best[c])) {
+            best[c] = v;
+            idx[c] = Idx(r);
+          }
+        }
+      }
+      std::copy(idx.data(), idx.data() + nc, out + o * I + c0);
+    }
+  });
+}
+
+// ---- cumulative ops ----
+template <RedOp op, class T> using cum_acc_t = std::conditional_t<op == RedOp::LogAddExp, compute_t<T>, acc_t<op, T>>;
+
+template <RedOp op, class T> void run_cumulative(const T* x, T* y, int64_t O, int64_t R, int64_t I, bool reverse) {
+  using A = cum_acc_t<op, T>;
+  using Rd = Red<op, A>;
+  if (O * R * I == 0) return;
+  auto rix = [&](int64_t k) { return reverse ? R - 1 - k : k; };
+  if (I == 1) {
+    parallel_for(O, std::max<int64_t>(1, kBlock / R), [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        const T* xr = x + o * R;
+        T* yr = y + o * R;
+        A acc = Rd::identity();
+        for (int64_t k = 0; k < R; ++k) {
+          int64_t r = rix(k);
+          acc = Rd::apply(acc, load_as<A>(xr[r]));
+          yr[r] = store_as<T>(acc);
+        }
+      }
+    });
+    return;
+  }
+  int64_t Cc = std::min<int64_t>(I, 4096), ncc = (I + Cc - 1) / Cc;
+  parallel_for(O * ncc, std::max<int64_t>(1, kBlock / (R * Cc)), [&](int64_t b, int64_t e) {
+    Scratch<A> acc(Cc);
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t / ncc, c0 = (t % ncc) * Cc, nc = std::min(Cc, I - c0);
+      std::fill(acc.data(), acc.data() + nc, Rd::identity());
+      A* __restrict a = acc.data();
+      for (int64_t k = 0; k < R; ++k) {
+        int64_t r = rix(k);
+        const T* __restrict xr = x + (o * R + r) * I + c0;
+        T* __restrict yr = y + (o * R + r) * I + c0;
+        for (int64_t c = 0; c < nc; ++c) {
+          a[c] = Rd::apply(a[c], load_as<A>(xr[c]));
+          yr[c] = store_as<T>(a[c]);
+        }
+      }
+    }
+  });
+}
+
+// ---- primitive definitions ----
+struct RedInfo {
+  const char* name;
+  RedOp op;
+};
+
+bool red_accepts(RedOp op, DType d) {
+  switch (op) {
+    case RedOp::Sum:
+    case RedOp::Prod: return d != DType::bool_;
+    case RedOp::Max:
+    case RedOp::Min: return true;
+    case RedOp::And:
+    case RedOp::Or: return d == DType::bool_ || is_integer(d);
+    case RedOp::LogAddExp: return is_floating(d);
+  }
+  return false;
+}
+std::string red_accepts_desc(RedOp op) {
+  switch (op) {
+    case RedOp::Sum:
+    case RedOp::Prod: return "a numeric dtype (integer or floating-point; cast bool with astype(int32) first)";
+    case RedOp::And:
+    case RedOp::Or: return "a bool or integer dtype";
+    case RedOp::LogAddExp: return "a floating-point dtype";
+    default: return "any dtype";
+  }
+}
+
+void check_unary(std::string_view name, std::span<const Array> in) {
+  if (in.size() != 1) throw ValueError(fmt::format("{} takes 1 operand, got {}", name, in.size()));
+}
+// Validates already-canonical axes (JAX's reduce shape rule).
+void check_axes(std::string_view name, const Shape& shape, const std::vector<int64_t>& axes) {
+  int64_t nd = int64_t(shape.size());
+  for (size_t k = 0; k < axes.size(); ++k) {
+    int64_t a = axes[k];
+    if (a < 0 || a >= nd)
+      throw ValueError(fmt::format("{}: reduction axis {} is out of bounds for an array of rank {} and shape {} "
+                                   "(valid axes: 0..{}; lax wrappers also accept -{}..-1)",
+                                   name, a, nd, shape_str(shape), nd - 1, nd));
+    for (size_t m = 0; m < k; ++m)
+      if (axes[m] == a)
+        throw ValueError(fmt::format("{}: duplicate axis {} in axes {}; name each axis once", name, a, axes_str(axes)));
+  }
+}
+
+template <RedOp op> PrimitiveDef make_reduce_def(const char* name) {
+  PrimitiveDef def;
+  def.name = name;
+  def.kind = PrimKind::Reduction;
+  def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
+    check_unary(name, in);
+    const Array& x = in[0];
+    if (!red_accepts(op, x.dtype()))
+      throw DTypeError(fmt::format("{} does not accept dtype {}: it needs {}", name, dtype_name(x.dtype()),
+                                   red_accepts_desc(op)));
+    const auto& axes = p.ints("axes");
+    check_axes(name, x.shape(), axes);
+    Shape out;
+    for (int64_t d = 0; d < x.ndim(); ++d)
+      if (std::find(axes.begin(), axes.end(), d) == axes.end()) out.push_back(x.shape()[size_t(d)]);
+    return {AbstractValue{out, x.dtype(), x.weak_type(), x.aval().vma}};
+  };
+  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+    Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
+    visit_dtype(in[0].dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      constexpr bool ok = (op == RedOp::Sum || op == RedOp::Prod) ? !std::is_same_v<T, bool>
+                          : (op == RedOp::And || op == RedOp::Or) ? !is_float_like_v<T>
+                                                                  : true;
+      if constexpr (ok) run_reduce<op, T>(data_ptr<const T>(in[0]), data_ptr<T>(out), in[0].shape(), p.ints("axes"));
+    });
+    return std::vector<Array>{out};
+  };
+  return def;
+}
+
+// [O, R, I] view of `shape` around `axis`.
+void ori(const Shape& shape, int64_t axis, int64_t& O, int64_t& R, int64_t& I) {
+  O = 1;
+  I = 1;
+  for (int64_t d = 0; d < axis; ++d) O *= shape[size_t(d)];
+  R = shape[size_t(axis)];
+  for (size_t d = size_t(axis) + 1; d < shape.size(); ++d) I *= shape[d];
+}
+
+template <bool is_max> PrimitiveDef make_arg_def(const char* name) {
+  PrimitiveDef def;
+  def.name = name;
+  def.kind = PrimKind::Reduction;
+  def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
+    check_unary(name, in);
+    const Array& x = in[0];
+    const auto& axes = p.ints("axes");
+    if (axes.size() != 1)
+      throw ValueError(fmt::format("{} takes exactly one axis, got axes {}", name, axes_str(axes)));
+    check_axes(name, x.shape(), axes);
+    DType idt = p.get<DType>("index_dtype");
+    if (!is_integer(idt))
+      throw DTypeError(fmt::format("{}: index_dtype must be an integer type, got {}", name, dtype_name(idt)));
+    int64_t axis = axes[0];
+    if (x.shape()[size_t(axis)] == 0)
+      throw ValueError(fmt::format("{} requires a non-empty reduced dimension: operand shape {}, axis {} has size 0",
+                                   name, shape_str(x.shape()), axis));
+    Shape out = x.shape();
+    out.erase(out.begin() + axis);
+    return {AbstractValue{out, idt, false, x.aval().vma}};
+  };
+  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+    Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
+    int64_t O, R, I;
+    ori(in[0].shape(), p.ints("axes")[0], O, R, I);
+    visit_dtype(in[0].dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      visit_dtype(out.dtype(), [&](auto itag) {
+        using Idx = typename decltype(itag)::type;
+        if constexpr (std::is_integral_v<Idx> && !std::is_same_v<Idx, bool>)
+          run_argminmax<is_max, T, Idx>(data_ptr<const T>(in[0]), data_ptr<Idx>(out), O, R, I);
+      });
+    });
+    return std::vector<Array>{out};
+  };
+  return def;
+}
+
+template <RedOp op> PrimitiveDef make_cum_def(const char* name) {
+  PrimitiveDef def;
+  def.name = name;
+  def.kind = PrimKind::Reduction;
+  def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
+    check_unary(name, in);
+    const Array& x = in[0];
+    bool ok = op == RedOp::LogAddExp ? is_floating(x.dtype()) : x.dtype() != DType::bool_;
+    if (!ok)
+      throw DTypeError(fmt::format("{} does not accept dtype {}: it needs {}", name, dtype_name(x.dtype()),
+                                   op == RedOp::LogAddExp ? "a floating-point dtype"
+                                                          : "a numeric dtype (cast bool to an integer first)"));
+    int64_t axis = p.i("axis");
+    if (axis < 0 || axis >= x.ndim())
+      throw ValueError(fmt::format("{}: axis {} is out of bounds for an array of rank {} and shape {}", name, axis,
+                                   x.ndim(), shape_str(x.shape())));
+    return {x.aval()};
+  };
+  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+    Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
+    int64_t O, R, I;
+    ori(in[0].shape(), p.i("axis"), O, R, I);
+    bool reverse = p.get<bool>("reverse");
+    visit_dtype(in[0].dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      constexpr bool ok = op == RedOp::LogAddExp ? is_float_like_v<T> : !std::is_same_v<T, bool>;
+      if constexpr (ok) run_cumulative<op, T>(data_ptr<const T>(in[0]), data_ptr<T>(out), O, R, I, reverse);
+    });
+    return std::vector<Array>{out};
+  };
+  return def;
+}
+
+const PrimitiveDef& g_reduce_sum = register_primitive(make_reduce_def<RedOp::Sum>("reduce_sum"));
+const PrimitiveDef& g_reduce_max = register_primitive(make_reduce_def<RedOp::Max>("reduce_max"));
+const PrimitiveDef& g_reduce_min = register_primitive(make_reduce_def<RedOp::Min>("reduce_min"));
+const PrimitiveDef& g_reduce_prod = register_primitive(make_reduce_def<RedOp::Prod>("reduce_prod"));
+const PrimitiveDef& g_reduce_and = register_primitive(make_reduce_def<RedOp::And>("reduce_and"));
+const PrimitiveDef& g_reduce_or = register_primitive(make_reduce_def<RedOp::Or>("reduce_or"));
+const PrimitiveDef& g_argmax = register_primitive(make_arg_def<true>("argmax"));
+const PrimitiveDef& g_argmin = register_primitive(make_arg_def<false>("argmin"));
+const PrimitiveDef& g_cumsum = register_primitive(make_cum_def<RedOp::Sum>("cumsum"));
+const PrimitiveDef& g_cumprod = register_primitive(make_cum_def<RedOp::Prod>("cumprod"));
+const PrimitiveDef& g_cummax = register_primitive(make_cum_def<RedOp::Max>("cummax"));
+const PrimitiveDef& g_cummin = register_primitive(make_cum_def<RedOp::Min>("cummin"));
+const PrimitiveDef& g_cumlogsumexp = register_primitive(make_cum_def<RedOp::LogAddExp>("cumlogsumexp"));
+
+}  // namespace
+
+namespace prims {
+const PrimitiveDef& reduce_sum() { return g_reduce_sum; }
+const PrimitiveDef& reduce_max() { return g_reduce_max; }
+const PrimitiveDef& reduce_min() { return g_reduce_min; }
+const PrimitiveDef& reduce_prod() { return g_reduce_prod; }
+const PrimitiveDef& reduce_and() { return g_reduce_and; }
+const PrimitiveDef& reduce_or() { return g_reduce_or; }
+const PrimitiveDef& argmax() { return g_argmax; }
+const PrimitiveDef& argmin() { return g_argmin; }
+const PrimitiveDef& cumsum() { return g_cumsum; }
+const PrimitiveDef& cumprod() { return g_cumprod; }
+const PrimitiveDef& cummax() { return g_cummax; }
+const PrimitiveDef& cummin() { return g_cummin; }
+const PrimitiveDef& cumlogsumexp() { return g_cumlogsumexp; }
+}  // namespace prims
+
+// ---- lax wrappers: negative axes allowed, axes sorted (JAX prints them as a sorted tuple) ----
+namespace lax {
+namespace {
+Array reduce_with(const PrimitiveDef& def, const Array& x, const std::vector<int64_t>& axes) {
+  std::vector<int64_t> a = canonicalize_axes(axes, x.ndim(), "lax." + def.name);
+  std::sort(a.begin(), a.end());
+  return bind1(def, {x}, Params{{"axes", a}});
+}
+Array arg_with(const PrimitiveDef& def, const Array& x, int64_t axis, DType index_dtype) {
+  int64_t a = canonicalize_axis(axis, x.ndim(), "lax." + def.name);
+  return bind1(def, {x}, Params{{"axes", std::vector<int64_t>{a}}, {"index_dtype", index_dtype}});
+}
+Array cum_with(const PrimitiveDef& def, const Array& x, int64_t axis, bool reverse) {
+  int64_t a = canonicalize_axis(axis, x.ndim(), "lax." + def.name);
+  return bind1(def, {x}, Params{{"axis", a}, {"reverse", reverse}});
+}
+}  // namespace
+Array reduce_sum(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_sum(), x, axes); }
+Array reduce_max(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_max(), x, axes); }
+Array reduce_min(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_min(), x, axes); }
+Array reduce_prod(const Array& x, const std::vector<int64_t>& axes) {
+  return reduce_with(prims::reduce_prod(), x, axes);
+}
+Array reduce_and(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_and(), x, axes); }
+Array reduce_or(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_or(), x, axes); }
+Array argmax(const Array& x, int64_t axis, DType index_dtype) { return arg_with(prims::argmax(), x, axis, index_dtype); }
+Array argmin(const Array& x, int64_t axis, DType index_dtype) { return arg_with(prims::argmin(), x, axis, index_dtype); }
+Array cumsum(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cumsum(), x, axis, reverse); }
+Array cumprod(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cumprod(), x, axis, reverse); }
+Array cummax(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cummax(), x, axis, reverse); }
+Array cummin(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cummin(), x, axis, reverse); }
+Array cumlogsumexp(const Array& x, int64_t axis, bool reverse) {
+  return cum_with(prims::cumlogsumexp(), x, axis, reverse);
+}
+}  // namespace lax
+
+}  // namespace cjax

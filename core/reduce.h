@@ -1,0 +1,27 @@
+// Reduction, cumulative and sort primitive families (JAX names and params):
+//   reduce_sum / reduce_max / reduce_min / reduce_prod / reduce_and / reduce_or  [axes]
+//   argmax / argmin                                                   [axes=(axis,), index_dtype]
+//   cumsum / cumprod / cummax / cummin / cumlogsumexp                 [axis, reverse]
+//   sort                                                              [dimension, is_stable, num_keys]
+//   top_k                                                             [k]
+// Kernels live in core/reduce.cpp (reductions, cumulative ops) and core/sort.cpp (sort, top_k).
+#pragma once
+#include "core/primitive.h"
+
+namespace cjax::prims {
+const PrimitiveDef& reduce_sum();
+const PrimitiveDef& reduce_max();
+const PrimitiveDef& reduce_min();
+const PrimitiveDef& reduce_prod();
+const PrimitiveDef& reduce_and();
+const PrimitiveDef& reduce_or();
+const PrimitiveDef& argmax();
+const PrimitiveDef& argmin();
+const PrimitiveDef& cumsum();
+const PrimitiveDef& cumprod();
+const PrimitiveDef& cummax();
+const PrimitiveDef& cummin();
+const PrimitiveDef& cumlogsumexp();
+const PrimitiveDef& sort();
+const PrimitiveDef& top_k();
+}  // namespace cjax::prims
