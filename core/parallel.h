@@ -2,17 +2,37 @@
 // parallel_for inside another runs serially on the calling thread (no oversubscription).
 #pragma once
 #include <cstdint>
-#include <functional>
+#include <type_traits>
 
 namespace cjax {
 
 int num_threads();
 bool in_parallel_region();
+// A non-owning reference to a callable taking (begin, end): no allocation, unlike std::function.
+class RangeFn {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, RangeFn>>>
+  RangeFn(F& f) : obj_(static_cast<void*>(&f)), call_([](void* o, int64_t b, int64_t e) { (*static_cast<F*>(o))(b, e); }) {}
+  void operator()(int64_t b, int64_t e) const { call_(obj_, b, e); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int64_t, int64_t);
+};
+void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn);
+
 // Calls fn(begin, end) over [0, n) in chunks of at least `grain` elements. Runs inline when the
 // range is small, when one thread is configured, or when called from inside a parallel region.
 // Chunk boundaries depend only on n, grain and the thread count, so reductions that combine
 // per-chunk results in chunk order are deterministic.
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+template <class F> inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
+  if (n <= 0) return;
+  if (n <= grain) {
+    fn(int64_t(0), n);
+    return;
+  }
+  parallel_for_impl(n, grain, RangeFn(fn));
+}
 
 // BLAS threading: OpenBLAS runs its own threads for one large call from the caller; inside our
 // parallel regions it must run on one thread. This guard pins it for the guard's lifetime.

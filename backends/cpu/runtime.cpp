@@ -132,10 +132,9 @@ class ThreadPool {
   }
   int size() const { return n_; }
 
-  void run(int64_t n, int64_t nchunks, const std::function<void(int64_t, int64_t)>& fn) {
+  void run(int64_t n, int64_t nchunks, RangeFn fn) {
     std::unique_lock<std::mutex> run_lock(run_mu_);  // one parallel job at a time
-    Job job;
-    job.fn = &fn;
+    Job job(fn);
     job.n = n;
     job.nchunks = nchunks;
     {
@@ -153,7 +152,8 @@ class ThreadPool {
 
  private:
   struct Job {
-    const std::function<void(int64_t, int64_t)>* fn = nullptr;
+    explicit Job(RangeFn f) : fn(f) {}
+    RangeFn fn;
     int64_t n = 0, nchunks = 0;
     std::atomic<int64_t> next{0};
     int64_t finished = 0;  // guarded by mu_
@@ -172,7 +172,7 @@ class ThreadPool {
       if (c >= job.nchunks) break;
       int64_t b = job.n * c / job.nchunks, e = job.n * (c + 1) / job.nchunks;
       try {
-        (*job.fn)(b, e);
+        job.fn(b, e);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
         if (!job.error) job.error = std::current_exception();
@@ -285,7 +285,7 @@ void set_num_threads(int n) {
 int num_threads() { return runtime().pool->size(); }
 bool in_parallel_region() { return ThreadPool::tl_in_region; }
 
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn) {
   if (n <= 0) return;
   auto& pool = *runtime().pool;
   grain = std::max<int64_t>(grain, 1);
