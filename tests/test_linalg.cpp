@@ -1,0 +1,252 @@
+// dot_general and the numpy linear-algebra functions. Expected values from numpy (offline).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cjax/cjax.h"
+#include "core/linalg.h"
+#include "core/primitive.h"
+
+using namespace cjax;
+namespace jnp = cjax::numpy;
+using DN = lax::DotDimensionNumbers;
+
+namespace {
+Array seq(const Shape& shape, int mod, int off, DType dt = f32) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(int(i % mod) - off);
+  return jnp::array(v, shape).astype(dt);
+}
+std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector<double>(); }
+DN mm() { return DN{{{1}, {0}}, {{}, {}}}; }
+// Naive reference for C[b] = A[b] @ B[b] on row-major data.
+std::vector<double> ref_bmm(const std::vector<double>& a, const std::vector<double>& b, int64_t B, int64_t M,
+                            int64_t K, int64_t N) {
+  std::vector<double> c(size_t(B * M * N), 0.0);
+  for (int64_t z = 0; z < B; ++z)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j)
+          c[size_t((z * M + i) * N + j)] += a[size_t((z * M + i) * K + k)] * b[size_t((z * K + k) * N + j)];
+  return c;
+}
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += !(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
+  CHECK(bad == 0);
+}
+}  // namespace
+
+TEST_CASE("dot_general plain and transposed operands (BLAS transpose flags)") {
+  Array a = seq({2, 3}, 7, 3), b = seq({3, 4}, 5, 2);
+  Array c = lax::dot_general(a, b, mm());
+  CHECK(c.shape() == Shape{2, 4});
+  CHECK(vals(c) == std::vector<double>{1.0, 5.0, 4.0, -2.0, 4.0, 2.0, -5.0, -2.0});
+  // lhs stored [K, M] contracting dim 0; rhs stored [N, K] contracting dim 1.
+  Array at = seq({3, 2}, 7, 3), bt = seq({4, 3}, 5, 2);
+  Array t = lax::dot_general(at, bt, DN{{{0}, {1}}, {{}, {}}});
+  CHECK(t.shape() == Shape{2, 4});
+  CHECK(vals(t) == std::vector<double>{7.0, -7.0, 4.0, -5.0, 4.0, -6.0, 4.0, -6.0});
+  // Mixed: only one side transposed, checked against the naive product.
+  Array u = lax::dot_general(at, b, DN{{{0}, {0}}, {{}, {}}});
+  check_close(vals(u), ref_bmm(vals(at.T()), vals(b), 1, 2, 3, 4), 0);
+}
+
+TEST_CASE("dot_general batch dims in non-leading positions on both sides") {
+  Array a = seq({3, 2, 4}, 7, 3), b = seq({4, 5, 2}, 5, 2);
+  Array c = lax::dot_general(a, b, DN{{{2}, {0}}, {{1}, {2}}});
+  CHECK(c.shape() == Shape{2, 3, 5});
+  CHECK(vals(c) == std::vector<double>{12.0, 0.0,  -12.0, 6.0, -6.0, 4.0, 0.0, -4.0, 2.0, -2.0,
+                                       -4.0, 0.0,  4.0,   -2.0, 2.0, -3.0, 3.0, -6.0, 0.0, 6.0,
+                                       0.0,  0.0,  0.0,   0.0, 0.0, 3.0, -3.0, 6.0, 0.0, -6.0});
+}
+
+TEST_CASE("dot_general contracting several dims (copy path)") {
+  Array a = seq({2, 3, 4}, 7, 3), b = seq({4, 3, 5}, 5, 2);
+  Array c = lax::dot_general(a, b, DN{{{1, 2}, {1, 0}}, {{}, {}}});
+  CHECK(c.shape() == Shape{2, 5});
+  CHECK(vals(c) == std::vector<double>{10.0, 5.0, 0.0, -5.0, -10.0, 2.0, 1.0, 0.0, -1.0, -2.0});
+}
+
+TEST_CASE("dot_general every dtype") {
+  std::vector<double> a{1, 2, 3, 4, 5, 6}, b{1, 0, 0, 1, 1, 1};
+  for (DType dt : {i8, i16, i32, i64, u8, u32, bf16, f16, f32, f64}) {
+    CAPTURE(dtype_name(dt));
+    Array c = lax::dot_general(jnp::array(a, {2, 3}).astype(dt), jnp::array(b, {3, 2}).astype(dt), mm());
+    CHECK(c.dtype() == dt);
+    CHECK(vals(c) == std::vector<double>{4, 5, 10, 11});
+  }
+  Array ba = jnp::array<bool>({true, false, true, false, false, false}, {2, 3});
+  Array bb = jnp::array<bool>({false, true, true, false, false, false}, {3, 2});
+  Array bc = lax::dot_general(ba, bb, mm());
+  CHECK(bc.dtype() == bool_);
+  CHECK(bc.to_vector<bool>() == std::vector<bool>{false, true, false, false});
+}
+
+TEST_CASE("dot_general integer wrapping and preferred_element_type") {
+  Array a = jnp::array<int8_t>({100, 100}, {1, 2}), b = jnp::array<int8_t>({2, 1}, {2, 1});
+  CHECK(lax::dot_general(a, b, mm()).to_vector<int>() == std::vector<int>{44});
+  Array w = lax::dot_general(a, b, mm(), i32);
+  CHECK(w.dtype() == i32);
+  CHECK(w.to_vector<int>() == std::vector<int>{300});
+  Array ua = jnp::array<uint8_t>({200, 100}, {1, 2}), ub = jnp::array<uint8_t>({1, 1}, {2, 1});
+  CHECK(lax::dot_general(ua, ub, mm()).to_vector<int>() == std::vector<int>{44});
+  Array ia = jnp::array<int32_t>({1 << 30, 1 << 30}, {1, 2}), ib = jnp::array<int32_t>({2, 2}, {2, 1});
+  CHECK(lax::dot_general(ia, ib, mm()).to_vector<int>() == std::vector<int>{0});
+  // bf16 inputs accumulated in f32: 256 + 1 + 1 is not representable in bf16 but is in f32.
+  Array h = jnp::array<float>({256, 1, 1}, {1, 3}).astype(bf16), o = jnp::ones({3, 1}, bf16);
+  Array hf = lax::dot_general(h, o, mm(), f32);
+  CHECK(hf.dtype() == f32);
+  CHECK(hf.item<float>() == 258.0f);
+  CHECK(lax::dot_general(h, o, mm()).item<float>() == 258.0f);  // 258 is a bf16 value
+  Array d = lax::dot_general(seq({2, 3}, 7, 3), seq({3, 4}, 5, 2), mm(), f64);
+  CHECK(d.dtype() == f64);
+  CHECK(vals(d) == std::vector<double>{1.0, 5.0, 4.0, -2.0, 4.0, 2.0, -5.0, -2.0});
+}
+
+TEST_CASE("dot_general zero-size dims and scalars") {
+  Array z = lax::dot_general(jnp::ones({2, 0}), jnp::ones({0, 3}), mm());
+  CHECK(z.shape() == Shape{2, 3});
+  CHECK(vals(z) == std::vector<double>(6, 0.0));
+  Array zi = lax::dot_general(jnp::ones({2, 0}, i32), jnp::ones({0, 3}, i32), mm());
+  CHECK(zi.to_vector<int>() == std::vector<int>(6, 0));
+  Array e = lax::dot_general(jnp::ones({0, 4}), jnp::ones({4, 3}), mm());
+  CHECK(e.shape() == Shape{0, 3});
+  Array s = lax::dot_general(Array(3.0f), jnp::array<float>({1, 2}), DN{});
+  CHECK(s.shape() == Shape{2});
+  CHECK(vals(s) == std::vector<double>{3, 6});
+  Array vv = lax::dot_general(jnp::array<float>({1, 2, 3}), jnp::array<float>({4, 5, 6}), DN{{{0}, {0}}, {{}, {}}});
+  CHECK(vv.shape() == Shape{});
+  CHECK(vv.item<float>() == 32.0f);
+}
+
+TEST_CASE("dot_general NaN and Inf propagate") {
+  Array a = jnp::array<float>({NAN, 1, 1, 1}, {2, 2}), b = jnp::array<float>({1, 1, INFINITY, 1}, {2, 2});
+  auto v = lax::dot_general(a, b, mm()).to_vector<float>();
+  CHECK(std::isnan(v[0]));
+  CHECK(std::isnan(v[1]));
+  CHECK(std::isinf(v[2]));
+  CHECK(v[3] == 2.0f);
+}
+
+TEST_CASE("dot_general batched small and large against a naive reference") {
+  for (auto [B, M, K, N] : std::vector<std::array<int64_t, 4>>{{16, 20, 30, 10}, {2, 300, 200, 100}, {64, 4, 4, 4}}) {
+    CAPTURE(B);
+    CAPTURE(M);
+    Array a = seq({B, M, K}, 11, 5), b = seq({B, K, N}, 13, 6);
+    Array c = lax::dot_general(a, b, DN{{{2}, {1}}, {{0}, {0}}});
+    CHECK(c.shape() == Shape{B, M, N});
+    check_close(vals(c), ref_bmm(vals(a), vals(b), B, M, K, N), 1e-6);
+    // bf16 through the f32 path with the batch dims interleaved (copy path)
+    Array a2 = seq({M, B, K}, 11, 5, bf16), b2 = seq({K, B, N}, 13, 6, bf16);
+    Array c2 = lax::dot_general(a2, b2, DN{{{2}, {0}}, {{1}, {1}}}, f32);
+    CHECK(c2.shape() == Shape{B, M, N});
+  }
+  // int path on a bigger shape
+  Array ai = seq({3, 40, 50}, 11, 5, i32), bi = seq({3, 50, 30}, 13, 6, i32);
+  Array ci = lax::dot_general(ai, bi, DN{{{2}, {1}}, {{0}, {0}}});
+  check_close(vals(ci), ref_bmm(vals(ai), vals(bi), 3, 40, 50, 30), 0);
+}
+
+TEST_CASE("dot_general parameters print like JAX") {
+  DotDimsParam p;
+  p.lhs_contracting = {1};
+  p.rhs_contracting = {0};
+  CHECK(p.str() == "(([1], [0]), ([], []))");
+  p.lhs_batch = {0, 2};
+  p.rhs_batch = {1, 3};
+  CHECK(p.str() == "(([1], [0]), ([0, 2], [1, 3]))");
+  CHECK(prims::dot_general().name == "dot_general");
+}
+
+TEST_CASE("dot_general misuse") {
+  Array a = jnp::ones({2, 3}), b = jnp::ones({4, 5});
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, b, mm()),
+                       doctest::Contains("contracting dimensions to have the same shape, got (3,)"), ShapeError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, b, mm()), doctest::Contains("and (4,)"), ShapeError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(jnp::ones({2, 3, 4}), jnp::ones({5, 4, 3}), DN{{{2}, {1}}, {{0}, {0}}}),
+                       doctest::Contains("batch dimensions to have the same shape, got (2,)"), ShapeError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, jnp::ones({3, 2}, i32), mm()),
+                       doctest::Contains("same dtype, got float32 and int32"), DTypeError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, jnp::ones({3, 2}), DN{{{1}, {0, 1}}, {{}, {}}}),
+                       doctest::Contains("equal numbers of lhs and rhs contracting dimensions"), ShapeError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, jnp::ones({3, 2}), DN{{{2}, {0}}, {{}, {}}}),
+                       doctest::Contains("lhs contracting dimension 2 is out of range for an operand of rank 2"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, jnp::ones({3, 2}), mm(), bf16),
+                       doctest::Contains("preferred_element_type bfloat16 must not be narrower than the input type "
+                                         "float32"),
+                       DTypeError);
+  CHECK_THROWS_WITH_AS(lax::dot_general(a, jnp::ones({3, 2}), mm(), i32),
+                       doctest::Contains("incompatible with preferred_element_type int32"), DTypeError);
+}
+
+TEST_CASE("jnp.matmul: 2-D, broadcasting batch dims, 1-D promotion, dtype promotion") {
+  Array a = seq({2, 3}, 7, 3), b = seq({3, 4}, 5, 2);
+  CHECK(vals(jnp::matmul(a, b)) == std::vector<double>{1.0, 5.0, 4.0, -2.0, 4.0, 2.0, -5.0, -2.0});
+  Array mb = jnp::matmul(seq({2, 1, 2, 3}, 7, 3), seq({3, 3, 2}, 5, 2));
+  CHECK(mb.shape() == Shape{2, 3, 2, 2});
+  CHECK(vals(mb) == std::vector<double>{4.0,  3.0,  4.0,  -3.0, 3.0,  -3.0, -3.0, 0.0,  -3.0, 1.0,  0.0,  -2.0,
+                                        -10.0, -2.0, 4.0, -1.0, -2.0, -4.0, -1.0, -1.0, -4.0, 9.0, -1.0, -1.0});
+  Array mb2 = jnp::matmul(seq({2, 3}, 7, 3), seq({4, 3, 2}, 5, 2));
+  CHECK(mb2.shape() == Shape{4, 2, 2});
+  CHECK(vals(mb2) == std::vector<double>{4.0, 3.0, 4.0, -3.0, 3.0, -3.0, -3.0, 0.0, -3.0, 1.0, 0.0, -2.0, 1.0, -5.0,
+                                         -2.0, 1.0});
+  Array A = seq({3, 4}, 7, 3);
+  Array mv = jnp::matmul(A, seq({4}, 5, 2));
+  CHECK(mv.shape() == Shape{3});
+  CHECK(vals(mv) == std::vector<double>{8.0, -7.0, 6.0});
+  Array vm = jnp::matmul(seq({3}, 5, 2), A);
+  CHECK(vm.shape() == Shape{4});
+  CHECK(vals(vm) == std::vector<double>{5.0, 2.0, -1.0, 3.0});
+  Array vv = jnp::matmul(jnp::array<float>({1, 2}), jnp::array<float>({3, 4}));
+  CHECK(vv.shape() == Shape{});
+  CHECK(vv.item<float>() == 11.0f);
+  Array p = jnp::matmul(seq({2, 3}, 7, 3, i32), b);
+  CHECK(p.dtype() == f32);
+  CHECK(vals(p) == std::vector<double>{1.0, 5.0, 4.0, -2.0, 4.0, 2.0, -5.0, -2.0});
+  CHECK(jnp::matmul(seq({2, 3}, 7, 3, bf16), seq({3, 4}, 5, 2, bf16)).dtype() == bf16);
+  CHECK_THROWS_WITH_AS(jnp::matmul(a, a), doctest::Contains("a (2, 3) has 3 columns but b (2, 3) has 2 rows"),
+                       ShapeError);
+  CHECK_THROWS_WITH_AS(jnp::matmul(Array(1.0f), a), doctest::Contains("at least 1-D"), ValueError);
+  CHECK_THROWS_WITH_AS(jnp::matmul(jnp::ones({2, 2, 3}), jnp::ones({3, 3, 2})),
+                       doctest::Contains("cannot be broadcast together (dimension 2 vs 3)"), ShapeError);
+}
+
+TEST_CASE("jnp.dot, vdot, inner, outer, tensordot") {
+  Array dv = jnp::dot(seq({2, 3, 4}, 7, 3), seq({4}, 5, 2));
+  CHECK(dv.shape() == Shape{2, 3});
+  CHECK(vals(dv) == std::vector<double>{8.0, -7.0, 6.0, -9.0, 4.0, -4.0});
+  Array dn = jnp::dot(seq({2, 3}, 7, 3), seq({4, 3, 2}, 5, 2));
+  CHECK(dn.shape() == Shape{2, 4, 2});
+  CHECK(vals(dn) == std::vector<double>{4.0, 3.0, 3.0, -3.0, -3.0, 1.0, 1.0, -5.0, 4.0, -3.0, -3.0, 0.0, 0.0, -2.0,
+                                        -2.0, 1.0});
+  Array ds = jnp::dot(Array(2), jnp::array<int32_t>({1, 2, 3}));
+  CHECK(ds.dtype() == i32);
+  CHECK(ds.to_vector<int>() == std::vector<int>{2, 4, 6});
+  CHECK(jnp::vdot(jnp::array<float>({1, 2, 3, 4}, {2, 2}), jnp::array<float>({1, 1, 2, 2}, {2, 2})).item<float>() ==
+        17.0f);
+  Array in = jnp::inner(seq({2, 3}, 7, 3), seq({4, 3}, 5, 2));
+  CHECK(in.shape() == Shape{2, 4});
+  CHECK(vals(in) == std::vector<double>{8.0, -5.0, 2.0, -1.0, -1.0, -2.0, 2.0, -4.0});
+  Array out = jnp::outer(jnp::array<int32_t>({1, 2}, {1, 2}), jnp::array<int32_t>({3, 4, 5}));
+  CHECK(out.shape() == Shape{2, 3});
+  CHECK(out.to_vector<int>() == std::vector<int>{3, 4, 5, 6, 8, 10});
+  Array t2 = jnp::tensordot(seq({2, 3, 4}, 7, 3), seq({3, 4, 5}, 5, 2), 2);
+  CHECK(t2.shape() == Shape{2, 5});
+  CHECK(vals(t2) == std::vector<double>{10.0, 5.0, 0.0, -5.0, -10.0, 2.0, 1.0, 0.0, -1.0, -2.0});
+  Array tp = jnp::tensordot(seq({2, 3, 4}, 7, 3), seq({4, 2, 3}, 5, 2), {{1, -1}, {2, 0}});
+  CHECK(tp.shape() == Shape{2, 2});
+  CHECK(vals(tp) == std::vector<double>{1.0, -4.0, -8.0, 9.0});
+  Array t0 = jnp::tensordot(jnp::array<float>({1, 2}), jnp::array<float>({3, 4}), 0);
+  CHECK(t0.shape() == Shape{2, 2});
+  CHECK_THROWS_WITH_AS(jnp::tensordot(seq({2, 3}, 7, 3), seq({4, 3}, 5, 2), 1),
+                       doctest::Contains("axis 1 of a (size 3) != axis 0 of b (size 4)"), ShapeError);
+  CHECK_THROWS_WITH_AS(jnp::dot(seq({2, 3}, 7, 3), seq({2, 3}, 5, 2)), doctest::Contains("dot: shapes (2, 3) and (2, 3) "
+                                                                                        "are not aligned"),
+                       ShapeError);
+}
