@@ -1,2 +1,53 @@
-// cjax::io — see API.md; filled in by its family.
+// cjax::io — checkpoints and arrays on disk: safetensors (trees) and numpy .npy (single arrays).
+//
+// * save_safetensors(path, tree, metadata): every leaf is stored under its "."-joined key path
+//   (`params["layers"][0]["mlp"]["w"]` -> "layers.0.mlp.w"; struct fields by name). Dtypes BOOL, I8, I16,
+//   I32, I64, U8, U32, BF16, F16, F32, F64, little-endian; the JSON header is padded with spaces to a
+//   multiple of 8 bytes; optional "__metadata__" string map. A tree with no leaves is allowed.
+// * load_safetensors(path) -> Dict nested by splitting the names on "."; segments that look like
+//   non-negative integers without leading zeros ("0", "12") become int keys, so the Dict above round-trips.
+// * save_npy / load_npy: format 1.0 written (2.0 when the header needs it), 1.0/2.0/3.0 read; descr
+//   '|b1' '|i1' '<i2' '<i4' '<i8' '|u1' '<u4' '<f2' '<f4' '<f8' (big-endian '>' forms are read and
+//   byte-swapped); fortran_order files are transposed into row-major arrays. bfloat16 has no npy dtype:
+//   save_npy raises IoError (use safetensors, or astype(f32)).
+// * Writes are atomic: the data goes to a temporary file in the target's directory, which is fsynced and
+//   renamed over the target; on any failure the temporary is removed and the old target is untouched.
+// * Reads validate everything before touching memory: any malformed file raises IoError naming the file
+//   and the problem (missing, truncated, header length beyond the file, bad JSON, unknown dtype, offsets out
+//   of range, overlapping or leaving gaps, shape/size mismatch).
+// Arrays must be concrete (ConcretizationError for tracers) and held on one device (ShardingError for
+// sharded arrays: gather first).
 #pragma once
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cjax/array.h"
+#include "cjax/tree.h"
+
+namespace cjax::io {
+
+using Metadata = std::map<std::string, std::string>;
+
+// Low-level form: explicit (name, array) entries; names must be unique and non-empty.
+void save_safetensors_entries(const std::filesystem::path& path, const std::vector<std::pair<std::string, Array>>& entries,
+                              const Metadata& metadata = {});
+
+template <class T> void save_safetensors(const std::filesystem::path& path, const T& tree, const Metadata& metadata = {}) {
+  static_assert(is_tree_v<T>, "io::save_safetensors: the argument is not a tree of Arrays (see cjax/tree.h)");
+  std::vector<std::pair<std::string, Array>> entries;
+  for (auto& [p, a] : tree::leaves_with_path(tree)) entries.emplace_back(p.dotted(), std::move(a));
+  save_safetensors_entries(path, entries, metadata);
+}
+
+// (name, array) entries in file-header (sorted name) order.
+std::vector<std::pair<std::string, Array>> load_safetensors_entries(const std::filesystem::path& path);
+Dict load_safetensors(const std::filesystem::path& path);
+Metadata load_safetensors_metadata(const std::filesystem::path& path);
+
+void save_npy(const std::filesystem::path& path, const Array& a);
+Array load_npy(const std::filesystem::path& path);
+
+}  // namespace cjax::io
