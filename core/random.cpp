@@ -72,10 +72,14 @@ std::string aval_str(const Array& a) { return a.aval().str(); }
 // ---- key validation ----
 void check_key(std::string_view fn, const Array& key, bool single = true) {
   if (!key.defined()) throw ValueError(fmt::format("random.{}: the key is an empty Array handle", fn));
-  if (key.dtype() != DType::uint32 || key.ndim() < 1 || key.shape().back() != 2)
+  if (key.dtype() != DType::uint32)
     throw DTypeError(fmt::format("random.{}: a PRNG key must be a uint32 array of shape (..., 2) as returned by "
-                                 "random.key(seed) or random.split, got {} (shape {})",
-                                 fn, aval_str(key), shape_str(key.shape())));
+                                 "random.key(seed) or random.split, got dtype {} ({})",
+                                 fn, dtype_name(key.dtype()), aval_str(key)));
+  if (key.ndim() < 1 || key.shape().back() != 2)
+    throw ShapeError(fmt::format("random.{}: a PRNG key must be a uint32 array of shape (..., 2) as returned by "
+                                 "random.key(seed) or random.split, got shape {} ({})",
+                                 fn, shape_str(key.shape()), aval_str(key)));
   if (single && key.ndim() != 1)
     throw ShapeError(fmt::format("random.{} accepts a single key of shape (2,), but was given a key array of shape {}; "
                                  "use vmap to map over a batch of keys",
