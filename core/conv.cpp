@@ -202,7 +202,6 @@ void conv_kernel(const Array& lhs, const Array& rhs, const Array& out, const Par
     {
       auto rstr = row_major_strides(rhs.shape());
       const S* r = data_ptr<const S>(rhs);
-      std::vector<int64_t> kidx(nsp, 0);
       for (int64_t o = 0; o < g.O; ++o)
         for (int64_t c = 0; c < g.I; ++c) {
           int64_t base = o * rstr[size_t(dn->rhs_spec[0])] + c * rstr[size_t(dn->rhs_spec[1])];

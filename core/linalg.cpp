@@ -418,7 +418,7 @@ std::vector<AbstractValue> dot_general_abstract_eval(std::span<const Array> in, 
   bool weak = lhs.weak_type() && rhs.weak_type();
   if (auto* pet = std::get_if<DType>(&p.at("preferred_element_type"))) {
     out_dt = *pet;
-    weak = false;
+    weak = weak && out_dt == in_dt;  // jnp passes the input dtype: jnp.dot(2., 3.) stays weak
     bool in_f = is_floating(in_dt), out_f = is_floating(out_dt);
     if (in_f && !out_f)
       throw DTypeError(fmt::format("dot_general: input type {} is incompatible with preferred_element_type {}; "

@@ -228,6 +228,10 @@ TEST_CASE("jnp.dot, vdot, inner, outer, tensordot") {
   Array ds = jnp::dot(Array(2), jnp::array<int32_t>({1, 2, 3}));
   CHECK(ds.dtype() == i32);
   CHECK(ds.to_vector<int>() == std::vector<int>{2, 4, 6});
+  Array wk = jnp::dot(Array(2.0f), Array(3.0f));  // weak inputs give a weak result, as in JAX
+  CHECK(wk.weak_type());
+  CHECK(wk.item<float>() == 6.0f);
+  CHECK(!lax::dot_general(Array(2.0f), Array(3.0f), DN{}, f64).weak_type());
   CHECK(jnp::vdot(jnp::array<float>({1, 2, 3, 4}, {2, 2}), jnp::array<float>({1, 1, 2, 2}, {2, 2})).item<float>() ==
         17.0f);
   Array in = jnp::inner(seq({2, 3}, 7, 3), seq({4, 3}, 5, 2));
