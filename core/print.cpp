@@ -96,22 +96,16 @@ Decimal shortest(float16_t h) {
   uint16_t target = h.bits & 0x7fffu;
   if (target == 0) return Decimal{std::signbit(float(h)), "0", 0};
   for (int p = 1; p <= 17; ++p) {
-    // The correctly rounded p-digit decimal, and its neighbours one unit in the last digit away
-    // (near a power of two the rounding interval is lopsided and a neighbour may read back when
-    // the closest does not).
+    // The correctly rounded p-digit decimal (ties to the even digit, like Dragon4) if it reads
+    // back; otherwise a neighbour one unit in the last digit away (near a power of two the
+    // rounding interval is lopsided and a neighbour may read back when the closest does not).
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.*e", p - 1, v);
-    Decimal c = parse_scientific(buf, false);
-    double unit = std::pow(10.0, c.exp - (p - 1));
-    double best = 0;
-    bool found = false;
-    for (double cand : {std::strtod(buf, nullptr), std::strtod(buf, nullptr) - unit, std::strtod(buf, nullptr) + unit}) {
+    double closest = std::strtod(buf, nullptr);
+    double unit = std::pow(10.0, parse_scientific(buf, false).exp - (p - 1));
+    for (double cand : {closest, closest - unit, closest + unit}) {
       if (cand <= 0 || half_bits_from_double(cand) != target) continue;
-      if (!found || std::fabs(cand - v) < std::fabs(best - v)) best = cand;
-      found = true;
-    }
-    if (found) {
-      std::snprintf(buf, sizeof buf, "%.*e", p - 1, best);
+      std::snprintf(buf, sizeof buf, "%.*e", p - 1, cand);
       return parse_scientific(buf, std::signbit(float(h)));
     }
   }

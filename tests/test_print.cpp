@@ -417,6 +417,11 @@ TEST_CASE("print: numpy str and JAX repr for every dtype, rank and layout") {
     CHECK(to_string(x) == "0.1");
     CHECK(repr(x) == "Array(0.1, dtype=float16)");
   }
+  {  // 0-d f16 195.75
+    Array x = host({195.75}, {}, f16);
+    CHECK(to_string(x) == "195.8");
+    CHECK(repr(x) == "Array(195.8, dtype=float16)");
+  }
   {  // 0-d f16 65504.0
     Array x = host({65504.0}, {}, f16);
     CHECK(to_string(x) == "65500.0");
