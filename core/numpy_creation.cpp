@@ -153,6 +153,10 @@ Array arange(int64_t start, int64_t stop, int64_t step, DType dtype) {
   return fill_1d(int64_t(n), dtype, [&](int64_t i) { return int64_t(start + i * step); });
 }
 
+Array arange(int start, int stop, int step, DType dtype) {
+  return arange(int64_t(start), int64_t(stop), int64_t(step), dtype);
+}
+
 Array arange(double start, double stop, double step, DType dtype) {
   if (step == 0)
     throw ValueError(fmt::format("arange: step must not be zero (start={}, stop={}); use a positive step to count "

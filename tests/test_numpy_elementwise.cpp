@@ -598,6 +598,9 @@ TEST_CASE("creation: arange, linspace, eye, identity, iota") {
   CHECK(jnp::arange(3, f32).to_vector<float>() == std::vector<float>{0, 1, 2});
   CHECK(jnp::arange(int64_t(5), int64_t(-5), int64_t(-3)).to_vector<int>() == std::vector<int>{5, 2, -1, -4});
   CHECK(jnp::arange(int64_t(10), int64_t(0), int64_t(3)).size() == 0);
+  CHECK(jnp::arange(0, 10, 4).to_vector<int>() == std::vector<int>{0, 4, 8});  // plain ints
+  CHECK(jnp::arange(2, 5).to_vector<int>() == std::vector<int>{2, 3, 4});
+  CHECK(jnp::arange(0, 3, 1, f32).dtype() == f32);
   CHECK(jnp::arange(int64_t(2), int64_t(9), int64_t(3), i64).to_vector<int64_t>() == std::vector<int64_t>{2, 5, 8});
   CHECK(jnp::arange(int64_t(1), int64_t(4), int64_t(1), u8).dtype() == u8);
   // numpy float32 arange(0, 1, 0.1): 10 elements.

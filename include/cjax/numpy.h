@@ -43,6 +43,8 @@ Array ones_like(const Array&, std::optional<DType> dtype = std::nullopt);
 Array full_like(const Array&, const Array& fill_value, std::optional<DType> dtype = std::nullopt);
 Array arange(int64_t stop, DType dtype = DType::int32);
 Array arange(int64_t start, int64_t stop, int64_t step = 1, DType dtype = DType::int32);
+// Plain int literals (arange(0, 10, 2)) would be ambiguous between the int64_t and double forms.
+Array arange(int start, int stop, int step = 1, DType dtype = DType::int32);
 Array arange(double start, double stop, double step, DType dtype = DType::float32);
 Array linspace(double start, double stop, int64_t num = 50, bool endpoint = true, DType dtype = DType::float32);
 Array eye(int64_t n, std::optional<int64_t> m = std::nullopt, int64_t k = 0, DType dtype = DType::float32);
