@@ -127,10 +127,11 @@ Shape broadcast_shape_of(std::string_view fn, std::span<const Shape* const> shap
       }
       std::string all;
       for (size_t j = 0; j < shapes.size(); ++j) all += (j ? " and " : "") + shape_str(*shapes[j]);
-      throw ShapeError(fmt::format("{}: operands could not be broadcast together with shapes {} (axis {} from the "
-                                   "end has sizes {} and {}; numpy broadcasting needs equal sizes or 1). Reshape "
-                                   "or expand_dims an operand so the shapes line up",
-                                   fn, all, int64_t(s->size() - i), o, d));
+      throw ShapeError(fmt::format("{}: operands could not be broadcast together with shapes {}: dimension {} of "
+                                   "the result would need sizes {} and {} (numpy broadcasting aligns shapes at the "
+                                   "end and needs equal sizes or 1). Reshape or expand_dims an operand so the "
+                                   "shapes line up",
+                                   fn, all, off + i, o, d));
     }
   }
   return out;
