@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -130,9 +131,49 @@ template <class Out, class A> inline Out store_as(A v) {
   else return Out(v);
 }
 
+// ---- max/min of float/double with explicit 256-bit vectors (GCC -O2 does not if-convert the
+// NaN-propagating select in scalar code) ----
+template <RedOp op, class A> constexpr bool kVecMinMax =
+    (op == RedOp::Max || op == RedOp::Min) && (std::is_same_v<A, float> || std::is_same_v<A, double>);
+template <class A> struct Vec256Of;
+template <> struct Vec256Of<float> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <> struct Vec256Of<double> {
+  typedef double type __attribute__((vector_size(32)));
+};
+template <class A> using Vec256 = typename Vec256Of<A>::type;
+template <RedOp op, class V> inline V vec_apply(V a, V x) {
+  if constexpr (op == RedOp::Max) return ((x > a) | (x != x)) ? x : a;
+  else return ((x < a) | (x != x)) ? x : a;
+}
+template <RedOp op, class A> A reduce_contig_vec(const A* __restrict x, int64_t n) {
+  using R = Red<op, A>;
+  using V = Vec256<A>;
+  constexpr int W = int(32 / sizeof(A)), NV = 4;
+  V acc[NV];
+  for (int j = 0; j < NV; ++j)
+    for (int l = 0; l < W; ++l) acc[j][l] = R::identity();
+  int64_t i = 0;
+  for (; i + W * NV <= n; i += W * NV) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      V v;
+      std::memcpy(&v, x + i + j * W, sizeof(V));
+      acc[j] = vec_apply<op>(acc[j], v);
+    }
+  }
+  A r = R::identity();
+  for (int j = 0; j < NV; ++j)
+    for (int l = 0; l < W; ++l) r = R::apply(r, acc[j][l]);
+  for (; i < n; ++i) r = R::apply(r, x[i]);
+  return r;
+}
+
 // ---- contiguous reduction of one run with K independent accumulators ----
 template <RedOp op, class In, class A> A reduce_contig(const In* __restrict x, int64_t n) {
   using R = Red<op, A>;
+  if constexpr (kVecMinMax<op, A> && std::is_same_v<In, A>) return reduce_contig_vec<op, A>(x, n);
   constexpr int K = sizeof(A) >= 8 ? 16 : 32;  // 4 (AVX2) / 2 (AVX-512) vector registers of accumulators
   A acc[K];
   for (int j = 0; j < K; ++j) acc[j] = R::identity();
@@ -155,6 +196,17 @@ void reduce_rows(const In* __restrict x, int64_t rows, int64_t stride, int64_t n
   for (int64_t r = 0; r < rows; ++r) {
     const In* __restrict row = x + r * stride;
     int64_t c = 0;
+    if constexpr (kVecMinMax<op, A> && std::is_same_v<In, A>) {
+      using V = Vec256<A>;
+      constexpr int W = int(32 / sizeof(A));
+      for (; c + W <= ncols; c += W) {
+        V a, v;
+        std::memcpy(&a, acc + c, sizeof(V));
+        std::memcpy(&v, row + c, sizeof(V));
+        a = vec_apply<op>(a, v);
+        std::memcpy(acc + c, &a, sizeof(V));
+      }
+    }
     for (; c + K <= ncols; c += K)
 #pragma GCC unroll 16
       for (int j = 0; j < K; ++j) acc[c + j] = R::apply(acc[c + j], load_as<A>(row[c + j]));
