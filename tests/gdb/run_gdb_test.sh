@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# gdb pretty-printer test: stops eager_debug at its "BREAK HERE" line under `gdb -batch`, prints
+# Arrays and checks the text. Runs twice: with the printer auto-loaded from libcjax.so's
+# .debug_gdb_scripts section, and with it sourced from tools/gdb/cjax_printers.py (twice, to check
+# that loading it again is harmless). Exits 77 (ctest: skipped) when gdb is missing or cannot
+# trace processes here.
+# usage: run_gdb_test.sh <eager_debug executable> <eager_debug.cpp> <cjax_printers.py> <libcjax dir>
+set -u
+exe=$1 src=$2 printer=$3 libdir=$4
+
+if ! command -v gdb >/dev/null 2>&1; then
+  echo "SKIP: gdb is not installed"
+  exit 77
+fi
+if ! gdb -nx -batch -iex 'set debuginfod enabled off' -ex 'python print("py-ok")' 2>&1 | grep -q py-ok; then
+  echo "SKIP: this gdb has no Python support"
+  exit 77
+fi
+line=$(grep -n '// BREAK HERE' "$src" | head -n 1 | cut -d: -f1)
+if [ -z "$line" ]; then
+  echo "FAIL: no 'BREAK HERE' marker in $src"
+  exit 1
+fi
+
+run_gdb() {  # extra gdb options...
+  gdb -nx -batch -iex 'set debuginfod enabled off' "$@" \
+    -ex "break eager_debug.cpp:$line" -ex run \
+    -ex 'print x' -ex 'print y' -ex next -ex 'print y' \
+    -ex 'print w' -ex 'print mask' -ex 'print n' -ex 'next 4' -ex 'print s' -ex 'print e' \
+    -ex 'print &x' -ex 'print *&x' -ex 'print big' -ex 'info pretty-printer' \
+    -ex kill "$exe" 2>&1
+}
+
+status=0
+check() {  # mode output expected-substring...
+  local mode=$1 out=$2
+  shift 2
+  for want in "$@"; do
+    if ! grep -qF -- "$want" <<<"$out"; then
+      echo "FAIL ($mode): expected to find: $want"
+      status=1
+    fi
+  done
+}
+
+# auto-load: the copy embedded in libcjax.so, default settings (call into the inferior; where
+#   gdb cannot, read memory and format with numpy).
+# source: the file sourced twice, inferior calls off (always reads memory).
+# plain: as source, with numpy hidden from gdb's Python (built-in formatter).
+for mode in auto-load source plain; do
+  case $mode in
+    auto-load) out=$(run_gdb -iex "add-auto-load-safe-path $libdir") ;;
+    source) out=$(run_gdb -iex 'set auto-load python-scripts off' -ex "source $printer" -ex "source $printer" \
+                          -ex 'set cjax-inferior-calls off') ;;
+    plain) out=$(run_gdb -iex 'set auto-load python-scripts off' -ex "source $printer" \
+                         -ex 'set cjax-inferior-calls off' -ex 'python import sys; sys.modules["numpy"] = None') ;;
+  esac
+  echo "---- gdb output ($mode) ----"
+  echo "$out"
+  if grep -qE 'ptrace: Operation not permitted|Could not trace the inferior|not permitted to trace' <<<"$out"; then
+    echo "SKIP: gdb may not trace processes on this machine"
+    exit 77
+  fi
+  if [ "$mode" = plain ]; then
+    check "$mode" "$out" \
+      '$1 = f32[2,3] [[1. 2. 3.] [4. 5. 6.]]' \
+      '$3 = f32[2,3] [[2. 4. 6.] [8. 10. 12.]]' \
+      '$4 = f32[3] [0.5 -1. 2.]' \
+      '$5 = bool[3] [True False True]' \
+      '$6 = i32[3] [1 2 3]' \
+      '$7 = f32[] 0.5' \
+      '$8 = f32[2,3] [[0.36787945 0.13533528 0.04978' \
+      '$11 = i32[2000] [0 1 2 ... 1997 1998 1999]'
+    continue
+  fi
+  check "$mode" "$out" \
+    '$11 = i32[2000] [   0    1    2 ... 1997 1998 1999]' \
+    '$1 = f32[2,3] [[1. 2. 3.] [4. 5. 6.]]' \
+    '$3 = f32[2,3] [[ 2.  4.  6.] [ 8. 10. 12.]]' \
+    '$4 = f32[3] [ 0.5 -1.   2. ]' \
+    '$5 = bool[3] [ True False  True]' \
+    '$6 = i32[3] [1 2 3]' \
+    '$7 = f32[] 0.5' \
+    '$8 = f32[2,3] [[0.367879' \
+    '= f32[2,3] [[1. 2. 3.] [4. 5. 6.]]'
+  # `print y` before its constructor ran must not crash the program (it may show anything).
+  check "$mode" "$out" '$2 = '
+  if grep -qE 'signaled while in a function called from GDB|Segmentation fault' <<<"$out"; then
+    echo "FAIL ($mode): printing crashed the inferior"
+    status=1
+  fi
+done
+[ "$status" = 0 ] && echo "PASS: gdb pretty-printer"
+exit $status
