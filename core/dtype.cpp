@@ -145,15 +145,4 @@ uint16_t float16_t::from_float(float f) {
   return uint16_t(sign | (absx >> 13));
 }
 
-float float16_t::to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0) {
-    float v = std::ldexp(float(mant), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
 }  // namespace cjax

@@ -84,6 +84,9 @@ class Array {
   Array(double);      // weakly typed f64 scalar: yields to a float array's dtype (x_f32 * 0.5 -> f32)
   Array(int);         // weakly typed i32 scalar
   Array(int64_t);     // weakly typed i64 scalar
+  Array(unsigned v) : Array(int64_t(v)) {}       // weakly typed integer scalar
+  Array(unsigned long v) : Array(int64_t(v)) {}  // (size_t) weakly typed integer scalar
+  Array(long long v) : Array(int64_t(v)) {}
   Array(bool);        // bool scalar (bools are never weak, as in JAX)
   explicit Array(std::shared_ptr<ArrayImpl> impl) : impl_(std::move(impl)) {}
 

@@ -67,7 +67,31 @@ struct float16_t {
   explicit float16_t(float f) : bits(from_float(f)) {}
   operator float() const { return to_float(bits); }
   static uint16_t from_float(float f);
-  static float to_float(uint16_t h);
+  // Inline so loops over f16 data vectorize.
+  static float to_float(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+      if (mant == 0) {
+        bits = sign;
+      } else {  // subnormal: renormalise
+        int e = -1;
+        do {
+          ++e;
+          mant <<= 1;
+        } while ((mant & 0x400u) == 0);
+        bits = sign | uint32_t(112 - e) << 23 | (mant & 0x3ffu) << 13;
+      }
+    } else if (exp == 31) {
+      bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+      bits = sign | ((exp + 112) << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
 };
 
 // Maps C++ element types to DTypes.
