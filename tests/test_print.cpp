@@ -512,6 +512,9 @@ TEST_CASE("print: tracers print their type and never throw") {
   CHECK(os.str() == "Traced<float32[2,3]>");
   CHECK(to_string(make_abstract(AbstractValue{{}, bf16, true, {}})) == "Traced<bfloat16[]>");
   CHECK(debug_string(t) == "f32[2,3] <traced>");
+  Array v = make_abstract(AbstractValue{{4}, i32, false, {"i"}});  // varying over mesh axis i
+  CHECK(debug_string(v) == "i32[4]{V:i} <traced>");
+  CHECK(std::string(cjax_debug_string(&v)) == "i32[4]{V:i} <traced>");
 }
 
 TEST_CASE("print: empty handles") {
