@@ -35,9 +35,9 @@ Array rms_norm(const Array& x, const Array& gain, double eps = 1e-6);
 
 struct AttentionOptions {
   bool is_causal = false;              // keep keys s <= query t (lower-triangular T x S mask)
-  std::optional<double> scale;         // default 1/sqrt(H)
-  std::optional<Array> bias;           // added to the f32 logits, broadcastable to [B, N, T, S]
-  std::optional<Array> mask;           // bool, broadcastable to [B, N, T, S]; false entries are masked
+  std::optional<double> scale = std::nullopt;  // default 1/sqrt(H)
+  std::optional<Array> bias = std::nullopt;    // added to the f32 logits, broadcastable to [B, N, T, S]
+  std::optional<Array> mask = std::nullopt;    // bool, broadcastable to [B, N, T, S]; false entries are masked
 };
 // jax.nn.dot_product_attention (XLA path): q [B,T,N,H], k/v [B,S,K,H] (N a multiple of K, grouped-query
 // attention), or the same without B; logits in f32, masked entries -0.7*finfo.max, softmax in f32.
