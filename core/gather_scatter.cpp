@@ -257,11 +257,72 @@ void gather_kernel(const Array& operand, const Array& indices, Array& out, const
     dst[size_t(d)] = ostr[size_t(dn.offset_dims[m++])];
   }
   BoxPlan box = make_box(ss, istr, dst);
-  std::vector<int64_t> idx = load_indices(indices);
   const T* src = data_ptr<const T>(operand);
   T* y = data_ptr<T>(out);
   T fill = fill_of<T>(fill_value);
   bool fill_mode = mode == GatherScatterMode::fill_or_drop;
+  // Fast path (take, x[idx], embedding lookups): no batching dims, the offset dims trail the batch
+  // dims, so slice b lands contiguously at y + b * W.
+  bool trailing = dn.operand_batching_dims.empty();
+  for (int64_t k = 0; trailing && k < nb; ++k) trailing = g.batch_out_dims[size_t(k)] == k;
+  if (trailing && shape_size(ss) > 0) {
+    int64_t W = box.size;
+    std::vector<int64_t> hi(static_cast<size_t>(K)), st(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t d = dn.start_index_map[size_t(k)];
+      hi[size_t(k)] = os[size_t(d)] - ss[size_t(d)];
+      st[size_t(k)] = istr[size_t(d)];
+    }
+    visit_dtype(indices.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+        const I* ip = data_ptr<const I>(indices);
+        int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, W));
+        if (K == 1 && box.ext.empty()) {  // one element per index: a tight loop
+          int64_t h = hi[0], s0 = st[0];
+          parallel_for(NB, 1 << 14, [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) {
+              int64_t v = int64_t(ip[b]);
+              bool oob = v < 0 || v > h;
+              v = v < 0 ? 0 : (v > h ? h : v);
+              y[b] = (fill_mode && oob) ? fill : src[v * s0];
+            }
+          });
+          return;
+        }
+        parallel_for(NB, grain, [&](int64_t b0, int64_t b1) {
+          std::vector<int64_t> counter(box.ext.size() + 1);
+          for (int64_t b = b0; b < b1; ++b) {
+            int64_t src_base = 0;
+            bool in_bounds = true;
+            for (int64_t k = 0; k < K; ++k) {
+              int64_t v = int64_t(ip[b * K + k]), h = hi[size_t(k)];
+              if (v < 0 || v > h) {
+                in_bounds = false;
+                v = v < 0 ? 0 : h;
+              }
+              src_base += v * st[size_t(k)];
+            }
+            T* o = y + b * W;
+            if (fill_mode && !in_bounds) {
+              std::fill(o, o + W, fill);
+            } else if (box.ext.empty()) {
+              *o = src[src_base];
+            } else if (box.ext.size() == 1 && box.src_stride[0] == 1) {
+              std::memcpy(static_cast<void*>(o), src + src_base, size_t(W) * sizeof(T));
+            } else {
+              for_each_run(box, counter.data(), [&](int64_t s0, int64_t d0, int64_t n, int64_t ssd, int64_t dsd) {
+                const T* s = src + src_base + s0;
+                for (int64_t i = 0; i < n; ++i) o[d0 + i * dsd] = s[i * ssd];
+              });
+            }
+          }
+        });
+      }
+    });
+    return;
+  }
+  std::vector<int64_t> idx = load_indices(indices);
   if (shape_size(ss) == 0) {  // nothing to read (a zero-size operand dim): every element is the fill
     T v = fill_mode ? fill : T{};
     std::fill(y, y + out.size(), v);
@@ -523,6 +584,22 @@ void scatter_kernel(const Array& indices, const Array& updates, Array& out, cons
     return;
   }
   // Possibly repeated indices: windows in index order, one after the other (deterministic).
+  bool trailing = dn.operand_batching_dims.empty();
+  for (int64_t k = 0; trailing && k < nb; ++k) trailing = g.update_scatter_dims[size_t(k)] == k;
+  if (trailing && K == 1 && box.ext.empty()) {  // one element per index (x.at[idx].add(v)): a tight loop
+    int64_t d = dn.scatter_dims_to_operand_dims[0];
+    int64_t h = os[size_t(d)] - 1, s0 = ostr[size_t(d)];
+    for (int64_t b = 0; b < NB; ++b) {
+      int64_t v = idx[size_t(b)];
+      if (v < 0 || v > h) {
+        if (!clip) continue;
+        v = v < 0 ? 0 : h;
+      }
+      T& o = y[v * s0];
+      o = combine<kind, T>(o, u[b]);
+    }
+    return;
+  }
   std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R) + 1), counter(box.ext.size() + 1);
   for (int64_t b = 0; b < NB; ++b) {
     int64_t dst_base, src_base;

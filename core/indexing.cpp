@@ -255,8 +255,8 @@ std::string ent_str(const Ent& e) {
     case EK::Int: return std::to_string(e.i);
     case EK::Slc: {
       auto b = [](const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string(); };
-      std::string s = b(e.s.start) + ":" + b(e.s.stop);
-      if (e.s.step != 1) s += ":" + std::to_string(e.s.step);
+      std::string s = fmt::format("{}:{}", b(e.s.start), b(e.s.stop));
+      if (e.s.step != 1) s += fmt::format(":{}", e.s.step);
       return s;
     }
     case EK::New: return "NewAxis";
@@ -268,7 +268,10 @@ std::string ent_str(const Ent& e) {
 }
 std::string index_str(const std::vector<Ent>& e) {
   std::string s = "[";
-  for (size_t i = 0; i < e.size(); ++i) s += (i ? ", " : "") + ent_str(e[i]);
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (i) s += ", ";
+    s += ent_str(e[i]);
+  }
   return s + "]";
 }
 
@@ -320,7 +323,10 @@ Shape broadcast_shapes_or_throw(const std::vector<Shape>& shapes, std::string_vi
         continue;
       }
       std::string all;
-      for (auto& t : shapes) all += (all.empty() ? "" : " ") + shape_str(t);
+      for (auto& t : shapes) {
+        if (!all.empty()) all += ' ';
+        all += shape_str(t);
+      }
       throw ShapeError(fmt::format("{}: shape mismatch: {} could not be broadcast together with shapes {}", what,
                                    "arrays", all));
     }

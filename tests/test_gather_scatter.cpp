@@ -183,6 +183,11 @@ TEST_CASE("scatter family: duplicates accumulate in index order") {
   // NaN propagates through scatter-min / scatter-max
   auto mn = lax::scatter_min(x, ai({2}, {1, 1}), af({NAN}), scatter1_dn()).to_vector<double>();
   CHECK(std::isnan(mn[2]));
+  // element scatters: clip clamps, fill_or_drop drops
+  CHECK(lax::scatter_add(x, ai({-1, 7}, {2, 1}), af({1, 2}), scatter1_dn(), GatherScatterMode::clip)
+            .to_vector<float>() == std::vector<float>{1, 1, 2, 3, 6});
+  CHECK(lax::scatter_add(x, ai({-1, 7}, {2, 1}), af({1, 2}), scatter1_dn()).to_vector<float>() ==
+        std::vector<float>{0, 1, 2, 3, 4});
   // the input is not modified
   CHECK(x.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4});
 }
