@@ -165,6 +165,7 @@ Array& operator/=(Array&, const Array&);
 std::ostream& operator<<(std::ostream&, const Array&);  // numpy-style text
 std::string to_string(const Array&);                   // same text
 std::string repr(const Array&);                        // "Array([1., 2.], dtype=float32)"
+std::string debug_string(const Array&);                // "f32[2,3] [[1. 2. 3.]\n [4. 5. 6.]]" (what gdb shows)
 
 // Shardings. Issue-level detail (NamedSharding, meshes) lives in sharding.h.
 class Sharding {
