@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+export CCACHE_BASEDIR="$PWD"  # cache hits across clones in different directories
 build=build
 extra=()
 if [ "${1:-}" = "--sanitize" ]; then
