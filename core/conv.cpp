@@ -15,6 +15,7 @@
 
 #include "cjax/lax.h"
 #include "core/array_impl.h"
+#include "core/elementwise.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
 #include "core/visit_dtype.h"
@@ -169,8 +170,13 @@ std::vector<std::vector<int64_t>> tap_tables(const ConvGeom& g, const Params& p)
   return tab;
 }
 
-template <class S, class CT>
+// The convolution in compute type CT (float, double or int64): lhs and rhs are already CT; the
+// result is written to `out` (also CT) in its own layout. Integer convolutions compute in int64
+// and are narrowed once at the end: wrapping arithmetic gives the same bits as accumulating in the
+// narrow type, and there are 3 instantiations instead of one per (input, output) type pair.
+template <class CT>
 void conv_kernel(const Array& lhs, const Array& rhs, const Array& out, const Params& p) {
+  using S = CT;
   auto dn = p.object<ConvDimsParam>("dimension_numbers");
   ConvGeom g = geometry(lhs, rhs, p);
   const size_t nsp = size_t(g.nsp);
@@ -270,50 +276,43 @@ void conv_kernel(const Array& lhs, const Array& rhs, const Array& out, const Par
     }
   }
   if (direct) return;
-  // Canonical [N, O, P...] -> the output layout and dtype.
-  visit_dtype(out.dtype(), [&](auto otag) {
-    using OT = typename decltype(otag)::type;
-    OT* o = data_ptr<OT>(out);
-    std::vector<int64_t> psr(nsp);
-    for (size_t i = 0; i < nsp; ++i) psr[i] = ostr[size_t(dn->out_spec[i + 2])];
-    int64_t sn = ostr[size_t(dn->out_spec[0])], so = ostr[size_t(dn->out_spec[1])];
-    parallel_for(g.N * g.O, std::max<int64_t>(1, kGrain / std::max<int64_t>(P, 1)), [&](int64_t s, int64_t e) {
-      for (int64_t r = s; r < e; ++r) {
-        int64_t n = r / g.O, oc = r % g.O;
-        const CT* src = outc + r * P;
-        int64_t base = n * sn + oc * so;
-        for (int64_t q = 0; q < P; ++q) {
-          int64_t rem = q, off = base;
-          for (size_t i = nsp; i-- > 0;) {
-            off += (rem % g.out_sp[i]) * psr[i];
-            rem /= g.out_sp[i];
-          }
-          if constexpr (is_half_v<OT>) o[off] = OT(float(src[q]));
-          else o[off] = OT(src[q]);
+  // Canonical [N, O, P...] -> the output layout.
+  CT* o = data_ptr<CT>(out);
+  std::vector<int64_t> psr(nsp);
+  for (size_t i = 0; i < nsp; ++i) psr[i] = ostr[size_t(dn->out_spec[i + 2])];
+  int64_t sn = ostr[size_t(dn->out_spec[0])], so = ostr[size_t(dn->out_spec[1])];
+  parallel_for(g.N * g.O, std::max<int64_t>(1, kGrain / std::max<int64_t>(P, 1)), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) {
+      int64_t n = r / g.O, oc = r % g.O;
+      const CT* src = outc + r * P;
+      int64_t base = n * sn + oc * so;
+      for (int64_t q = 0; q < P; ++q) {
+        int64_t rem = q, off = base;
+        for (size_t i = nsp; i-- > 0;) {
+          off += (rem % g.out_sp[i]) * psr[i];
+          rem /= g.out_sp[i];
         }
+        o[off] = src[q];
       }
-    });
+    }
   });
 }
 
 std::vector<Array> conv_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-  const Array &lhs = in[0], &rhs = in[1];
-  Array out = make_uninitialized(out_avals[0], concrete(lhs)->device());
-  DType dt = lhs.dtype(), od = out.dtype();
-  visit_dtype(dt, [&](auto tag) {
-    using S = typename decltype(tag)::type;
-    if constexpr (!std::is_same_v<S, bool>) {
-      if (dt == DType::float64 || od == DType::float64) conv_kernel<S, double>(lhs, rhs, out, p);
-      else if (is_floating(dt) || is_floating(od)) conv_kernel<S, float>(lhs, rhs, out, p);
-      else {
-        visit_dtype(od, [&](auto otag) {
-          using OT = typename decltype(otag)::type;
-          if constexpr (!is_float_like_v<OT> && !std::is_same_v<OT, bool>) conv_kernel<S, OT>(lhs, rhs, out, p);
-        });
-      }
-    }
-  });
-  return {out};
+  DType dt = in[0].dtype(), od = out_avals[0].dtype;
+  DType ct = (dt == DType::float64 || od == DType::float64) ? DType::float64
+             : (is_floating(dt) || is_floating(od))          ? DType::float32
+                                                             : DType::int64;
+  Array lhs = convert_concrete(in[0], ct), rhs = convert_concrete(in[1], ct);
+  AbstractValue ct_aval = out_avals[0];
+  ct_aval.dtype = ct;
+  Array out = make_uninitialized(ct_aval, concrete(in[0])->device());
+  if (ct == DType::float64) conv_kernel<double>(lhs, rhs, out, p);
+  else if (ct == DType::float32) conv_kernel<float>(lhs, rhs, out, p);
+  else conv_kernel<int64_t>(lhs, rhs, out, p);
+  Array result = convert_concrete(out, od);
+  if (result.weak_type() != out_avals[0].weak_type) result = make_view(result, out_avals[0]);
+  return {result};
 }
 
 const PrimitiveDef& g_conv = register_primitive([] {

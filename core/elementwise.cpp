@@ -377,6 +377,13 @@ const PrimitiveDef& integer_pow() { return g_integer_pow; }
 const PrimitiveDef& threefry2x32() { return g_threefry; }
 }  // namespace prims
 
+Array convert_concrete(const Array& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  AbstractValue aval{x.shape(), dtype, false, {}};
+  Params params{{"new_dtype", dtype}, {"weak_type", false}};
+  return g_convert.cpu_impl(std::span<const Array>(&x, 1), std::span<const AbstractValue>(&aval, 1), params)[0];
+}
+
 // ---- lax wrappers ----
 namespace lax {
 #define CJAX_LAX_UNARY(fn, E) \

@@ -11,3 +11,9 @@ const PrimitiveDef& select_n();
 const PrimitiveDef& integer_pow();
 const PrimitiveDef& threefry2x32();
 }  // namespace cjax::prims
+
+namespace cjax {
+// Kernel-level dtype conversion of a concrete array (runs the convert_element_type kernel directly,
+// without bind): for other kernels that compute in a wider type.
+Array convert_concrete(const Array& x, DType dtype);
+}  // namespace cjax

@@ -10,7 +10,7 @@ build=build
 extra=()
 if [ "${1:-}" = "--sanitize" ]; then
   build=build-asan
-  extra=(-DCJAX_SANITIZE=ON -DCJAX_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug)
+  extra=(-DCJAX_SANITIZE=ON -DCJAX_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug -DCJAX_BUILD_SAMPLES=ON)
 fi
 cmake -S . -B "$build" -G Ninja "${extra[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)"

@@ -2,10 +2,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
 
 #include "cjax/cjax.h"
 #include "core/array_impl.h"
+#include "core/device_worker.h"
 #include "core/parallel.h"
 
 using namespace cjax;
@@ -133,4 +136,44 @@ TEST_CASE("weak scalars and item/to_vector conversions") {
   CHECK(bool(b));
   CHECK(f.ndim() == 0);
   CHECK(f.size() == 1);
+}
+
+TEST_CASE("each device has its own worker running tasks in FIFO order") {
+  Device d3(Platform::cpu, 3), d4(Platform::cpu, 4);
+  std::vector<int> order;
+  std::vector<std::future<void>> fs;
+  std::thread::id seen;
+  for (int i = 0; i < 100; ++i)
+    fs.push_back(submit_to_device(d3, [&, i] {
+      order.push_back(i);  // only the worker touches `order`
+      seen = std::this_thread::get_id();
+    }));
+  for (auto& f : fs) f.get();
+  std::vector<int> expect(100);
+  std::iota(expect.begin(), expect.end(), 0);
+  CHECK(order == expect);
+  CHECK(seen == device_worker_thread(d3));
+  CHECK(seen != std::this_thread::get_id());
+  CHECK(device_worker_thread(d3) != device_worker_thread(d4));
+}
+
+TEST_CASE("the 8 device workers run concurrently and propagate exceptions") {
+  // Every task waits until all 8 have started: this only finishes if they run at the same time.
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  bool all = true;
+  std::vector<std::future<void>> fs;
+  for (int d = 0; d < 8; ++d)
+    fs.push_back(submit_to_device(Device(Platform::cpu, d), [&] {
+      std::unique_lock<std::mutex> lock(mu);
+      ++arrived;
+      cv.notify_all();
+      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return arrived == 8; })) all = false;
+    }));
+  for (auto& f : fs) f.get();
+  CHECK(all);
+  auto bad = submit_to_device(Device(Platform::cpu, 5), [] { throw ShapeError("bad shape (3,)"); });
+  CHECK_THROWS_WITH_AS(bad.get(), doctest::Contains("(3,)"), ShapeError);
+  CHECK_THROWS_AS(submit_to_device(Device(Platform::cpu, 8), [] {}), BackendError);
 }

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <future>
 #include <fmt/format.h>
 #include <map>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "cjax/device.h"
 #include "cjax/errors.h"
 #include "core/buffer.h"
+#include "core/device_worker.h"
 #include "core/parallel.h"
 
 extern "C" {
@@ -213,14 +215,70 @@ class ThreadPool {
 };
 thread_local bool ThreadPool::tl_in_region = false;
 
+// A device's worker: one thread draining a FIFO queue of tasks.
+class DeviceWorker {
+ public:
+  ~DeviceWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::future<void> submit(std::function<void()> task) {
+    std::packaged_task<void()> pt(std::move(task));
+    std::future<void> f = pt.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      start_locked();
+      queue_.push_back(std::move(pt));
+    }
+    cv_.notify_one();
+    return f;
+  }
+  std::thread::id thread_id() {
+    std::lock_guard<std::mutex> lock(mu_);
+    start_locked();
+    return thread_.get_id();
+  }
+
+ private:
+  void start_locked() {
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  void loop() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop requested and drained
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // exceptions are stored in the task's future
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  std::thread thread_;
+  bool stop_ = false;
+};
+
 struct CpuRuntime {
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
+  std::vector<std::unique_ptr<DeviceWorker>> workers;
   std::unique_ptr<ThreadPool> pool;
   CpuRuntime() {
     int ndev = g_requested_devices.load() ? g_requested_devices.load() : env_int("CJAX_NUM_CPU_DEVICES", 1);
     int hw = int(std::max(1u, std::thread::hardware_concurrency()));
     int nthreads = g_requested_threads.load() ? g_requested_threads.load() : env_int("CJAX_NUM_THREADS", hw);
-    for (int i = 0; i < ndev; ++i) allocators.push_back(std::make_unique<CachingAllocator>());
+    for (int i = 0; i < ndev; ++i) {
+      allocators.push_back(std::make_unique<CachingAllocator>());
+      workers.push_back(std::make_unique<DeviceWorker>());
+    }
     pool = std::make_unique<ThreadPool>(nthreads);
     g_requested_devices = ndev;
     g_requested_threads = nthreads;
@@ -241,6 +299,15 @@ CachingAllocator& allocator_for(const Device& d) {
   return *rt.allocators[size_t(d.id())];
 }
 }  // namespace
+
+std::future<void> submit_to_device(const Device& d, std::function<void()> task) {
+  allocator_for(d);  // validates the device
+  return runtime().workers[size_t(d.id())]->submit(std::move(task));
+}
+std::thread::id device_worker_thread(const Device& d) {
+  allocator_for(d);
+  return runtime().workers[size_t(d.id())]->thread_id();
+}
 
 void* device_allocate(const Device& d, size_t nbytes) { return allocator_for(d).allocate(nbytes); }
 void device_deallocate(const Device& d, void* p, size_t nbytes) { allocator_for(d).deallocate(p, nbytes); }
