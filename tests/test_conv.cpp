@@ -5,21 +5,14 @@
 #include <cmath>
 
 #include "cjax/cjax.h"
+#include "test_util.h"
 #include "core/linalg.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
 
+using namespace cjax::testing;
 namespace {
-// values ((i % mod) - off), exact in every dtype
-Array seq(const Shape& shape, int mod, int off, DType dt = f32) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(int(i % mod) - off);
-  return jnp::array(v, shape).astype(dt);
-}
-std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector<double>(); }
 const std::vector<double> kC1 = {-2.0, 9.0, 14.0, -3.0, -8.0, 0.0, -11.0, 18.0, 1.0, 1.0, -6.0, -6.0};
 }  // namespace
 

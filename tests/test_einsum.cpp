@@ -4,19 +4,13 @@
 #include <cmath>
 
 #include "cjax/cjax.h"
+#include "test_util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
 
+using namespace cjax::testing;
 namespace {
-Array seq(const Shape& shape, int mod, int off, DType dt = f32) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(int(i % mod) - off);
-  return jnp::array(v, shape).astype(dt);
-}
-std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector<double>(); }
 }  // namespace
 
 TEST_CASE("einsum bsd,dh->bsh and bhqd,bhkd->bhqk") {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cjax/cjax.h"
+#include "test_util.h"
 #include "core/linalg.h"
 #include "core/primitive.h"
 
@@ -12,15 +13,8 @@ using namespace cjax;
 namespace jnp = cjax::numpy;
 using DN = lax::DotDimensionNumbers;
 
+using namespace cjax::testing;
 namespace {
-Array seq(const Shape& shape, int mod, int off, DType dt = f32) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(int(i % mod) - off);
-  return jnp::array(v, shape).astype(dt);
-}
-std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector<double>(); }
 DN mm() { return DN{{{1}, {0}}, {{}, {}}}; }
 // Naive reference for C[b] = A[b] @ B[b] on row-major data.
 std::vector<double> ref_bmm(const std::vector<double>& a, const std::vector<double>& b, int64_t B, int64_t M,

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "cjax/cjax.h"
+#include "test_util.h"
 #include "core/primitive.h"
 #include "core/visit_dtype.h"
 
@@ -15,26 +16,13 @@ namespace jnp = cjax::numpy;
 using doctest::Approx;
 using doctest::Contains;
 
+using namespace cjax::testing;
 namespace {
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-template <class T> Array arr(const std::vector<double>& v, Shape s = {}) {
-  std::vector<T> d;
-  for (double x : v) {
-    if constexpr (std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>) d.push_back(T(float(x)));
-    else d.push_back(T(x));
-  }
-  if (s.empty()) s = {int64_t(v.size())};
-  return jnp::array<T>(d, s);
-}
 Array arange_f32(int64_t n, Shape s) {
   std::vector<float> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), 0.f);
   return jnp::array<float>(v, s);
 }
-std::vector<double> dv(const Array& a) { return a.to_vector<double>(); }
-std::vector<int64_t> iv(const Array& a) { return a.to_vector<int64_t>(); }
 bool near(double got, double ref, double tol) { return std::fabs(got - ref) <= tol; }
 
 template <class F> std::string error_of(F&& f) {

@@ -10,47 +10,15 @@
 #include "cjax/cjax.h"
 #include "core/array_impl.h"
 #include "core/shape.h"
+#include "test_util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
 
-namespace {
+using namespace cjax::testing;
 using VI = std::vector<int32_t>;
 using VF = std::vector<float>;
 using VD = std::vector<double>;
-template <class T> std::vector<T> vec(const Array& a) { return a.to_vector<T>(); }
-
-const DType kAllDTypes[] = {bool_, i8, i16, i32, i64, u8, u32, bf16, f16, f32, f64};
-
-// Array of shape `s` holding base, base+1, ... (bool: parity), converted to dtype `d`.
-Array idx_array(const Shape& s, DType d, int32_t base = 0) {
-  int64_t n = shape_size(s);
-  VI v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = d == bool_ ? (base + int32_t(i)) % 2 : base + int32_t(i);
-  Array a = s.empty() ? make_scalar(double(v[0]), i32) : jnp::array<int32_t>(v, s);
-  return lax::convert_element_type(a, d);
-}
-// What idx_array's values become after a data movement described by source indices.
-VD expect_idx(const std::vector<int64_t>& idx, DType d) {
-  VD out;
-  for (int64_t i : idx) out.push_back(d == bool_ ? double(i % 2) : double(i));
-  return out;
-}
-
-#define CHECK_ERR(expr, Type, ...)                                                               \
-  do {                                                                                           \
-    bool thrown_ = false;                                                                        \
-    try {                                                                                        \
-      (void)(expr);                                                                              \
-    } catch (const Type& e_) {                                                                   \
-      thrown_ = true;                                                                            \
-      std::string w_ = e_.what();                                                                \
-      for (std::string part_ : {__VA_ARGS__})                                                    \
-        CHECK_MESSAGE(w_.find(part_) != std::string::npos, "missing '" << part_ << "' in: " << w_); \
-    }                                                                                            \
-    CHECK_MESSAGE(thrown_, #expr " did not throw " #Type);                                       \
-  } while (0)
-}  // namespace
 
 // ------------------------------------------------------------------------------------------
 // Primitives: every dtype through the generic strided-copy kernel

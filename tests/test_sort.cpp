@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cjax/cjax.h"
+#include "test_util.h"
 #include "core/primitive.h"
 #include "core/visit_dtype.h"
 
@@ -15,21 +16,8 @@ using namespace cjax;
 namespace jnp = cjax::numpy;
 using doctest::Contains;
 
+using namespace cjax::testing;
 namespace {
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-template <class T> Array arr(const std::vector<double>& v, Shape s = {}) {
-  std::vector<T> d;
-  for (double x : v) {
-    if constexpr (std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>) d.push_back(T(float(x)));
-    else d.push_back(T(x));
-  }
-  if (s.empty()) s = {int64_t(v.size())};
-  return jnp::array<T>(d, s);
-}
-std::vector<double> dv(const Array& a) { return a.to_vector<double>(); }
-std::vector<int64_t> iv(const Array& a) { return a.to_vector<int64_t>(); }
 }  // namespace
 
 TEST_CASE("sort floats: NaN last, -0.0 and +0.0 equal (stable), infinities") {

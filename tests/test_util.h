@@ -1,0 +1,68 @@
+// Helpers shared by the test suites: array builders, host readers and an error-checking macro.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cjax/cjax.h"
+#include "core/array_impl.h"
+
+namespace cjax::testing {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+inline const DType kAllDTypes[] = {bool_, i8, i16, i32, i64, u8, u32, bf16, f16, f32, f64};
+
+// A 1-D (or shaped) array of element type T from doubles (half types rounded through float).
+template <class T> Array arr(const std::vector<double>& v, Shape s = {}) {
+  std::vector<T> d;
+  for (double x : v) {
+    if constexpr (std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>) d.push_back(T(float(x)));
+    else d.push_back(T(x));
+  }
+  if (s.empty()) s = {int64_t(v.size())};
+  return numpy::array<T>(d, s);
+}
+// Values ((i % mod) - off) in row-major order: small integers, exact in every dtype.
+inline Array seq(const Shape& shape, int mod, int off, DType dt = f32) {
+  std::vector<float> v(static_cast<size_t>(shape_size(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(int(i % size_t(mod)) - off);
+  return numpy::array(v, shape).astype(dt);
+}
+// Array of shape `s` holding base, base+1, ... (bool: parity), converted to dtype `d`.
+inline Array idx_array(const Shape& s, DType d, int32_t base = 0) {
+  int64_t n = shape_size(s);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = d == bool_ ? (base + int32_t(i)) % 2 : base + int32_t(i);
+  Array a = s.empty() ? make_scalar(double(v[0]), i32) : numpy::array<int32_t>(v, s);
+  return lax::convert_element_type(a, d);
+}
+// What idx_array's values become after a data movement described by source indices.
+inline std::vector<double> expect_idx(const std::vector<int64_t>& idx, DType d) {
+  std::vector<double> out;
+  for (int64_t i : idx) out.push_back(d == bool_ ? double(i % 2) : double(i));
+  return out;
+}
+inline std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector<double>(); }
+inline std::vector<double> dv(const Array& a) { return a.to_vector<double>(); }
+inline std::vector<int64_t> iv(const Array& a) { return a.to_vector<int64_t>(); }
+template <class T> std::vector<T> vec(const Array& a) { return a.to_vector<T>(); }
+
+}  // namespace cjax::testing
+
+// CHECK_ERR(expr, ErrorType, "part", ...): expr throws ErrorType and its message contains every part.
+#define CHECK_ERR(expr, Type, ...)                                                                   \
+  do {                                                                                               \
+    bool thrown_ = false;                                                                            \
+    try {                                                                                            \
+      (void)(expr);                                                                                  \
+    } catch (const Type& e_) {                                                                       \
+      thrown_ = true;                                                                                \
+      std::string w_ = e_.what();                                                                    \
+      for (std::string part_ : {__VA_ARGS__})                                                        \
+        CHECK_MESSAGE(w_.find(part_) != std::string::npos, "missing '" << part_ << "' in: " << w_); \
+    }                                                                                                \
+    CHECK_MESSAGE(thrown_, #expr " did not throw " #Type);                                           \
+  } while (0)
