@@ -276,8 +276,8 @@ template <class T> inline T ipow(T x, int64_t y) {
   uint64_t e = uint64_t(neg ? -y : y);
   T acc = T(1), base = x;
   while (e) {
-    if (e & 1) acc = T(acc * base);
-    base = T(base * base);
+    if (e & 1) acc = scalar::wrap_mul(acc, base);
+    base = scalar::wrap_mul(base, base);
     e >>= 1;
   }
   if constexpr (std::is_floating_point_v<T>) return neg ? T(1) / acc : acc;

@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "core/array_impl.h"
+#include "core/scalar_fns.h"
 #include "core/parallel.h"
 #include "core/visit_dtype.h"
 
@@ -503,9 +504,8 @@ template <ScatterKind kind, class T> inline T combine(T a, T b) {
     if constexpr (is_half_v<T>) return T(float(r));
     else return r;
   } else {
-    using U = std::make_unsigned_t<T>;
-    if constexpr (kind == ScatterKind::Add) return T(U(U(a) + U(b)));
-    else if constexpr (kind == ScatterKind::Mul) return T(U(U(a) * U(b)));
+    if constexpr (kind == ScatterKind::Add) return scalar::wrap_add(a, b);
+    else if constexpr (kind == ScatterKind::Mul) return scalar::wrap_mul(a, b);
     else if constexpr (kind == ScatterKind::Min) return std::min(a, b);
     else return std::max(a, b);
   }

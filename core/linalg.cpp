@@ -19,6 +19,7 @@
 
 #include "cjax/lax.h"
 #include "core/array_impl.h"
+#include "core/scalar_fns.h"
 #include "core/parallel.h"
 #include "core/visit_dtype.h"
 
@@ -112,7 +113,7 @@ void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand&
 }
 
 // Wrapping integer arithmetic type: unsigned, at least 32 bits (no promotion to signed int).
-template <class T> using wrap_t = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
+template <class T> using wrap_t = typename scalar::wrap_type<T>::type;  // integer products wrap
 
 // Integer / bool GEMM on canonical contiguous operands A [batch, M, K] and B [batch, K, N] of the
 // accumulation type T. Rows of C in parallel, k-blocked so a block of B rows stays in cache.

@@ -25,6 +25,7 @@
 
 #include "cjax/lax.h"
 #include "core/array_impl.h"
+#include "core/scalar_fns.h"
 #include "core/parallel.h"
 #include "core/util.h"
 #include "core/visit_dtype.h"
@@ -97,8 +98,8 @@ template <RedOp op, class A> struct Red {
     }
   }
   static inline A apply(A a, A x) {
-    if constexpr (op == RedOp::Sum) return A(a + x);
-    else if constexpr (op == RedOp::Prod) return A(a * x);
+    if constexpr (op == RedOp::Sum) return scalar::wrap_add(a, x);  // integers wrap, as in XLA
+    else if constexpr (op == RedOp::Prod) return scalar::wrap_mul(a, x);
     else if constexpr (op == RedOp::And) {
       if constexpr (std::is_same_v<A, bool>) return a && x;
       else return A(a & x);

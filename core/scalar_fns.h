@@ -21,9 +21,38 @@ template <ScalarOp op> struct Fn;
     template <class T> static inline auto apply(T x, T y) { return EXPR; } \
   };
 
+// Integer arithmetic wraps (two's complement), as in XLA: it is done in an unsigned type at least
+// as wide as `unsigned int`, so narrow types don't promote to a signed int that could overflow.
+template <class T> struct wrap_type {
+  using type = decltype(std::make_unsigned_t<T>() + 0u);
+};
+template <class T> inline T wrap_add(T x, T y) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using W = typename wrap_type<T>::type;
+    return T(W(x) + W(y));
+  } else {
+    return T(x + y);
+  }
+}
+template <class T> inline T wrap_sub(T x, T y) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using W = typename wrap_type<T>::type;
+    return T(W(x) - W(y));
+  } else {
+    return T(x - y);
+  }
+}
+template <class T> inline T wrap_mul(T x, T y) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using W = typename wrap_type<T>::type;
+    return T(W(x) * W(y));
+  } else {
+    return T(x * y);
+  }
+}
 template <class T> inline T neg_(T x) {
   if constexpr (std::is_same_v<T, bool>) return x;
-  else return T(-x);
+  else return wrap_sub(T(0), x);
 }
 template <class T> inline T sign_(T x) {
   if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? x : T((x > 0) - (x < 0));
@@ -33,7 +62,7 @@ template <class T> inline T sign_(T x) {
 template <class T> inline T abs_(T x) {
   if constexpr (std::is_unsigned_v<T>) return x;
   else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
-  else return T(x < 0 ? -x : x);
+  else return x < 0 ? wrap_sub(T(0), x) : x;  // abs(INT_MIN) wraps to INT_MIN, as in XLA
 }
 template <class T> inline T div_(T x, T y) {
   if constexpr (std::is_floating_point_v<T>) return x / y;
@@ -115,10 +144,10 @@ CJAX_UNARY(Erfc, std::erfc(x))
 CJAX_UNARY(ErfInv, special::erf_inv(x))
 CJAX_UNARY(Lgamma, std::lgamma(x))
 CJAX_UNARY(Not, not_(x))
-CJAX_UNARY(Square, T(x * x))
-CJAX_BINARY(Add, T(x + y))
-CJAX_BINARY(Sub, T(x - y))
-CJAX_BINARY(Mul, T(x * y))
+CJAX_UNARY(Square, wrap_mul(x, x))
+CJAX_BINARY(Add, wrap_add(x, y))
+CJAX_BINARY(Sub, wrap_sub(x, y))
+CJAX_BINARY(Mul, wrap_mul(x, y))
 CJAX_BINARY(Div, div_(x, y))
 CJAX_BINARY(Rem, rem_(x, y))
 CJAX_BINARY(Pow, std::pow(x, y))

@@ -36,3 +36,18 @@ TEST_CASE("unsigned C++ scalars are weak integers") {
   CHECK(u.weak_type());
   CHECK(z.item<int64_t>() == 9);
 }
+
+TEST_CASE("integer arithmetic wraps like XLA (no undefined behaviour)") {
+  namespace jnp = cjax::numpy;
+  Array imin = jnp::array<int32_t>({INT32_MIN, INT32_MAX});
+  Array one = jnp::array<int32_t>({1, 1});
+  CHECK(lax::sub(imin, one).to_vector<int32_t>() == std::vector<int32_t>{INT32_MAX, INT32_MAX - 1});
+  CHECK(lax::add(imin, one).to_vector<int32_t>() == std::vector<int32_t>{INT32_MIN + 1, INT32_MIN});
+  CHECK(lax::neg(imin).to_vector<int32_t>() == std::vector<int32_t>{INT32_MIN, -INT32_MAX});
+  CHECK(lax::abs(imin).to_vector<int32_t>() == std::vector<int32_t>{INT32_MIN, INT32_MAX});
+  Array big = jnp::array<int64_t>({int64_t(1) << 32});
+  CHECK(lax::mul(big, big).to_vector<int64_t>() == std::vector<int64_t>{0});
+  Array s16 = jnp::array<int16_t>({-1, 300});
+  CHECK(lax::mul(s16, s16).to_vector<int16_t>() == std::vector<int16_t>{1, int16_t(90000 - 65536)});
+  CHECK(lax::integer_pow(jnp::array<int32_t>({3}), 21).to_vector<int32_t>() == std::vector<int32_t>{int32_t(10460353203LL - 2LL * 4294967296LL)});
+}
