@@ -10,3 +10,4 @@
 #include "cjax/nn.h"
 #include "cjax/random.h"
 #include "cjax/tree.h"
+#include "cjax/make_jaxpr.h"

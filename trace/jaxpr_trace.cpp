@@ -1,0 +1,119 @@
+#include "trace/jaxpr_trace.h"
+
+#include <fmt/format.h>
+#include <unordered_map>
+
+namespace cjax {
+
+struct JaxprTraceState {
+  bool ended = false;
+  std::vector<Var> invars, constvars;
+  std::vector<Array> consts;  // keeps the constants alive, so their addresses stay unique keys
+  std::unordered_map<const ArrayImpl*, Var> const_vars;
+  std::vector<JaxprEqn> eqns;
+};
+
+JaxprTrace::JaxprTrace() : Trace(current_trace()), state_(std::make_shared<JaxprTraceState>()) {}
+JaxprTrace::~JaxprTrace() { state_->ended = true; }
+bool JaxprTrace::ended() const { return state_->ended; }
+
+Array JaxprTrace::new_arg(const AbstractValue& aval) {
+  if (state_->ended) throw Error("internal: JaxprTrace::new_arg on a finished trace");
+  Var v(aval);
+  state_->invars.push_back(v);
+  return Array(std::make_shared<JaxprTracer>(std::move(v), this, state_));
+}
+
+bool JaxprTrace::is_ancestor(const Tracer& t) const {
+  if (auto* jt = dynamic_cast<const JaxprTracer*>(&t))
+    if (jt->state->ended) return false;
+  for (Trace* p = parent(); p; p = p->parent())
+    if (p == t.trace) return true;
+  return false;
+}
+
+Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_index) {
+  if (!x.defined()) {
+    if (def) throw ValueError(fmt::format("'{}' received an empty Array handle", def->name));
+    throw ValueError(fmt::format("make_jaxpr: output {} of the function is an empty Array handle; return defined Arrays",
+                                 out_index));
+  }
+  ArrayImpl* impl = x.impl();
+  if (impl->is_concrete() && x.ndim() == 0) return Literal(x);
+  if (auto* jt = dynamic_cast<JaxprTracer*>(impl); jt && jt->state == state_) return jt->var;
+  auto* t = dynamic_cast<Tracer*>(impl);
+  if (impl->is_concrete() || (t && is_ancestor(*t))) {
+    auto it = state_->const_vars.find(impl);
+    if (it != state_->const_vars.end()) return it->second;
+    Var v(x.aval());
+    state_->constvars.push_back(v);
+    state_->consts.push_back(x);
+    state_->const_vars.emplace(impl, v);
+    return v;
+  }
+  if (t) {
+    if (def) raise_escaped_tracer(x, *def);
+    throw EscapedTracerError(fmt::format(
+        "make_jaxpr: output {} of the function is an intermediate value of type {} from a finished "
+        "transformation. A tracer escaped its trace (for example it was stored in a global or captured by a "
+        "lambda that outlived jit/grad/make_jaxpr); return it from the transformed function instead",
+        out_index, x.aval().str()));
+  }
+  throw ValueError(fmt::format(
+      "{} received an abstract value {} that has no data and belongs to no trace; pass a concrete Array or "
+      "a value computed from the traced arguments",
+      def ? fmt::format("'{}'", def->name) : fmt::format("make_jaxpr (output {})", out_index), x.aval().str()));
+}
+
+std::vector<Array> JaxprTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
+                                                 const Params& params) {
+  if (state_->ended) throw Error(fmt::format("internal: '{}' bound to a finished JaxprTrace", def.name));
+  JaxprEqn eqn;
+  eqn.primitive = &def;
+  eqn.inputs.reserve(inputs.size());
+  for (const Array& x : inputs) eqn.inputs.push_back(to_atom(x, &def, 0));
+  std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
+  std::vector<Array> outs;
+  outs.reserve(out_avals.size());
+  eqn.outputs.reserve(out_avals.size());
+  for (AbstractValue& a : out_avals) {
+    Var v(std::move(a));
+    eqn.outputs.push_back(v);
+    outs.emplace_back(std::make_shared<JaxprTracer>(std::move(v), this, state_));
+  }
+  eqn.params = params;
+  state_->eqns.push_back(std::move(eqn));
+  return outs;
+}
+
+ClosedJaxpr JaxprTrace::to_jaxpr(std::span<const Array> outputs) {
+  if (state_->ended) throw Error("internal: JaxprTrace::to_jaxpr on a finished trace");
+  std::vector<Atom> outvars;
+  outvars.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) outvars.push_back(to_atom(outputs[i], nullptr, i));
+  state_->ended = true;
+  ClosedJaxpr out;
+  out.jaxpr = std::make_shared<const Jaxpr>(std::move(state_->constvars), std::move(state_->invars),
+                                            std::move(state_->eqns), std::move(outvars));
+  out.consts = std::move(state_->consts);
+  state_->const_vars.clear();
+  return out;
+}
+
+namespace jaxpr_detail {
+ClosedJaxpr trace_flat(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
+                       const std::vector<AbstractValue>& in_avals) {
+  JaxprTrace trace;
+  std::vector<Array> args;
+  args.reserve(in_avals.size());
+  for (const AbstractValue& a : in_avals) args.push_back(trace.new_arg(a));
+  std::vector<Array> outs;
+  {
+    TraceScope scope(&trace);
+    outs = f(args);
+  }
+  return trace.to_jaxpr(outs);
+}
+}  // namespace jaxpr_detail
+
+}  // namespace cjax

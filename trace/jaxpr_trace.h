@@ -1,0 +1,56 @@
+// JaxprTrace (DESIGN.md §4): stages primitives into a jaxpr instead of running them. Its parent is
+// the trace current when it starts. It owns only its own tracers (JaxprTracer, one per Var);
+// every other value it sees is a constant at its level:
+//   * a concrete rank-0 array        -> a Literal, inlined (as JAX inlines scalars),
+//   * another concrete array         -> a constvar (one per array, deduplicated by identity),
+//   * a tracer of an enclosing trace -> a constvar whose value is that tracer,
+//   * any other tracer               -> EscapedTracerError (it outlived its transformation).
+// Output avals come from the primitive's abstract_eval on the input tracers' avals.
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/array_impl.h"
+#include "trace/jaxpr.h"
+#include "trace/trace.h"
+
+namespace cjax {
+
+struct JaxprTraceState;  // the jaxpr under construction (trace/jaxpr_trace.cpp)
+
+class JaxprTracer final : public Tracer {
+ public:
+  JaxprTracer(Var v, Trace* t, std::shared_ptr<JaxprTraceState> s)
+      : Tracer(v.aval(), t), var(std::move(v)), state(std::move(s)) {}
+  Var var;
+  // Shared with the trace: outlives it, so a tracer can tell that its trace has ended even if
+  // another trace later lives at the same address.
+  std::shared_ptr<JaxprTraceState> state;
+};
+
+class JaxprTrace final : public Trace {
+ public:
+  JaxprTrace();  // parent: current_trace()
+  ~JaxprTrace() override;  // ends the trace: its tracers are dead from now on
+  JaxprTrace(const JaxprTrace&) = delete;
+  JaxprTrace& operator=(const JaxprTrace&) = delete;
+
+  // A new input variable of type `aval` and its tracer.
+  Array new_arg(const AbstractValue& aval);
+  std::vector<Array> process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
+                                       const Params& params) override;
+  std::string name() const override { return "JaxprTrace"; }
+  // Builds the closed jaxpr whose outputs are `outputs` and ends the trace.
+  ClosedJaxpr to_jaxpr(std::span<const Array> outputs);
+  bool ended() const;
+
+ private:
+  // The atom for `x` at this level; `what` names the consumer for error messages.
+  Atom to_atom(const Array& x, const PrimitiveDef* def, size_t out_index);
+  bool is_ancestor(const Tracer& t) const;
+  std::shared_ptr<JaxprTraceState> state_;
+};
+
+}  // namespace cjax
