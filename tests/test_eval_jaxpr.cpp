@@ -15,11 +15,6 @@ using namespace cjax::testing;
 namespace jnp = cjax::numpy;
 
 namespace {
-template <class J> std::string text(const J& j) {
-  std::ostringstream os;
-  os << j;
-  return os.str();
-}
 
 // For a function `f` of flat Array leaves `args`: eval_jaxpr(make_jaxpr(f)(args)) == f(args)
 // eagerly; make_jaxpr of eval_jaxpr prints the same text; check_jaxpr passes.

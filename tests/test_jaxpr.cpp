@@ -16,14 +16,7 @@
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
-
-namespace {
-template <class J> std::string text(const J& j) {
-  std::ostringstream os;
-  os << j;
-  return os.str();
-}
-}  // namespace
+using cjax::testing::text;
 
 TEST_CASE("elementwise chain with scalar literals") {
   // jax.make_jaxpr(lambda x: x * 2.0 + 1)(jnp.ones(3))

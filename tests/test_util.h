@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,12 @@ inline std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector
 inline std::vector<double> dv(const Array& a) { return a.to_vector<double>(); }
 inline std::vector<int64_t> iv(const Array& a) { return a.to_vector<int64_t>(); }
 template <class T> std::vector<T> vec(const Array& a) { return a.to_vector<T>(); }
+// The text operator<< prints (jaxprs, arrays).
+template <class J> std::string text(const J& j) {
+  std::ostringstream os;
+  os << j;
+  return os.str();
+}
 
 }  // namespace cjax::testing
 
