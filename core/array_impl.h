@@ -42,6 +42,8 @@ class ConcreteArray final : public ArrayImpl {
 class Tracer : public ArrayImpl {
  public:
   Tracer(AbstractValue a, Trace* t) : ArrayImpl(std::move(a)), trace(t) {}
+  // False once the tracer's trace has ended (then `trace` must not be dereferenced).
+  virtual bool is_live() const = 0;
   Trace* trace;
 };
 

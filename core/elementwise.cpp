@@ -478,8 +478,30 @@ std::pair<Array, Array> threefry2x32(const Array& k0, const Array& k1, const Arr
 
 }  // namespace cjax
 
-namespace cjax::lax {
-// On values stop_gradient is the identity. The autodiff layer gives it its meaning (a zero
-// tangent) by treating it as a non-differentiable boundary; eagerly there is nothing to stop.
-Array stop_gradient(const Array& x) { return x; }
-}  // namespace cjax::lax
+namespace cjax {
+namespace {
+// stop_gradient: the identity on values; its JVP rule (autodiff/) gives a zero tangent.
+const PrimitiveDef& g_stop_gradient = register_primitive([] {
+  PrimitiveDef def;
+  def.name = "stop_gradient";
+  def.kind = PrimKind::Elementwise;
+  def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
+    return {in[0].aval()};
+  };
+  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
+    return std::vector<Array>{in[0]};
+  };
+  return def;
+}());
+}  // namespace
+namespace prims {
+const PrimitiveDef& stop_gradient() { return g_stop_gradient; }
+}  // namespace prims
+namespace lax {
+// As JAX: only floating values are bound (integers have no gradient to stop).
+Array stop_gradient(const Array& x) {
+  if (!is_floating(x.dtype())) return x;
+  return bind1(g_stop_gradient, {x});
+}
+}  // namespace lax
+}  // namespace cjax

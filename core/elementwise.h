@@ -10,6 +10,7 @@ const PrimitiveDef& bitcast_convert_type();
 const PrimitiveDef& select_n();
 const PrimitiveDef& integer_pow();
 const PrimitiveDef& threefry2x32();
+const PrimitiveDef& stop_gradient();
 }  // namespace cjax::prims
 
 namespace cjax {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unordered_map>
 
+#include "core/rules.h"
+
 namespace cjax {
 
 struct JaxprTraceState {
@@ -13,7 +15,8 @@ struct JaxprTraceState {
   std::vector<JaxprEqn> eqns;
 };
 
-JaxprTrace::JaxprTrace() : Trace(current_trace()), state_(std::make_shared<JaxprTraceState>()) {}
+JaxprTrace::JaxprTrace(Mode mode)
+    : Trace(current_trace()), mode_(mode), state_(std::make_shared<JaxprTraceState>()) {}
 JaxprTrace::~JaxprTrace() { state_->ended = true; }
 bool JaxprTrace::ended() const { return state_->ended; }
 
@@ -24,13 +27,9 @@ Array JaxprTrace::new_arg(const AbstractValue& aval) {
   return Array(std::make_shared<JaxprTracer>(std::move(v), this, state_));
 }
 
-bool JaxprTrace::is_ancestor(const Tracer& t) const {
-  if (auto* jt = dynamic_cast<const JaxprTracer*>(&t))
-    if (jt->state->ended) return false;
-  for (Trace* p = parent(); p; p = p->parent())
-    if (p == t.trace) return true;
-  return false;
-}
+bool JaxprTracer::is_live() const { return !state->ended; }
+
+bool JaxprTrace::is_ancestor(const Tracer& t) const { return is_ancestor_of(t, *this); }
 
 Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_index) {
   if (!x.defined()) {
@@ -65,14 +64,44 @@ Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_ind
       def ? fmt::format("'{}'", def->name) : fmt::format("make_jaxpr (output {})", out_index), x.aval().str()));
 }
 
+bool JaxprTrace::owns(const Array& x) const {
+  auto* jt = dynamic_cast<const JaxprTracer*>(x.impl());
+  return jt && jt->state == state_ && !state_->ended;
+}
+
 std::vector<Array> JaxprTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
                                                  const Params& params) {
   if (state_->ended) throw Error(fmt::format("internal: '{}' bound to a finished JaxprTrace", def.name));
+  if (mode_ == Mode::ForwardKnown) {
+    std::vector<bool> known(inputs.size());
+    bool all_known = true, any_known = false;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      known[i] = !owns(inputs[i]);
+      all_known = all_known && known[i];
+      any_known = any_known || known[i];
+    }
+    if (all_known) {
+      TraceScope scope(parent());
+      return bind(def, inputs, params);
+    }
+    if (any_known) {
+      const PrimitiveRules* rules = find_rules(def);
+      if (rules && rules->partial_eval) {
+        std::unique_ptr<bool[]> k(new bool[known.size()]);
+        for (size_t i = 0; i < known.size(); ++i) k[i] = known[i];
+        return rules->partial_eval(inputs, std::span<const bool>(k.get(), known.size()), params);
+      }
+    }
+  }
+  return stage(def, inputs, params, def.abstract_eval(inputs, params));
+}
+
+std::vector<Array> JaxprTrace::stage(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params,
+                                     std::vector<AbstractValue> out_avals) {
   JaxprEqn eqn;
   eqn.primitive = &def;
   eqn.inputs.reserve(inputs.size());
   for (const Array& x : inputs) eqn.inputs.push_back(to_atom(x, &def, 0));
-  std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
   std::vector<Array> outs;
   outs.reserve(out_avals.size());
   eqn.outputs.reserve(out_avals.size());

@@ -24,6 +24,7 @@ class JaxprTracer final : public Tracer {
  public:
   JaxprTracer(Var v, Trace* t, std::shared_ptr<JaxprTraceState> s)
       : Tracer(v.aval(), t), var(std::move(v)), state(std::move(s)) {}
+  bool is_live() const override;
   Var var;
   // Shared with the trace: outlives it, so a tracer can tell that its trace has ended even if
   // another trace later lives at the same address.
@@ -32,7 +33,13 @@ class JaxprTracer final : public Tracer {
 
 class JaxprTrace final : public Trace {
  public:
-  JaxprTrace();  // parent: current_trace()
+  // How a primitive none of whose inputs is this trace's tracer is handled.
+  enum class Mode {
+    StageAll,     // staged too (make_jaxpr, jit: `zeros(...)` appears in the jaxpr)
+    ForwardKnown  // bound under the parent trace instead: partial evaluation, used by linearize
+                  // so that primal work runs forward and only tangent work is staged
+  };
+  explicit JaxprTrace(Mode mode = Mode::StageAll);  // parent: current_trace()
   ~JaxprTrace() override;  // ends the trace: its tracers are dead from now on
   JaxprTrace(const JaxprTrace&) = delete;
   JaxprTrace& operator=(const JaxprTrace&) = delete;
@@ -45,8 +52,14 @@ class JaxprTrace final : public Trace {
   // Builds the closed jaxpr whose outputs are `outputs` and ends the trace.
   ClosedJaxpr to_jaxpr(std::span<const Array> outputs);
   bool ended() const;
+  // True if `x` is a live tracer of this trace.
+  bool owns(const Array& x) const;
+  // Stages one equation (no rules, no forwarding) and returns its output tracers.
+  std::vector<Array> stage(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params,
+                           std::vector<AbstractValue> out_avals);
 
  private:
+  Mode mode_;
   // The atom for `x` at this level; `what` names the consumer for error messages.
   Atom to_atom(const Array& x, const PrimitiveDef* def, size_t out_index);
   bool is_ancestor(const Tracer& t) const;

@@ -22,6 +22,13 @@ bool Trace::is_active() const {
   return false;
 }
 
+bool is_ancestor_of(const Tracer& t, const Trace& me) {
+  if (!t.is_live()) return false;
+  for (Trace* p = me.parent(); p; p = p->parent())
+    if (p == t.trace) return true;
+  return false;
+}
+
 void raise_escaped_tracer(const Array& a, const PrimitiveDef& def) {
   throw EscapedTracerError(fmt::format(
       "an intermediate value of type {} from a finished transformation was passed to '{}'. A tracer "

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/array_impl.h"
 #include "core/primitive.h"
 
 namespace cjax {
@@ -50,6 +51,10 @@ class TraceScope {
  private:
   Trace* saved_;
 };
+
+// True if `t` is live and belongs to a trace on `me`'s chain of parents (not `me` itself): such
+// a value is a constant at `me`'s level.
+bool is_ancestor_of(const Tracer& t, const Trace& me);
 
 // Raises EscapedTracerError for a tracer used outside the transformation that created it.
 [[noreturn]] void raise_escaped_tracer(const Array& a, const PrimitiveDef& def);

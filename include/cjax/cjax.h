@@ -11,3 +11,5 @@
 #include "cjax/random.h"
 #include "cjax/tree.h"
 #include "cjax/make_jaxpr.h"
+#include "cjax/autodiff.h"
+#include "cjax/vmap.h"

@@ -1,0 +1,92 @@
+// Forward- and reverse-mode differentiation on flat lists of arrays (DESIGN.md §6).
+//
+//  * JVPTrace carries (primal, tangent) pairs; a symbolic zero tangent is an undefined handle and
+//    a value with zero tangent is never wrapped. Each primitive's JVP rule (core/rules.h) runs
+//    with the current trace set to the tangent context: the parent trace for jvp, the linearize
+//    trace for linearize.
+//  * linearize runs the JVP with tangents staged into a JaxprTrace in ForwardKnown mode: primal
+//    work is bound under the parent trace as it happens (forward pass), tangent work becomes a
+//    linear jaxpr whose constvars are the residuals.
+//  * backward_pass transposes a linear jaxpr equation by equation, in reverse, accumulating
+//    cotangents with add_any; vjp = linearize + backward_pass.
+// The public templates over trees (cjax/autodiff.h) sit on these.
+#pragma once
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cjax/make_jaxpr.h"
+#include "core/rules.h"
+#include "trace/jaxpr_trace.h"
+#include "trace/trace.h"
+
+namespace cjax {
+
+using FlatFn = std::function<std::vector<Array>(const std::vector<Array>&)>;
+
+class JVPTracer final : public Tracer {
+ public:
+  JVPTracer(Array p, Array t, Trace* trace, std::shared_ptr<const bool> ended)
+      : Tracer(p.aval(), trace), primal(std::move(p)), tangent(std::move(t)), ended_(std::move(ended)) {}
+  bool is_live() const override { return !*ended_; }
+  Array primal, tangent;
+
+ private:
+  std::shared_ptr<const bool> ended_;
+};
+
+class JVPTrace final : public Trace {
+ public:
+  // Parent: current_trace(). Tangent work runs under `tangent_ctx` (default: the parent).
+  explicit JVPTrace(Trace* tangent_ctx = nullptr);
+  ~JVPTrace() override { *ended_ = true; }
+  JVPTrace(const JVPTrace&) = delete;
+  JVPTrace& operator=(const JVPTrace&) = delete;
+
+  // A tracer for (primal, tangent); just `primal` when the tangent is a symbolic zero.
+  Array make_tracer(Array primal, Array tangent);
+  // (primal, tangent) of `x` at this level: unpacks own tracers; a constant has a zero tangent.
+  std::pair<Array, Array> unpack(const Array& x, const PrimitiveDef* def) const;
+  std::vector<Array> process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
+                                       const Params& params) override;
+  std::string name() const override { return "JVPTrace"; }
+  Trace* tangent_ctx() const { return tangent_ctx_; }
+
+ private:
+  Trace* tangent_ctx_;
+  std::shared_ptr<bool> ended_ = std::make_shared<bool>(false);
+};
+
+// Tangents may be undefined (zero); outputs' tangents are instantiated (zeros where symbolic).
+struct JvpResult {
+  std::vector<Array> primals_out, tangents_out;
+};
+JvpResult jvp_flat(const FlatFn& f, std::span<const Array> primals, std::span<const Array> tangents);
+
+struct LinearizeResult {
+  std::vector<Array> primals_out;
+  // Linear in its invars (one per floating primal input, in order: see `diff_inputs`); its
+  // consts are residuals computed by the forward pass. One outvar per output (zeros for
+  // outputs that do not depend on the inputs or are not floating).
+  ClosedJaxpr linear;
+  std::vector<bool> diff_inputs;  // input i has a tangent (floating dtype)
+};
+LinearizeResult linearize_flat(const FlatFn& f, std::span<const Array> primals);
+
+// Cotangents of a linear jaxpr's invars given its outvars' cotangents (undefined: zero). An
+// invar nothing flows to gets an undefined handle.
+std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> cts_out);
+
+// vjp: the primal outputs and a function from output cotangents to input cotangents (zeros,
+// instantiated, for inputs without a gradient path; integer inputs get integer zeros).
+struct VjpResult {
+  std::vector<Array> primals_out;
+  std::function<std::vector<Array>(std::span<const Array> cts_out)> backward;
+};
+VjpResult vjp_flat(const FlatFn& f, std::span<const Array> primals);
+
+// Error for a primitive lacking a rule `what` ("JVP", "transpose", "batching").
+[[noreturn]] void raise_missing_rule(const PrimitiveDef& def, std::string_view what);
+
+}  // namespace cjax

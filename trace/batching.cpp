@@ -1,0 +1,95 @@
+#include "trace/batching.h"
+
+#include <fmt/format.h>
+
+#include "core/array_impl.h"
+
+namespace cjax {
+namespace {
+AbstractValue unbatched_aval(const Array& v, int bdim) {
+  AbstractValue a = v.aval();
+  if (bdim < 0 || bdim >= a.ndim())
+    throw Error(fmt::format("internal: batch dimension {} out of range for {}", bdim, a.str()));
+  a.shape.erase(a.shape.begin() + bdim);
+  return a;
+}
+}  // namespace
+
+BatchTracer::BatchTracer(Array v, int bdim_, Trace* trace, std::shared_ptr<const bool> ended)
+    : Tracer(unbatched_aval(v, bdim_), trace), val(std::move(v)), bdim(bdim_), ended_(std::move(ended)) {}
+
+BatchTrace::BatchTrace(BatchAxis axis) : Trace(current_trace()), axis_(std::move(axis)) {}
+
+Array BatchTrace::make_tracer(Array val, int bdim) {
+  if (bdim == kNotMapped) return val;
+  return Array(std::make_shared<BatchTracer>(std::move(val), bdim, this, ended_));
+}
+
+std::pair<Array, int> BatchTrace::unpack(const Array& x, const PrimitiveDef* def) const {
+  if (auto* t = dynamic_cast<BatchTracer*>(x.impl()); t && t->trace == this && t->is_live()) return {t->val, t->bdim};
+  if (auto* t = dynamic_cast<Tracer*>(x.impl()); t && !is_ancestor_of(*t, *this)) {
+    if (def) raise_escaped_tracer(x, *def);
+    throw EscapedTracerError(fmt::format(
+        "vmap: the function returned a value of type {} from a finished transformation; a tracer escaped "
+        "its trace (for example it was stored in a global or captured by a lambda that outlived it)",
+        x.aval().str()));
+  }
+  return {x, kNotMapped};
+}
+
+std::vector<Array> BatchTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
+                                                 const Params& params) {
+  std::vector<Array> vals;
+  std::vector<int> bdims;
+  bool any = false;
+  for (const Array& x : inputs) {
+    if (!x.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
+    auto [v, d] = unpack(x, &def);
+    any = any || d != kNotMapped;
+    vals.push_back(std::move(v));
+    bdims.push_back(d);
+  }
+  TraceScope scope(parent());
+  if (!any) return cjax::bind(def, vals, params);
+  const PrimitiveRules* rules = find_rules(def);
+  if (!rules || !rules->batch)
+    throw ValueError(fmt::format("vmap: the batching rule for primitive '{}' is not implemented", def.name));
+  BatchOut out = rules->batch(vals, bdims, axis_, params);
+  if (out.outs.size() != out.bdims.size())
+    throw Error(fmt::format("internal: batching rule of '{}' returned {} outputs and {} batch dims", def.name,
+                            out.outs.size(), out.bdims.size()));
+  std::vector<Array> result;
+  for (size_t i = 0; i < out.outs.size(); ++i) result.push_back(make_tracer(std::move(out.outs[i]), out.bdims[i]));
+  return result;
+}
+
+std::vector<Array> vmap_flat(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
+                             std::span<const Array> args, std::span<const int> in_axes,
+                             const std::function<int(size_t, int)>& out_axis, const BatchAxis& axis) {
+  BatchTrace trace(axis);
+  std::vector<Array> in;
+  for (size_t i = 0; i < args.size(); ++i) in.push_back(trace.make_tracer(args[i], in_axes[i]));
+  std::vector<Array> outs;
+  {
+    TraceScope scope(&trace);
+    outs = f(in);
+  }
+  std::vector<Array> result;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    auto [v, d] = trace.unpack(outs[j], nullptr);
+    int rank = v.ndim() - (d == kNotMapped ? 0 : 1);
+    int to = out_axis(j, rank);
+    if (to == kNotMapped) {
+      if (d != kNotMapped)
+        throw ValueError(fmt::format("vmap has mapped output {} (of type {} per example) but out_axes is None for "
+                                     "it; give it an out axis, or make it independent of the mapped inputs",
+                                     j, outs[j].aval().str()));
+      result.push_back(v);
+      continue;
+    }
+    result.push_back(move_bdim(v, d, to, axis.size));
+  }
+  return result;
+}
+
+}  // namespace cjax
