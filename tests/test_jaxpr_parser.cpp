@@ -347,7 +347,11 @@ TEST_CASE("literals of every printed kind") {
   // Traced literals round-trip: Python-like weak scalars and inf from the program.
   check_round_trip(make_jaxpr([](const Array& x) { return jnp::maximum(x, -kInf) * 1e-5; })(jnp::ones({3})));
   check_round_trip(make_jaxpr([](const Array& x) { return jnp::where(x > 0, x, 0.0); })(jnp::ones({3})));
-  // Literal-only equations, a variable named like the keyword `in` is not required: `nan:` binders.
+  // Base-26 names reach `in`, `inf` and `nan`: a variable `nan` is told apart from a nan literal, a
+  // variable `in` from the keyword.
+  auto in_var = parse_jaxpr("{ lambda ; in:f32[]. let b:f32[] = neg in in (b, in) }");
+  CHECK(std::get<Var>(in_var->eqns()[0].inputs[0]) == in_var->invars()[0]);
+  CHECK(std::get<Var>(in_var->outvars()[1]) == in_var->invars()[0]);
   auto nb = parse_jaxpr("{ lambda ; a:f32[]. let nan:f32[] = neg a; b:f32[] = add nan inf:f32[] in (b,) }");
   REQUIRE(nb->eqns().size() == 2);
   CHECK(std::holds_alternative<Var>(nb->eqns()[1].inputs[0]));
