@@ -141,11 +141,21 @@ LinearizeResult linearize_flat(const FlatFn& f, std::span<const Array> primals) 
 }
 
 std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> cts_out) {
+  std::vector<Array> args;
+  for (const Var& v : jaxpr.invars()) args.push_back(make_undefined_primal(v.aval()));
+  return backward_pass(jaxpr, consts, args, cts_out);
+}
+
+std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> args,
+                                 std::span<const Array> cts_out) {
   std::unordered_map<const void*, Array> env;  // values of non-linear variables
   std::unordered_map<const void*, Array> ct;   // accumulated cotangents of linear variables
   std::unordered_map<const void*, bool> linear;
   for (size_t i = 0; i < jaxpr.constvars().size(); ++i) env[jaxpr.constvars()[i].id()] = consts[i];
-  for (const Var& v : jaxpr.invars()) linear[v.id()] = true;
+  for (size_t i = 0; i < jaxpr.invars().size(); ++i) {
+    if (is_undefined_primal(args[i])) linear[jaxpr.invars()[i].id()] = true;
+    else env[jaxpr.invars()[i].id()] = args[i];
+  }
   auto is_linear = [&](const Atom& a) {
     auto* v = std::get_if<Var>(&a);
     return v && linear.count(v->id());
@@ -208,6 +218,10 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
   }
   std::vector<Array> out;
   for (const Var& v : jaxpr.invars()) {
+    if (!linear.count(v.id())) {
+      out.emplace_back();
+      continue;
+    }
     auto c = ct.find(v.id());
     out.push_back(c == ct.end() ? Array() : c->second);
   }

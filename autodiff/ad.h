@@ -77,6 +77,10 @@ LinearizeResult linearize_flat(const FlatFn& f, std::span<const Array> primals);
 // Cotangents of a linear jaxpr's invars given its outvars' cotangents (undefined: zero). An
 // invar nothing flows to gets an undefined handle.
 std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> cts_out);
+// The same where only the invars whose `args` entry is an undefined primal are linear; the
+// others take the given values. Non-linear invars get undefined cotangents.
+std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> args,
+                                 std::span<const Array> cts_out);
 
 // vjp: the primal outputs and a function from output cotangents to input cotangents (zeros,
 // instantiated, for inputs without a gradient path; integer inputs get integer zeros).

@@ -98,7 +98,15 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what) {
         "argument of a transformed function (jit/grad/vmap); use lax::cond / lax::select for data-"
         "dependent choices, or mark the argument static",
         what, impl.aval.str()));
-  return const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(impl));
+  auto& c = const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(impl));
+  if (c.buffers.empty()) raise_deleted(what);
+  return c;
+}
+
+void raise_deleted(std::string_view what) {
+  throw ValueError(fmt::format("{}: the Array has been deleted: it was donated to a jit call (donate_argnums) "
+                               "and its buffer reused; use the call's outputs instead",
+                               what));
 }
 
 template <class T> std::vector<T> Array::to_vector() const {

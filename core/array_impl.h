@@ -53,6 +53,8 @@ inline ConcreteArray* concrete(const Array& a) {
 }
 // The concrete impl of `a`; raises ConcretizationError naming `what` if `a` is a tracer.
 ConcreteArray& require_concrete(const Array& a, std::string_view what);
+// Raises ValueError: `what` used an Array deleted by donation (its buffers were released).
+[[noreturn]] void raise_deleted(std::string_view what);
 
 template <class T> T* data_ptr(const Array& a) {
   return static_cast<T*>(static_cast<ConcreteArray*>(a.impl())->buffer()->data());

@@ -73,6 +73,7 @@ struct PrimitiveDef {
   AbstractEvalFn abstract_eval;
   ImplFn cpu_impl;
   std::optional<ScalarOp> scalar_op;  // elementwise primitives: the row of the scalar-op table
+  std::vector<std::string> leading_params;  // printed first, in this order (others follow sorted)
   // Rules of later layers (jvp, transpose, batching, sharding, codegen) are attached to the def
   // by those layers through rule tables keyed by the def (autodiff/, jit/), so this struct
   // does not depend on them.

@@ -232,10 +232,17 @@ std::vector<const Jaxpr*> jaxprs_in_params(const Params& params) {
   return out;
 }
 
-DocP pp_kv_pairs(const Params& params, Context& ctx) {
+DocP pp_kv_pairs(const Params& params, const PrimitiveDef& def, Context& ctx) {
   if (params.empty()) return nil();
   std::vector<DocP> kvs;
-  for (const auto& [k, v] : params.items()) {
+  // The primitive's leading params first (JAX's jit prints name= first), then the rest sorted.
+  std::vector<std::pair<std::string, ParamValue>> items;
+  for (const std::string& k : def.leading_params)
+    if (params.has(k)) items.emplace_back(k, params.at(k));
+  for (const auto& kv : params.items())
+    if (std::find(def.leading_params.begin(), def.leading_params.end(), kv.first) == def.leading_params.end())
+      items.push_back(kv);
+  for (const auto& [k, v] : items) {
     DocP pv;
     const JaxprParam* jp = nullptr;
     if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v)) jp = dynamic_cast<const JaxprParam*>(o->get());
@@ -248,7 +255,7 @@ DocP pp_kv_pairs(const Params& params, Context& ctx) {
 DocP pp_eqn(const JaxprEqn& e, Context& ctx) {
   DocP lhs = e.outputs.empty() ? nil() : pp_vars(e.outputs, ctx, "", true);
   DocP name = text(e.primitive->name);
-  DocP params = pp_kv_pairs(e.params, ctx);
+  DocP params = pp_kv_pairs(e.params, *e.primitive, ctx);
   DocP rhs = concat({text(" "), pp_vars(e.inputs, ctx, "", false)});
   if (e.outputs.empty()) return concat({name, params, rhs});
   return concat({lhs, text(" = "), name, params, rhs});

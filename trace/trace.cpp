@@ -42,6 +42,7 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   for (const Array& a : inputs) {
     if (!a.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
     if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
+    if (static_cast<ConcreteArray*>(a.impl())->buffers.empty()) raise_deleted(fmt::format("'{}'", def.name));
   }
   std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));

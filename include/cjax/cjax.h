@@ -13,3 +13,4 @@
 #include "cjax/make_jaxpr.h"
 #include "cjax/autodiff.h"
 #include "cjax/vmap.h"
+#include "cjax/jit.h"

@@ -43,8 +43,8 @@ class AxisSpec {
 };
 
 struct VmapOptions {
-  std::string axis_name;            // for collectives over the vmapped axis
-  std::optional<int64_t> axis_size;  // required when no input is mapped
+  std::string axis_name = "";       // for collectives over the vmapped axis
+  std::optional<int64_t> axis_size = std::nullopt;  // required when no input is mapped
 };
 
 namespace vmap_detail {

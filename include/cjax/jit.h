@@ -1,0 +1,204 @@
+// jit (JAX's jax.jit): traces a function once per call signature into a jaxpr, optimizes it and
+// runs the result; later calls with the same signature reuse it without tracing.
+//
+//   auto step = jit([](const Params& p, const Array& x) { return loss(p, x); }, {.name = "step"});
+//   Array l = step(params, x);      // traces and compiles on the first call
+//   step(params, x2);               // same shapes/dtypes: no retrace (step.trace_count() == 1)
+//
+// Signature (DESIGN.md §7): for each argument its C++ type; for tree arguments (cjax/tree.h) the
+// tree structure and every leaf's shape, dtype and weak type; other arguments are static and
+// compared by value (they need operator== and std::hash or a hash() member): a new static value
+// retraces. Under another transformation (grad, vmap, make_jaxpr, an enclosing jit) a jitted
+// function binds one `jit` equation (printed `jit[name=... jaxpr={ ... }]`) that those
+// transformations handle, so grad(jit(f)), jit(grad(f)) and vmap(jit(f)) all work.
+//
+// config::set_disable_jit(true) or the environment variable CJAX_DISABLE_JIT=1 makes jitted
+// functions call `f` directly, op by op, so it can be stepped through in gdb.
+// config::set_explain_cache_misses(true) (JAX's jax_explain_cache_misses) prints, on each
+// retrace, which argument changed and how; last_cache_miss() returns that text too.
+//
+// donate_argnums: the listed arguments' buffers are given to the call; afterwards those Arrays
+// are deleted and using them raises ValueError (JAX: "Array has been deleted").
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeindex>
+#include <vector>
+
+#include "cjax/array.h"
+#include "cjax/tree.h"
+
+namespace cjax {
+
+struct JitOptions {
+  std::string name = "<lambda>";  // printed as jit[name=...]; JAX uses the Python function's name
+  std::vector<int> donate_argnums = {};
+};
+
+namespace config {
+void set_disable_jit(bool disabled);
+bool disable_jit();  // also true when CJAX_DISABLE_JIT=1 in the environment
+void set_explain_cache_misses(bool enabled);
+bool explain_cache_misses();
+}  // namespace config
+inline void explain_cache_misses(bool enabled) { config::set_explain_cache_misses(enabled); }
+
+namespace jit_detail {
+
+// A static argument, type-erased: compared with ==, hashed, printed for explanations.
+struct StaticValue {
+  std::type_index type = typeid(void);
+  size_t hash = 0;
+  std::shared_ptr<const void> value;
+  bool (*equal)(const void*, const void*) = nullptr;
+  std::string (*describe)(const void*) = nullptr;
+  bool operator==(const StaticValue& o) const {
+    return type == o.type && hash == o.hash && equal(value.get(), o.value.get());
+  }
+};
+
+template <class T> concept has_hash_member = requires(const T& t) { { t.hash() } -> std::convertible_to<size_t>; };
+template <class T> concept std_hashable = requires(const T& t) { { std::hash<T>{}(t) } -> std::convertible_to<size_t>; };
+template <class T> concept streamable = requires(std::ostream& os, const T& t) { os << t; };
+
+std::string describe_with_stream(const std::function<void(std::ostream&)>& f);
+
+template <class T> StaticValue make_static(const T& x) {
+  static_assert(std::equality_comparable<T>,
+                "jit: a static (non-Array) argument must be ==-comparable; make it a tree of Arrays or add operator==");
+  static_assert(has_hash_member<T> || std_hashable<T>,
+                "jit: a static (non-Array) argument must be hashable: give it a hash() member or specialize std::hash");
+  StaticValue s;
+  s.type = typeid(T);
+  if constexpr (has_hash_member<T>) s.hash = x.hash();
+  else s.hash = std::hash<T>{}(x);
+  s.value = std::make_shared<const T>(x);
+  s.equal = [](const void* a, const void* b) { return *static_cast<const T*>(a) == *static_cast<const T*>(b); };
+  s.describe = [](const void* a) -> std::string {
+    if constexpr (streamable<T>) return describe_with_stream([a](std::ostream& os) { os << *static_cast<const T*>(a); });
+    else return std::string("a value of type ") + typeid(T).name();
+  };
+  return s;
+}
+
+// What one argument contributes to the signature.
+struct ArgSignature {
+  std::type_index type = typeid(void);
+  bool is_tree = false;
+  TreeDef tree;                       // trees
+  std::vector<AbstractValue> avals;   // trees: one per leaf
+  std::vector<std::string> leaf_paths;
+  StaticValue static_value;           // static arguments
+  bool operator==(const ArgSignature& o) const;
+};
+using Signature = std::vector<ArgSignature>;
+size_t hash_signature(const Signature& s);
+
+template <class A> ArgSignature arg_signature(const A& a, std::vector<Array>& leaves) {
+  ArgSignature s;
+  s.type = typeid(A);
+  if constexpr (is_tree_v<A>) {
+    s.is_tree = true;
+    s.tree = tree::structure(a);
+    for (auto& [path, leaf] : tree::leaves_with_path(a)) {
+      if (!leaf.defined()) throw ValueError("jit: an argument holds an empty Array handle; pass defined Arrays");
+      s.avals.push_back(leaf.aval());
+      s.leaf_paths.push_back(path.str());
+      leaves.push_back(leaf);
+    }
+  } else {
+    s.static_value = make_static(a);
+  }
+  return s;
+}
+
+// The cache and compiled programs of one jitted function (jit/jit_api.cpp).
+class JitCache;
+struct Compiled;
+std::shared_ptr<JitCache> make_cache(const JitOptions& opts);
+// Looks up `sig`; on a miss calls `trace` (which must trace the function with trace_flat-style
+// flat inputs) and compiles. `result_like` receives the type-erased result object of the trace.
+std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
+                                       const std::function<std::vector<Array>(const std::vector<Array>&)>& flat_fn,
+                                       const std::vector<AbstractValue>& in_avals,
+                                       const std::function<std::shared_ptr<const void>()>& take_result);
+const std::shared_ptr<const void>& result_like(const Compiled& c);
+// Runs (eagerly) or binds (under a transformation) the compiled function on flat leaves.
+std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
+                        const std::vector<size_t>& donated_leaves);
+size_t cache_size(const JitCache& cache);
+size_t trace_count(const JitCache& cache);
+std::string last_cache_miss(const JitCache& cache);
+std::string lowered_text(const Compiled& c);  // the optimized jaxpr's text
+bool jit_disabled();
+
+template <class A> decltype(auto) rebuild(const A& a, const std::vector<Array>& xs, size_t& pos) {
+  if constexpr (is_tree_v<A>) {
+    size_t n = tree::structure(a).num_leaves();
+    std::vector<Array> mine(xs.begin() + std::ptrdiff_t(pos), xs.begin() + std::ptrdiff_t(pos + n));
+    pos += n;
+    return tree::unflatten(a, mine);
+  } else {
+    return static_cast<const A&>(a);
+  }
+}
+
+}  // namespace jit_detail
+
+template <class F> class Jitted {
+ public:
+  Jitted(F f, JitOptions opts) : f_(std::move(f)), opts_(std::move(opts)), cache_(jit_detail::make_cache(opts_)) {}
+
+  template <class... A> auto operator()(const A&... args) const {
+    using R = std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>;
+    static_assert(is_tree_v<R>, "jit: the function must return a tree of Arrays");
+    if (jit_detail::jit_disabled()) return R(f_(args...));
+    std::vector<Array> leaves;
+    jit_detail::Signature sig;
+    std::vector<size_t> donated;
+    size_t index = 0;
+    (([&] {
+       size_t before = leaves.size();
+       sig.push_back(jit_detail::arg_signature(args, leaves));
+       for (int d : opts_.donate_argnums)
+         if (size_t(d) == index)
+           for (size_t k = before; k < leaves.size(); ++k) donated.push_back(k);
+       ++index;
+     })(),
+     ...);
+    std::vector<AbstractValue> avals;
+    for (const Array& l : leaves) avals.push_back(l.aval());
+    std::optional<R> result;
+    auto compiled = jit_detail::lookup(
+        *cache_, std::move(sig),
+        [&](const std::vector<Array>& xs) {
+          size_t pos = 0;
+          std::tuple<decltype(jit_detail::rebuild(args, xs, pos))...> call{jit_detail::rebuild(args, xs, pos)...};
+          result.emplace(std::apply(f_, call));
+          return tree::leaves(*result);
+        },
+        avals, [&]() -> std::shared_ptr<const void> { return std::make_shared<const R>(std::move(*result)); });
+    std::vector<Array> outs = jit_detail::call(*cache_, *compiled, leaves, donated);
+    return tree::unflatten(*static_cast<const R*>(jit_detail::result_like(*compiled).get()), outs);
+  }
+
+  size_t cache_size() const { return jit_detail::cache_size(*cache_); }
+  size_t trace_count() const { return jit_detail::trace_count(*cache_); }
+  // Why the last retrace happened ("" if there was none or explanations are off).
+  std::string last_cache_miss() const { return jit_detail::last_cache_miss(*cache_); }
+  const JitOptions& options() const { return opts_; }
+
+ private:
+  F f_;
+  JitOptions opts_;
+  std::shared_ptr<jit_detail::JitCache> cache_;
+};
+
+template <class F> Jitted<F> jit(F f, JitOptions opts = {}) { return Jitted<F>(std::move(f), std::move(opts)); }
+
+}  // namespace cjax

@@ -1,0 +1,35 @@
+// The `jit` primitive (JAX's pjit, printed `jit[name=f jaxpr={ ... }]`): a call of a staged
+// function. It is what `jit(f)` binds when called under another transformation, so grad(jit f),
+// vmap(jit f) and make_jaxpr(jit f) keep the call as one equation. Params: `name` (string) and
+// `jaxpr` (a JaxprParam holding a Jaxpr without constvars: constants are passed as leading
+// inputs). Its rules transform the sub-jaxpr and bind a new `jit`:
+//   JVP: jit of the JVP jaxpr; partial eval: known jit (primal + residuals) and unknown jit;
+//   transpose: jit of the backward pass; batching: jit of the vmapped jaxpr.
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cjax/make_jaxpr.h"
+#include "trace/jaxpr.h"
+
+namespace cjax {
+
+const PrimitiveDef& jit_primitive();
+
+// Binds `jit` under the current trace for `jaxpr` (its consts become leading inputs).
+std::vector<Array> bind_jit(const ClosedJaxpr& jaxpr, const std::string& name, std::span<const Array> args);
+// The same for a jaxpr without constvars.
+std::vector<Array> bind_jit(std::shared_ptr<const Jaxpr> jaxpr, const std::string& name, std::span<const Array> args);
+
+// Traces `f` on fresh inputs of `in_avals` into a jaxpr without constvars plus the values of
+// its (former) constants, which the caller passes as leading inputs.
+struct TracedCall {
+  std::shared_ptr<const Jaxpr> jaxpr;  // invars: consts then the inputs
+  std::vector<Array> consts;
+};
+TracedCall trace_to_call(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
+                         const std::vector<AbstractValue>& in_avals);
+
+}  // namespace cjax

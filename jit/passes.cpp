@@ -1,0 +1,182 @@
+#include "jit/passes.h"
+
+#include <absl/hash/hash.h>
+#include <fmt/format.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "trace/eval_jaxpr.h"
+#include "trace/trace.h"
+
+namespace cjax {
+namespace {
+
+// Variable renaming applied to equation inputs and outvars.
+struct Subst {
+  std::unordered_map<const void*, Atom> map;
+  Atom operator()(const Atom& a) const {
+    if (auto* v = std::get_if<Var>(&a)) {
+      auto it = map.find(v->id());
+      if (it != map.end()) return it->second;
+    }
+    return a;
+  }
+  std::vector<Atom> all(const std::vector<Atom>& as) const {
+    std::vector<Atom> out;
+    out.reserve(as.size());
+    for (const Atom& a : as) out.push_back((*this)(a));
+    return out;
+  }
+};
+
+bool is_jit(const JaxprEqn& e) { return e.primitive->name == "jit"; }
+
+void inline_into(const Jaxpr& body, const std::vector<Atom>& args, Subst& outer, std::vector<JaxprEqn>& out,
+                 std::vector<Atom>& results) {
+  Subst s;
+  for (size_t i = 0; i < body.invars().size(); ++i) s.map[body.invars()[i].id()] = args[i];
+  for (const JaxprEqn& e : body.eqns()) {
+    std::vector<Atom> ins = s.all(e.inputs);
+    if (is_jit(e)) {
+      std::vector<Atom> rs;
+      inline_into(*e.params.object<JaxprParam>("jaxpr")->jaxpr, ins, outer, out, rs);
+      for (size_t i = 0; i < e.outputs.size(); ++i) s.map[e.outputs[i].id()] = rs[i];
+      continue;
+    }
+    JaxprEqn c = e;
+    c.inputs = std::move(ins);
+    out.push_back(std::move(c));
+  }
+  results = s.all(body.outvars());
+}
+
+size_t atom_hash(const Atom& a) {
+  if (auto* v = std::get_if<Var>(&a)) return std::hash<const void*>()(v->id());
+  const Literal& l = std::get<Literal>(a);
+  return absl::HashOf(l.value_str(), int(l.aval().dtype));
+}
+bool atom_eq(const Atom& a, const Atom& b) {
+  auto* va = std::get_if<Var>(&a);
+  auto* vb = std::get_if<Var>(&b);
+  if (va || vb) return va && vb && *va == *vb;
+  const Literal &la = std::get<Literal>(a), &lb = std::get<Literal>(b);
+  return la.aval() == lb.aval() && la.value_str() == lb.value_str();
+}
+
+}  // namespace
+
+std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr) {
+  bool any = false;
+  for (const JaxprEqn& e : jaxpr.eqns()) any = any || is_jit(e);
+  if (!any) return std::make_shared<const Jaxpr>(jaxpr);
+  std::vector<JaxprEqn> eqns;
+  Subst s;
+  for (const JaxprEqn& e : jaxpr.eqns()) {
+    std::vector<Atom> ins = s.all(e.inputs);
+    if (is_jit(e)) {
+      std::vector<Atom> rs;
+      inline_into(*e.params.object<JaxprParam>("jaxpr")->jaxpr, ins, s, eqns, rs);
+      for (size_t i = 0; i < e.outputs.size(); ++i) s.map[e.outputs[i].id()] = rs[i];
+      continue;
+    }
+    JaxprEqn c = e;
+    c.inputs = std::move(ins);
+    eqns.push_back(std::move(c));
+  }
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), s.all(jaxpr.outvars()));
+}
+
+std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr) {
+  std::vector<JaxprEqn> eqns;
+  Subst s;
+  for (const JaxprEqn& e : jaxpr.eqns()) {
+    std::vector<Atom> ins = s.all(e.inputs);
+    bool foldable = !ins.empty() && e.primitive->kind != PrimKind::HigherOrder &&
+                    e.primitive->kind != PrimKind::Collective && e.primitive->cpu_impl;
+    for (const Atom& a : ins) foldable = foldable && std::holds_alternative<Literal>(a);
+    for (const Var& v : e.outputs) foldable = foldable && v.aval().ndim() == 0;
+    if (foldable) {
+      std::vector<Array> vals;
+      for (const Atom& a : ins) vals.push_back(std::get<Literal>(a).value());
+      std::vector<Array> outs;
+      {
+        TraceScope scope(eval_trace());
+        outs = cjax::bind(*e.primitive, vals, e.params);
+      }
+      for (size_t i = 0; i < outs.size(); ++i) s.map[e.outputs[i].id()] = Literal(outs[i]);
+      continue;
+    }
+    JaxprEqn c = e;
+    c.inputs = std::move(ins);
+    eqns.push_back(std::move(c));
+  }
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), s.all(jaxpr.outvars()));
+}
+
+std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr) {
+  struct Key {
+    const JaxprEqn* e;
+  };
+  auto hash = [](const Key& k) {
+    size_t h = absl::HashOf(k.e->primitive, k.e->params.hash());
+    for (const Atom& a : k.e->inputs) h = absl::HashOf(h, atom_hash(a));
+    return h;
+  };
+  auto eq = [](const Key& a, const Key& b) {
+    if (a.e->primitive != b.e->primitive || a.e->inputs.size() != b.e->inputs.size()) return false;
+    for (size_t i = 0; i < a.e->inputs.size(); ++i)
+      if (!atom_eq(a.e->inputs[i], b.e->inputs[i])) return false;
+    return a.e->params == b.e->params;
+  };
+  std::unordered_map<Key, const JaxprEqn*, decltype(hash), decltype(eq)> seen(16, hash, eq);
+  std::vector<JaxprEqn> eqns;
+  eqns.reserve(jaxpr.eqns().size());
+  Subst s;
+  for (const JaxprEqn& e : jaxpr.eqns()) {
+    JaxprEqn c = e;
+    c.inputs = s.all(e.inputs);
+    eqns.push_back(std::move(c));
+  }
+  std::vector<JaxprEqn> kept;
+  for (JaxprEqn& e : eqns) {
+    e.inputs = s.all(e.inputs);
+    bool pure = e.primitive->kind != PrimKind::Collective;
+    if (pure) {
+      auto [it, fresh] = seen.try_emplace(Key{&e}, &e);
+      if (!fresh) {
+        for (size_t i = 0; i < e.outputs.size(); ++i) s.map[e.outputs[i].id()] = it->second->outputs[i];
+        continue;
+      }
+    }
+    kept.push_back(e);
+  }
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(kept), s.all(jaxpr.outvars()));
+}
+
+std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr) {
+  std::unordered_set<const void*> used;
+  for (const Atom& a : jaxpr.outvars())
+    if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
+  std::vector<const JaxprEqn*> keep;
+  for (auto it = jaxpr.eqns().rbegin(); it != jaxpr.eqns().rend(); ++it) {
+    bool live = it->primitive->kind == PrimKind::Collective;  // effects stay
+    for (const Var& v : it->outputs) live = live || used.count(v.id());
+    if (!live) continue;
+    keep.push_back(&*it);
+    for (const Atom& a : it->inputs)
+      if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
+  }
+  std::vector<JaxprEqn> eqns;
+  for (auto it = keep.rbegin(); it != keep.rend(); ++it) eqns.push_back(**it);
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
+}
+
+std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr) {
+  auto j = inline_calls(jaxpr);
+  j = fold_constants(*j);
+  j = cse(*j);
+  return dce(*j);
+}
+
+}  // namespace cjax

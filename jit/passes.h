@@ -1,0 +1,23 @@
+// Jaxpr-to-jaxpr passes run by jit before execution (DESIGN.md §7):
+//   inline_calls   : `jit` equations are replaced by their bodies (nested jits run as one program),
+//   fold_constants : equations whose inputs are all literals and whose outputs are scalars are
+//                    evaluated at compile time and become literals,
+//   cse            : an equation identical to an earlier one (primitive, params, inputs) reuses
+//                    its outputs,
+//   dce            : equations none of whose outputs is used are dropped.
+// All passes keep the jaxpr's constvars, invars and output types.
+#pragma once
+#include <memory>
+
+#include "trace/jaxpr.h"
+
+namespace cjax {
+
+std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr);
+// All of the above, in that order.
+std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr);
+
+}  // namespace cjax

@@ -1,0 +1,150 @@
+// jit: caching by signature, retrace explanations, composition with grad/vmap/make_jaxpr,
+// nested jit printing, passes, donation and CJAX_DISABLE_JIT.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "cjax/cjax.h"
+#include "jit/passes.h"
+#include "test_util.h"
+
+using namespace cjax;
+using namespace cjax::testing;
+namespace jnp = cjax::numpy;
+
+namespace {
+int g_traces = 0;
+Array sin_times(const Array& x, const Array& y) {
+  ++g_traces;
+  return lax::mul(lax::sin(x), y);
+}
+}  // namespace
+
+TEST_CASE("jit caches by signature and retraces on new shapes, dtypes and static values") {
+  g_traces = 0;
+  auto f = jit([](const Array& x, const Array& y) { return sin_times(x, y); });
+  Array x = arr<float>({0.5, 1, 2}), y = arr<float>({1, 2, 3});
+  Array out = f(x, y);
+  CHECK(vals(out)[1] == doctest::Approx(std::sin(1.0) * 2).epsilon(1e-6));
+  f(y, x);
+  f(x + 1, y);
+  CHECK(g_traces == 1);
+  CHECK(f.trace_count() == 1);
+  f(arr<float>({1, 2}), arr<float>({3, 4}));  // new shape
+  CHECK(f.trace_count() == 2);
+  f(x.astype(f64), y.astype(f64));  // new dtype
+  CHECK(f.trace_count() == 3);
+  CHECK(f.cache_size() == 3);
+
+  auto g = jit([](const Array& x, int power) { return lax::integer_pow(x, power); });
+  CHECK(vals(g(x, 2)) == std::vector<double>{0.25, 1, 4});
+  g(x, 2);
+  CHECK(g.trace_count() == 1);
+  CHECK(vals(g(x, 3))[2] == 8);
+  CHECK(g.trace_count() == 2);
+}
+
+TEST_CASE("explain_cache_misses names the changed argument") {
+  config::set_explain_cache_misses(true);
+  auto f = jit([](const std::map<std::string, Array>& p, const Array& x) { return lax::mul(p.at("w"), x); },
+               {.name = "model"});
+  std::map<std::string, Array> p{{"w", arr<float>({1, 2, 3})}};
+  f(p, arr<float>({1, 1, 1}));
+  CHECK(f.last_cache_miss().find("never traced") != std::string::npos);
+  f(p, make_scalar(2, f32));
+  CHECK(f.last_cache_miss().find("at argument 1: seen f32[3], but now given f32[]") != std::string::npos);
+  std::map<std::string, Array> p2{{"w", arr<double>({1, 2, 3})}};
+  f(p2, arr<double>({1, 1, 1}));
+  CHECK(f.last_cache_miss().find("'model'") != std::string::npos);
+  CHECK(f.last_cache_miss().find("['w']") != std::string::npos);
+  auto g = jit([](const Array& x, int k) { return lax::integer_pow(x, k); });
+  g(make_scalar(2, f32), 2);
+  g(make_scalar(2, f32), 3);
+  CHECK(g.last_cache_miss().find("argument 1 is static and changed from 2 to 3") != std::string::npos);
+  config::set_explain_cache_misses(false);
+}
+
+TEST_CASE("nested jit prints as a jit equation with its name") {
+  auto inner = jit([](const Array& x) { return lax::sin(x); }, {.name = "inner"});
+  auto f = [&](const Array& x) { return lax::mul(inner(x), 2.0f); };
+  auto cj = make_jaxpr(f)(arr<float>({1, 2, 3}));
+  CHECK(text(cj) ==
+        "{ lambda ; a:f32[3]. let\n"
+        "    b:f32[3] = jit[\n"
+        "      name=inner\n"
+        "      jaxpr={ lambda ; c:f32[3]. let d:f32[3] = sin c in (d,) }\n"
+        "    ] a\n"
+        "    e:f32[3] = mul b 2.0:f32[]\n"
+        "  in (e,) }");
+  Array x = arr<float>({1, 2, 3});
+  CHECK(vals(jit(f)(x))[2] == doctest::Approx(2 * std::sin(3.0)).epsilon(1e-6));
+}
+
+TEST_CASE("grad(jit f), jit(grad f), vmap(jit f) and jit(vmap f) agree with eager") {
+  auto f = [](const Array& x) { return lax::mul(lax::sin(x), x); };
+  Array x = make_scalar(0.8, f32);
+  double want = std::cos(0.8) * 0.8 + std::sin(0.8);
+  CHECK(grad(jit(f))(x).item<float>() == doctest::Approx(want));
+  CHECK(jit(grad(f))(x).item<float>() == doctest::Approx(want));
+  CHECK(grad(grad(jit(f)))(x).item<float>() == doctest::Approx(2 * std::cos(0.8) - 0.8 * std::sin(0.8)));
+  Array xs = arr<float>({0.1, 0.2, 0.3});
+  auto v1 = vals(vmap(jit(f))(xs)), v2 = vals(jit(vmap(f))(xs));
+  for (int i = 0; i < 3; ++i) {
+    double xi = 0.1 * (i + 1);
+    CHECK(v1[size_t(i)] == doctest::Approx(std::sin(xi) * xi));
+    CHECK(v2[size_t(i)] == doctest::Approx(std::sin(xi) * xi));
+  }
+  auto vg = vals(vmap(grad(jit(f)))(xs));
+  CHECK(vg[2] == doctest::Approx(std::cos(0.3) * 0.3 + std::sin(0.3)));
+}
+
+TEST_CASE("grad of jit keeps the jit equation, split into known and unknown parts") {
+  auto f = jit([](const Array& x) { return lax::mul(lax::sin(x), x); }, {.name = "f"});
+  auto cj = make_jaxpr(grad(f))(make_scalar(0.5, f32));
+  std::string t = text(cj);
+  MESSAGE(t);
+  CHECK(t.find("jit[") != std::string::npos);
+  CHECK(t.find("name=f") != std::string::npos);
+}
+
+TEST_CASE("passes: cse, dce and constant folding") {
+  auto f = [](const Array& x) {
+    Array a = lax::sin(x), b = lax::sin(x);
+    Array unused = lax::cos(x);
+    Array c = lax::add(make_scalar(2, f32), make_scalar(3, f32));
+    return lax::mul(lax::add(a, b), c);
+  };
+  auto cj = make_jaxpr(f)(arr<float>({1, 2}));
+  auto opt = optimize(*cj);
+  CHECK(opt->pretty_print() ==
+        "{ lambda ; a:f32[2]. let\n"
+        "    b:f32[2] = sin a\n"
+        "    c:f32[2] = add b b\n"
+        "    d:f32[2] = mul c 5.0:f32[]\n"
+        "  in (d,) }");
+  CHECK(vals(jit(f)(arr<float>({1, 2})))[0] == doctest::Approx(2 * std::sin(1.0) * 5));
+}
+
+TEST_CASE("donated arguments are deleted") {
+  auto f = jit([](const Array& x) { return lax::add(x, make_scalar(1, f32)); }, {.donate_argnums = {0}});
+  Array x = arr<float>({1, 2});
+  Array y = f(x);
+  CHECK(vals(y) == std::vector<double>{2, 3});
+  CHECK_ERR(x.to_vector<float>(), ValueError, "deleted", "donate");
+  CHECK_ERR(lax::sin(x), ValueError, "deleted");
+}
+
+TEST_CASE("disable_jit runs the function op by op") {
+  g_traces = 0;
+  auto f = jit([](const Array& x, const Array& y) { return sin_times(x, y); });
+  config::set_disable_jit(true);
+  Array x = arr<float>({1, 2});
+  f(x, x);
+  f(x, x);
+  CHECK(g_traces == 2);
+  CHECK(f.trace_count() == 0);
+  config::set_disable_jit(false);
+  f(x, x);
+  f(x, x);
+  CHECK(g_traces == 3);
+}
