@@ -85,7 +85,8 @@ Array dot_transpose_lhs(const Array& g, const AbstractValue& x_aval, const Array
   Dims y_kept = remaining(y.ndim(), yc, yb);
   int64_t nb = int64_t(xb.size());
   Dims ans_batch = range(0, nb);
-  Dims ans_y = swap_ans ? range(nb, int64_t(y_kept.size())) : range(nb + int64_t(x_kept.size()), int64_t(y_kept.size()));
+  int64_t ans_y_start = swap_ans ? nb : nb + int64_t(x_kept.size());
+  Dims ans_y = range(ans_y_start, int64_t(y_kept.size()));
   Dims unsorted = xb;
   unsorted.insert(unsorted.end(), x_kept.begin(), x_kept.end());
   Dims xc_by_y = take(xc, argsort(yc));

@@ -153,9 +153,12 @@ TEST_CASE("dot_general: vmap equals stacked per-example results") {
 
 TEST_CASE("dot_general: gradients of vmapped matmuls agree with per-example gradients") {
   Array xs = rnd(30, {3, 2, 4}), w = rnd(31, {4, 5});
-  auto loss = [](const Array& x, const Array& ww) { return jnp::sum(jnp::tanh(lax::dot_general(x, ww, dims({1}, {0})))); };
-  Array batched = vmap([&](const Array& x, const Array& ww) { return grad(loss, argnums<1>)(x, ww); }, {0, None})(xs, w);
-  for (int64_t i = 0; i < 3; ++i) check_close(take_example(batched, 0, i), grad(loss, argnums<1>)(take_example(xs, 0, i), w));
+  auto loss = [](const Array& x, const Array& ww) {
+    return jnp::sum(jnp::tanh(lax::dot_general(x, ww, dims({1}, {0}))));
+  };
+  auto grad_w = [&](const Array& x, const Array& ww) { return grad(loss, argnums<1>)(x, ww); };
+  Array batched = vmap(grad_w, {0, None})(xs, w);
+  for (int64_t i = 0; i < 3; ++i) check_close(take_example(batched, 0, i), grad_w(take_example(xs, 0, i), w));
 }
 
 TEST_CASE("dot_general: staged reverse pass in JAX's text") {
@@ -212,7 +215,9 @@ TEST_CASE("conv_general_dilated: grad against a closed form") {
   // 1-D valid conv with a width-1 kernel is a matmul over features: d/dw sum(out) = sum over
   // batch and positions of lhs.
   Array l = rnd(60, {2, 3, 5}), w = rnd(61, {4, 3, 1});
-  auto loss = [](const Array& ll, const Array& ww) { return jnp::sum(lax::conv_general_dilated(ll, ww, {1}, "VALID", {}, {}, {"NCH", "OIH", "NCH"})); };
+  auto loss = [](const Array& ll, const Array& ww) {
+    return jnp::sum(lax::conv_general_dilated(ll, ww, {1}, "VALID", {}, {}, kNCH));
+  };
   auto [gl, gw] = grad(loss, argnums<0, 1>)(l, w);
   check_close(gw, lax::broadcast_in_dim(jnp::sum(l, {0, 2}), {4, 3, 1}, {1}));
   check_close(gl, lax::broadcast_in_dim(jnp::sum(w, {0, 2}), {2, 3, 5}, {1}));
@@ -253,6 +258,7 @@ TEST_CASE("conv_general_dilated: vmap of a gradient") {
   const ConvCase& c = kConvCases[5];  // feature groups
   auto loss = [&](const Array& l, const Array& r) { return jnp::sum(jnp::sin(conv_of(c, l, r))); };
   Array ls = rnd(80, {2, 2, 4, 6, 5}), r = rnd(81, c.rhs);
-  Array batched = vmap([&](const Array& l, const Array& rr) { return grad(loss, argnums<1>)(l, rr); }, {0, None})(ls, r);
-  for (int64_t i = 0; i < 2; ++i) check_close(take_example(batched, 0, i), grad(loss, argnums<1>)(take_example(ls, 0, i), r));
+  auto grad_r = [&](const Array& l, const Array& rr) { return grad(loss, argnums<1>)(l, rr); };
+  Array batched = vmap(grad_r, {0, None})(ls, r);
+  for (int64_t i = 0; i < 2; ++i) check_close(take_example(batched, 0, i), grad_r(take_example(ls, 0, i), r));
 }
