@@ -227,9 +227,19 @@ DocP pp_jaxpr(const Jaxpr& j, Context& ctx);
 std::vector<const Jaxpr*> jaxprs_in_params(const Params& params) {
   std::vector<const Jaxpr*> out;
   for (const auto& [k, v] : params.items())
-    if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v))
+    if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v)) {
       if (auto* jp = dynamic_cast<const JaxprParam*>(o->get())) out.push_back(jp->jaxpr.get());
+      if (auto* jl = dynamic_cast<const JaxprListParam*>(o->get()))
+        for (const auto& j : jl->jaxprs) out.push_back(j.get());
+    }
   return out;
+}
+
+// JAX's pp_jaxprs: a tuple of jaxprs, one per line when it does not fit.
+DocP pp_jaxprs(const JaxprListParam& jl, Context& ctx) {
+  std::vector<DocP> docs;
+  for (const auto& j : jl.jaxprs) docs.push_back(pp_jaxpr(*j, ctx));
+  return group(concat({nest(2, concat({text("("), brk(""), join(brk(), docs)})), brk(""), text(")")}));
 }
 
 DocP pp_kv_pairs(const Params& params, const PrimitiveDef& def, Context& ctx) {
@@ -245,8 +255,12 @@ DocP pp_kv_pairs(const Params& params, const PrimitiveDef& def, Context& ctx) {
   for (const auto& [k, v] : items) {
     DocP pv;
     const JaxprParam* jp = nullptr;
-    if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v)) jp = dynamic_cast<const JaxprParam*>(o->get());
-    pv = jp ? pp_jaxpr(*jp->jaxpr, ctx) : text(param_value_str(v));
+    const JaxprListParam* jl = nullptr;
+    if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v)) {
+      jp = dynamic_cast<const JaxprParam*>(o->get());
+      jl = dynamic_cast<const JaxprListParam*>(o->get());
+    }
+    pv = jp ? pp_jaxpr(*jp->jaxpr, ctx) : jl ? pp_jaxprs(*jl, ctx) : text(param_value_str(v));
     kvs.push_back(concat({text(k + "="), pv}));
   }
   return group(concat({nest(2, concat({text("["), brk(""), join(brk(), kvs)})), brk(""), text("]")}));
@@ -348,6 +362,17 @@ std::string pp_toplevel(const Jaxpr& top, int width) {
 }  // namespace
 
 std::string Jaxpr::pretty_print(int width) const { return pp_toplevel(*this, width); }
+
+std::string JaxprListParam::str() const {
+  std::string s = "(";
+  for (size_t i = 0; i < jaxprs.size(); ++i) s += (i ? " " : "") + jaxprs[i]->pretty_print();
+  return s + ")";
+}
+size_t JaxprListParam::hash() const {
+  size_t h = jaxprs.size();
+  for (const auto& j : jaxprs) h = h * 31 + std::hash<const void*>()(j.get());
+  return h;
+}
 
 std::ostream& operator<<(std::ostream& os, const Jaxpr& j) { return os << j.pretty_print(); }
 std::string ClosedJaxpr::pretty_print(int width) const {

@@ -97,6 +97,22 @@ struct JaxprParam final : ParamObject {
   }
 };
 
+// A parameter holding a tuple of sub-jaxprs (cond's `branches`), printed as JAX's pp_jaxprs:
+//   branches=(
+//     { lambda ; a:f32[]. let b:f32[] = neg a in (b,) }
+//     { lambda ; c:f32[]. let d:f32[] = sin c in (d,) }
+//   )
+struct JaxprListParam final : ParamObject {
+  explicit JaxprListParam(std::vector<std::shared_ptr<const Jaxpr>> js) : jaxprs(std::move(js)) {}
+  std::vector<std::shared_ptr<const Jaxpr>> jaxprs;
+  std::string str() const override;
+  size_t hash() const override;
+  bool equals(const ParamObject& o) const override {
+    auto* p = dynamic_cast<const JaxprListParam*>(&o);
+    return p && p->jaxprs == jaxprs;
+  }
+};
+
 // Python's repr of a float ("2.0", "0.10000000149011612", "1e-05", "inf", "nan").
 std::string python_float_repr(double v);
 

@@ -643,6 +643,7 @@ class Parser {
 
   ParamValue parse_param_value(const PrimitiveDef& prim, const std::string& key) {
     if (pos_ < s_.size() && s_[pos_] == '{') return object(std::make_shared<const JaxprParam>(parse_jaxpr()));
+    if (at_jaxpr_tuple()) return object(std::make_shared<const JaxprListParam>(parse_jaxpr_tuple()));
     size_t start = pos_;
     std::string open;  // the brackets still open, innermost last
     char quote = 0;
@@ -675,6 +676,38 @@ class Parser {
     if (hoisted_.count(std::string(text)))
       return object(std::make_shared<const JaxprParam>(hoisted_jaxpr(std::string(text), start)));
     return generic_param(text);
+  }
+
+  // At `(` opening a tuple of jaxprs (cond's branches): its first item is `{` or a hoisted jaxpr's name.
+  bool at_jaxpr_tuple() {
+    if (pos_ >= s_.size() || s_[pos_] != '(') return false;
+    size_t save = pos_++;
+    bool yes = at('{');
+    if (!yes) {
+      std::string name = read_name();
+      yes = !name.empty() && hoisted_.count(name) && (at(')') || (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))));
+    }
+    pos_ = save;
+    return yes;
+  }
+  // ( { lambda ... } name ... )
+  std::vector<std::shared_ptr<const Jaxpr>> parse_jaxpr_tuple() {
+    ++pos_;  // '('
+    std::vector<std::shared_ptr<const Jaxpr>> out;
+    while (!eat(')')) {
+      if (at('{')) {
+        out.push_back(parse_jaxpr());
+        continue;
+      }
+      size_t name_at = pos_;
+      std::string name = read_name();
+      if (name.empty() || !hoisted_.count(name)) {
+        pos_ = name_at;
+        expected("a jaxpr '{ lambda ... }', a hoisted jaxpr's name or ')' in the tuple of jaxprs");
+      }
+      out.push_back(hoisted_jaxpr(name, name_at));
+    }
+    return out;
   }
 
   Params parse_params(const PrimitiveDef& prim) {

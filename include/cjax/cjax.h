@@ -14,3 +14,4 @@
 #include "cjax/autodiff.h"
 #include "cjax/vmap.h"
 #include "cjax/jit.h"
+#include "cjax/control_flow.h"
