@@ -16,6 +16,16 @@ void raise_missing_rule(const PrimitiveDef& def, std::string_view what) {
                                                                                        : "vmapped"));
 }
 
+Array JVPTracer::concrete_value() const {
+  if (primal.impl()->is_concrete()) return primal;
+  if (auto* t = dynamic_cast<const Tracer*>(primal.impl())) return t->concrete_value();
+  return Array();
+}
+std::string JVPTracer::provenance() const {
+  if (auto* t = dynamic_cast<const Tracer*>(primal.impl())) return t->provenance();
+  return "";
+}
+
 JVPTrace::JVPTrace(Trace* tangent_ctx) : Trace(current_trace()), tangent_ctx_(tangent_ctx ? tangent_ctx : parent()) {}
 
 Array JVPTrace::make_tracer(Array primal, Array tangent) {

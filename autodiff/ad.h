@@ -30,6 +30,8 @@ class JVPTracer final : public Tracer {
   JVPTracer(Array p, Array t, Trace* trace, std::shared_ptr<const bool> ended)
       : Tracer(p.aval(), trace), primal(std::move(p)), tangent(std::move(t)), ended_(std::move(ended)) {}
   bool is_live() const override { return !*ended_; }
+  Array concrete_value() const override;
+  std::string provenance() const override;
   Array primal, tangent;
 
  private:

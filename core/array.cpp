@@ -90,15 +90,37 @@ DType Array::dtype() const { return checked(impl_).aval.dtype; }
 bool Array::weak_type() const { return checked(impl_).aval.weak_type; }
 const AbstractValue& Array::aval() const { return checked(impl_).aval; }
 
+namespace {
+// The concrete array behind `impl`: itself, or the value a tracer stands for (JVP over a
+// concrete primal); null if the value is only known abstractly.
+const ArrayImpl* concrete_impl(const ArrayImpl& impl, Array& keep) {
+  if (impl.is_concrete()) return &impl;
+  if (auto* t = dynamic_cast<const Tracer*>(&impl)) {
+    keep = t->concrete_value();
+    if (keep.defined() && keep.impl()->is_concrete()) return keep.impl();
+  }
+  return nullptr;
+}
+std::string provenance_of(const ArrayImpl& impl) {
+  auto* t = dynamic_cast<const Tracer*>(&impl);
+  std::string p = t ? t->provenance() : "";
+  return p.empty() ? "The value depends on an argument of a transformed function (jit/grad/vmap)"
+                   : "This value is not known " + p;
+}
+}  // namespace
+
 ConcreteArray& require_concrete(const Array& a, std::string_view what) {
   const ArrayImpl& impl = checked(a.impl_ptr());
-  if (!impl.is_concrete())
+  Array keep;
+  const ArrayImpl* ci = concrete_impl(impl, keep);
+  if (!ci)
     throw ConcretizationError(fmt::format(
-        "{} needs a concrete value, but got an abstract tracer of type {}. The value depends on an "
-        "argument of a transformed function (jit/grad/vmap); use lax::cond / lax::select for data-"
-        "dependent choices, or mark the argument static",
-        what, impl.aval.str()));
-  auto& c = const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(impl));
+        "{} needs a concrete value, but got an abstract tracer of type {}. {}. Use lax::cond / lax::select / "
+        "jnp::where for data-dependent choices, compute shapes from static (non-Array) arguments, or make the "
+        "argument static by passing it as a C++ value instead of an Array",
+        what, impl.aval.str(), provenance_of(impl)));
+  // A JVP tracer's primal outlives this call through the tracer that holds it.
+  auto& c = const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(*ci));
   if (c.buffers.empty()) raise_deleted(what);
   return c;
 }
@@ -127,6 +149,7 @@ template <class T> std::vector<T> Array::to_vector() const {
   return out;
 }
 template <class T> T Array::item() const {
+  require_concrete(*this, "item()");
   if (size() != 1)
     throw ShapeError(fmt::format("item() needs an array of size 1, got shape {}; index or reduce it first",
                                  shape_str(shape())));
@@ -152,12 +175,13 @@ CJAX_INSTANTIATE(float16_t)
 
 Array::operator bool() const {
   const ArrayImpl& impl = checked(impl_);
-  if (!impl.is_concrete())
+  Array keep;
+  if (!concrete_impl(impl, keep))
     throw TracerBoolConversionError(fmt::format(
-        "attempted to convert an abstract tracer of type {} to a C++ bool. The value depends on an "
-        "argument of a transformed function; use lax::cond or lax::select (or jnp::where) instead of "
-        "`if`, or mark the argument static",
-        impl.aval.str()));
+        "attempted boolean conversion of a traced array of type {} (an `if`, `while`, `&&` or `!` on it). {}. "
+        "Use lax::cond or lax::select (or jnp::where) instead of `if`, or make the argument static by passing "
+        "it as a C++ value instead of an Array",
+        impl.aval.str(), provenance_of(impl)));
   if (size() != 1)
     throw ValueError(fmt::format("the truth value of an array of shape {} is ambiguous; use jnp::any or jnp::all",
                                  shape_str(shape())));

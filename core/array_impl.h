@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cjax/array.h"
@@ -44,6 +45,12 @@ class Tracer : public ArrayImpl {
   Tracer(AbstractValue a, Trace* t) : ArrayImpl(std::move(a)), trace(t) {}
   // False once the tracer's trace has ended (then `trace` must not be dereferenced).
   virtual bool is_live() const = 0;
+  // The concrete value this tracer stands for when it is known while tracing (a JVP tracer
+  // over a concrete primal: `if (x > 0)` works under eager grad, as in JAX); else undefined.
+  virtual Array concrete_value() const { return Array(); }
+  // For error messages: what this value depends on and under which transformation, e.g.
+  // "while tracing 'step' for jit: it depends on argument 1 (leaf ['w'])"; "" if unknown.
+  virtual std::string provenance() const { return ""; }
   Trace* trace;
 };
 

@@ -141,8 +141,20 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
 std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
                                        const std::function<std::vector<Array>(const std::vector<Array>&)>& flat_fn,
                                        const std::vector<AbstractValue>& in_avals,
-                                       const std::function<std::shared_ptr<const void>()>& take_result) {
+                                       const std::function<std::shared_ptr<const void>()>& take_result,
+                                       const std::function<void(Signature&)>& fill_paths) {
   size_t h = hash_signature(sig);
+  {
+    std::lock_guard lock(cache.mu);
+    auto [b, e] = cache.entries.equal_range(h);
+    for (auto it = b; it != e; ++it)
+      if (it->second->signature == sig) return it->second;
+  }
+  fill_paths(sig);
+  std::vector<std::string> arg_names;
+  for (size_t i = 0; i < sig.size(); ++i)
+    for (const std::string& p : sig[i].leaf_paths)
+      arg_names.push_back("argument " + std::to_string(i) + (p.empty() ? "" : " (leaf " + p + ")"));
   {
     std::lock_guard lock(cache.mu);
     auto [b, e] = cache.entries.equal_range(h);
@@ -158,7 +170,7 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
   ClosedJaxpr traced;
   {
     TraceScope root(eval_trace());
-    traced = jaxpr_detail::trace_flat(flat_fn, in_avals);
+    traced = jaxpr_detail::trace_flat(flat_fn, in_avals, "jit '" + cache.opts.name + "'", arg_names);
   }
   auto c = std::make_shared<Compiled>(Compiled{std::move(sig), traced, Executable(traced), take_result()});
   std::lock_guard lock(cache.mu);

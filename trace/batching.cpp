@@ -18,6 +18,13 @@ AbstractValue unbatched_aval(const Array& v, int bdim) {
 BatchTracer::BatchTracer(Array v, int bdim_, Trace* trace, std::shared_ptr<const bool> ended)
     : Tracer(unbatched_aval(v, bdim_), trace), val(std::move(v)), bdim(bdim_), ended_(std::move(ended)) {}
 
+std::string BatchTracer::provenance() const {
+  std::string s = "under vmap: it is a batched value (one per example) of type " + aval.str();
+  if (auto* t = dynamic_cast<const Tracer*>(val.impl()))
+    if (std::string p = t->provenance(); !p.empty()) s += "; " + p;
+  return s;
+}
+
 BatchTrace::BatchTrace(BatchAxis axis) : Trace(current_trace()), axis_(std::move(axis)) {}
 
 Array BatchTrace::make_tracer(Array val, int bdim) {

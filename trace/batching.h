@@ -16,6 +16,7 @@ class BatchTracer final : public Tracer {
  public:
   BatchTracer(Array v, int bdim, Trace* trace, std::shared_ptr<const bool> ended);
   bool is_live() const override { return !*ended_; }
+  std::string provenance() const override;
   Array val;
   int bdim;
 

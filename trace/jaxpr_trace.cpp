@@ -1,9 +1,13 @@
 #include "trace/jaxpr_trace.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "core/rules.h"
+#include "trace/eval_jaxpr.h"
 
 namespace cjax {
 
@@ -13,6 +17,10 @@ struct JaxprTraceState {
   std::vector<Array> consts;  // keeps the constants alive, so their addresses stay unique keys
   std::unordered_map<const ArrayImpl*, Var> const_vars;
   std::vector<JaxprEqn> eqns;
+  // Provenance for concretization errors: the input indices each variable depends on.
+  std::string purpose = "make_jaxpr";
+  std::vector<std::string> arg_names;
+  std::unordered_map<const void*, std::vector<int>> deps;
 };
 
 JaxprTrace::JaxprTrace(Mode mode)
@@ -20,11 +28,45 @@ JaxprTrace::JaxprTrace(Mode mode)
 JaxprTrace::~JaxprTrace() { state_->ended = true; }
 bool JaxprTrace::ended() const { return state_->ended; }
 
-Array JaxprTrace::new_arg(const AbstractValue& aval) {
+void JaxprTrace::set_purpose(std::string what) { state_->purpose = std::move(what); }
+
+std::string JaxprTracer::provenance() const {
+  auto it = state->deps.find(var.id());
+  std::string s = "while tracing for " + state->purpose;
+  if (it == state->deps.end() || it->second.empty()) return s + "; it does not depend on the function's arguments";
+  s += ": it depends on ";
+  for (size_t k = 0; k < it->second.size() && k < 4; ++k) {
+    int i = it->second[k];
+    std::string n = size_t(i) < state->arg_names.size() && !state->arg_names[size_t(i)].empty()
+                        ? state->arg_names[size_t(i)]
+                        : "input " + std::to_string(i);
+    s += (k ? ", " : "") + n;
+  }
+  if (it->second.size() > 4) s += fmt::format(" and {} more inputs", it->second.size() - 4);
+  return s;
+}
+
+Array JaxprTrace::new_arg(const AbstractValue& aval, std::string name) {
   if (state_->ended) throw Error("internal: JaxprTrace::new_arg on a finished trace");
   Var v(aval);
+  int index = int(state_->invars.size());
+  state_->deps[v.id()] = {index};
+  if (state_->arg_names.size() <= size_t(index)) state_->arg_names.resize(size_t(index) + 1);
+  state_->arg_names[size_t(index)] = std::move(name);
   state_->invars.push_back(v);
   return Array(std::make_shared<JaxprTracer>(std::move(v), this, state_));
+}
+
+bool check_jaxprs_enabled() {
+#ifndef NDEBUG
+  return true;
+#else
+  static const bool on = [] {
+    const char* e = std::getenv("CJAX_CHECK_JAXPRS");
+    return e && std::string(e) != "0" && std::string(e) != "";
+  }();
+  return on;
+#endif
 }
 
 bool JaxprTracer::is_live() const { return !state->ended; }
@@ -107,8 +149,18 @@ std::vector<Array> JaxprTrace::stage(const PrimitiveDef& def, std::span<const Ar
   std::vector<Array> outs;
   outs.reserve(out_avals.size());
   eqn.outputs.reserve(out_avals.size());
+  std::vector<int> deps;
+  for (const Atom& a : eqn.inputs)
+    if (auto* v = std::get_if<Var>(&a)) {
+      auto it = state_->deps.find(v->id());
+      if (it == state_->deps.end()) continue;
+      for (int d : it->second)
+        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
+    }
+  std::sort(deps.begin(), deps.end());
   for (AbstractValue& a : out_avals) {
     Var v(std::move(a));
+    if (!deps.empty()) state_->deps[v.id()] = deps;
     eqn.outputs.push_back(v);
     outs.emplace_back(std::make_shared<JaxprTracer>(std::move(v), this, state_));
   }
@@ -128,16 +180,20 @@ ClosedJaxpr JaxprTrace::to_jaxpr(std::span<const Array> outputs) {
                                             std::move(state_->eqns), std::move(outvars));
   out.consts = std::move(state_->consts);
   state_->const_vars.clear();
+  if (check_jaxprs_enabled()) check_jaxpr(*out.jaxpr);
   return out;
 }
 
 namespace jaxpr_detail {
 ClosedJaxpr trace_flat(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
-                       const std::vector<AbstractValue>& in_avals) {
+                       const std::vector<AbstractValue>& in_avals, const std::string& what,
+                       const std::vector<std::string>& arg_names) {
   JaxprTrace trace;
+  trace.set_purpose(what);
   std::vector<Array> args;
   args.reserve(in_avals.size());
-  for (const AbstractValue& a : in_avals) args.push_back(trace.new_arg(a));
+  for (size_t i = 0; i < in_avals.size(); ++i)
+    args.push_back(trace.new_arg(in_avals[i], i < arg_names.size() ? arg_names[i] : ""));
   std::vector<Array> outs;
   {
     TraceScope scope(&trace);

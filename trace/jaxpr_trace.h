@@ -20,11 +20,16 @@ namespace cjax {
 
 struct JaxprTraceState;  // the jaxpr under construction (trace/jaxpr_trace.cpp)
 
+// Every jaxpr a JaxprTrace builds is validated with check_jaxpr when this is on: in debug builds,
+// and when CJAX_CHECK_JAXPRS=1 (ctest sets it, so CI checks every traced jaxpr).
+bool check_jaxprs_enabled();
+
 class JaxprTracer final : public Tracer {
  public:
   JaxprTracer(Var v, Trace* t, std::shared_ptr<JaxprTraceState> s)
       : Tracer(v.aval(), t), var(std::move(v)), state(std::move(s)) {}
   bool is_live() const override;
+  std::string provenance() const override;
   Var var;
   // Shared with the trace: outlives it, so a tracer can tell that its trace has ended even if
   // another trace later lives at the same address.
@@ -44,8 +49,10 @@ class JaxprTrace final : public Trace {
   JaxprTrace(const JaxprTrace&) = delete;
   JaxprTrace& operator=(const JaxprTrace&) = delete;
 
-  // A new input variable of type `aval` and its tracer.
-  Array new_arg(const AbstractValue& aval);
+  // A new input variable of type `aval` and its tracer; `name` describes it in errors.
+  Array new_arg(const AbstractValue& aval, std::string name = "");
+  // Describes this trace in errors ("jit 'step'", "make_jaxpr").
+  void set_purpose(std::string what);
   std::vector<Array> process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
                                        const Params& params) override;
   std::string name() const override { return "JaxprTrace"; }

@@ -92,7 +92,7 @@ struct ArgSignature {
   bool is_tree = false;
   TreeDef tree;                       // trees
   std::vector<AbstractValue> avals;   // trees: one per leaf
-  std::vector<std::string> leaf_paths;
+  std::vector<std::string> leaf_paths;  // filled only on a cache miss (for explanations)
   StaticValue static_value;           // static arguments
   bool operator==(const ArgSignature& o) const;
 };
@@ -105,16 +105,24 @@ template <class A> ArgSignature arg_signature(const A& a, std::vector<Array>& le
   if constexpr (is_tree_v<A>) {
     s.is_tree = true;
     s.tree = tree::structure(a);
-    for (auto& [path, leaf] : tree::leaves_with_path(a)) {
-      if (!leaf.defined()) throw ValueError("jit: an argument holds an empty Array handle; pass defined Arrays");
-      s.avals.push_back(leaf.aval());
-      s.leaf_paths.push_back(path.str());
-      leaves.push_back(leaf);
+    size_t before = leaves.size();
+    TreeTraits<std::remove_cvref_t<A>>::flatten(a, leaves);
+    s.avals.reserve(leaves.size() - before);
+    for (size_t i = before; i < leaves.size(); ++i) {
+      if (!leaves[i].defined()) throw ValueError("jit: an argument holds an empty Array handle; pass defined Arrays");
+      s.avals.push_back(leaves[i].aval());
     }
   } else {
     s.static_value = make_static(a);
   }
   return s;
+}
+
+template <class A> void fill_leaf_paths(const A& a, ArgSignature& s) {
+  if constexpr (is_tree_v<A>) {
+    s.leaf_paths.clear();
+    for (auto& [path, leaf] : tree::leaves_with_path(a)) s.leaf_paths.push_back(path.str());
+  }
 }
 
 // The cache and compiled programs of one jitted function (jit/jit_api.cpp).
@@ -126,7 +134,8 @@ std::shared_ptr<JitCache> make_cache(const JitOptions& opts);
 std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
                                        const std::function<std::vector<Array>(const std::vector<Array>&)>& flat_fn,
                                        const std::vector<AbstractValue>& in_avals,
-                                       const std::function<std::shared_ptr<const void>()>& take_result);
+                                       const std::function<std::shared_ptr<const void>()>& take_result,
+                                       const std::function<void(Signature&)>& fill_paths);
 const std::shared_ptr<const void>& result_like(const Compiled& c);
 // Runs (eagerly) or binds (under a transformation) the compiled function on flat leaves.
 std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
@@ -182,7 +191,11 @@ template <class F> class Jitted {
           result.emplace(std::apply(f_, call));
           return tree::leaves(*result);
         },
-        avals, [&]() -> std::shared_ptr<const void> { return std::make_shared<const R>(std::move(*result)); });
+        avals, [&]() -> std::shared_ptr<const void> { return std::make_shared<const R>(std::move(*result)); },
+        [&](jit_detail::Signature& s) {
+          size_t i = 0;
+          ((jit_detail::fill_leaf_paths(args, s[i++])), ...);
+        });
     std::vector<Array> outs = jit_detail::call(*cache_, *compiled, leaves, donated);
     return tree::unflatten(*static_cast<const R*>(jit_detail::result_like(*compiled).get()), outs);
   }

@@ -51,8 +51,21 @@ namespace jaxpr_detail {
 
 // Traces `f` on one fresh input tracer per aval under a new JaxprTrace whose parent is the
 // current trace; `f` returns the flat outputs.
+// `what` ("make_jaxpr", "jit 'step'") and `arg_names` (one per input, e.g. "argument 1 (leaf ['w'])")
+// are used in concretization errors.
 ClosedJaxpr trace_flat(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
-                       const std::vector<AbstractValue>& in_avals);
+                       const std::vector<AbstractValue>& in_avals, const std::string& what = "make_jaxpr",
+                       const std::vector<std::string>& arg_names = {});
+// Names of the flat inputs of a call: "argument i" or "argument i (leaf <path>)".
+template <class A> void append_arg_names(const A& a, size_t index, std::vector<std::string>& out) {
+  if constexpr (is_tree_v<A>) {
+    auto lp = tree::leaves_with_path(a);
+    for (auto& [path, leaf] : lp) {
+      std::string p = path.str();
+      out.push_back("argument " + std::to_string(index) + (p.empty() ? "" : " (leaf " + p + ")"));
+    }
+  }
+}
 
 template <class A> void append_avals(const A& a, std::vector<AbstractValue>& out) {
   if constexpr (is_tree_v<A>) {
@@ -83,6 +96,9 @@ template <class F> auto make_jaxpr(F f) {
   return [f = std::move(f)](const auto&... args) -> ClosedJaxpr {
     std::vector<AbstractValue> avals;
     (jaxpr_detail::append_avals(args, avals), ...);
+    std::vector<std::string> names;
+    size_t index = 0;
+    ((jaxpr_detail::append_arg_names(args, index++, names)), ...);
     return jaxpr_detail::trace_flat(
         [&](const std::vector<Array>& tracers) -> std::vector<Array> {
           size_t pos = 0;
@@ -95,7 +111,7 @@ template <class F> auto make_jaxpr(F f) {
                         "std::pair, std::map<std::string, T>, Dict or a CJAX_TREE struct; see cjax/tree.h)");
           return tree::leaves(std::apply(f, call_args));
         },
-        avals);
+        avals, "make_jaxpr", names);
   };
 }
 
