@@ -12,6 +12,7 @@
 #include "cjax/tree.h"
 #include "cjax/make_jaxpr.h"
 #include "cjax/autodiff.h"
+#include "cjax/custom_derivatives.h"
 #include "cjax/vmap.h"
 #include "cjax/jit.h"
 #include "cjax/control_flow.h"
