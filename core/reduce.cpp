@@ -645,7 +645,10 @@ namespace {
 Array reduce_with(const PrimitiveDef& def, const Array& x, const std::vector<int64_t>& axes) {
   std::vector<int64_t> a = canonicalize_axes(axes, x.ndim(), "lax." + def.name);
   std::sort(a.begin(), a.end());
-  return bind1(def, {x}, Params{{"axes", a}});
+  // JAX's sum/prod/max/min reductions carry out_sharding (None unless sharded jit sets it);
+  // reduce_and/reduce_or do not.
+  if (def.name == "reduce_and" || def.name == "reduce_or") return bind1(def, {x}, Params{{"axes", a}});
+  return bind1(def, {x}, Params{{"axes", a}, {"out_sharding", std::monostate{}}});
 }
 Array arg_with(const PrimitiveDef& def, const Array& x, int64_t axis, DType index_dtype) {
   int64_t a = canonicalize_axis(axis, x.ndim(), "lax." + def.name);

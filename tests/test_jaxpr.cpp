@@ -63,13 +63,15 @@ TEST_CASE("dot_general breaks its params across lines") {
 }
 
 TEST_CASE("reduce_sum via numpy sum") {
-  // jax.make_jaxpr(jnp.sum)(jnp.ones((2, 3)))   (JAX <= 0.6; newer JAX adds out_sharding=None)
+  // jax.make_jaxpr(jnp.sum)(jnp.ones((2, 3)))   (JAX 0.9)
   CHECK(text(make_jaxpr([](const Array& x) { return jnp::sum(x); })(jnp::ones({2, 3}))) ==
-        "{ lambda ; a:f32[2,3]. let b:f32[] = reduce_sum[axes=(0, 1)] a in (b,) }");
-  // jax.make_jaxpr(lambda x: jnp.sum(x, 0))(jnp.ones((1234, 1000, 100)))   (the same caveat)
+        "{ lambda ; a:f32[2,3]. let\n"
+        "    b:f32[] = reduce_sum[axes=(0, 1) out_sharding=None] a\n"
+        "  in (b,) }");
+  // jax.make_jaxpr(lambda x: jnp.sum(x, 0))(jnp.ones((1234, 1000, 100)))
   CHECK(text(make_jaxpr([](const Array& x) { return jnp::sum(x, 0); })(make_abstract(AbstractValue{{1234, 1000, 100}, f32, false, {}}))) ==
         "{ lambda ; a:f32[1234,1000,100]. let\n"
-        "    b:f32[1000,100] = reduce_sum[axes=(0,)] a\n"
+        "    b:f32[1000,100] = reduce_sum[axes=(0,) out_sharding=None] a\n"
         "  in (b,) }");
 }
 
@@ -135,7 +137,7 @@ TEST_CASE("tree inputs and tree outputs") {
         "      preferred_element_type=float32\n"
         "    ] c b\n"
         "    f:f32[3,2] = add e a\n"
-        "    g:f32[] = reduce_sum[axes=(0,)] d\n"
+        "    g:f32[] = reduce_sum[axes=(0,) out_sharding=None] d\n"
         "  in (g, f) }");
   // std::map and std::vector trees; static (non-tree) arguments are passed through.
   // jax.make_jaxpr(lambda xs, k: [x * k for x in xs], static_argnums=1)([jnp.ones(2), jnp.ones(2)], 3)
@@ -278,7 +280,7 @@ TEST_CASE("concrete values stay usable inside a trace; tracers are abstract") {
   std::string t = text(cj);
   CHECK(t ==
         "{ lambda a:f32[3]; b:f32[3]. let\n"
-        "    c:f32[] = reduce_sum[axes=(0,)] a\n"
+        "    c:f32[] = reduce_sum[axes=(0,) out_sharding=None] a\n"
         "    d:f32[3] = mul b c\n"
         "  in (d,) }");
 }
@@ -305,7 +307,7 @@ const PrimitiveDef& test_call() {
   static const PrimitiveDef& def = register_primitive(PrimitiveDef{
       "test_call", PrimKind::HigherOrder,
       [](std::span<const Array>, const Params& p) { return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals(); },
-      nullptr, std::nullopt});
+      nullptr, std::nullopt, {}});
   return def;
 }
 }  // namespace

@@ -297,11 +297,10 @@ TEST_CASE("vmap of gradients through sort, top_k and reduce_max") {
 
 TEST_CASE("make_jaxpr of grad of reduce_sum") {
   auto cj = make_jaxpr(grad([](const Array& v) { return lax::reduce_sum(v, {0}); }))(jnp::ones({3}));
-  // JAX prints `reduce_sum[axes=(0,) out_sharding=None]`: cjax's reduce_sum has no out_sharding
-  // param. The broadcast_in_dim line is over 80 columns, so the printer breaks its params as JAX's does.
+  // The broadcast_in_dim line is over 80 columns, so the printer breaks its params as JAX's does.
   CHECK(text(cj) ==
         "{ lambda ; a:f32[3]. let\n"
-        "    _:f32[] = reduce_sum[axes=(0,)] a\n"
+        "    _:f32[] = reduce_sum[axes=(0,) out_sharding=None] a\n"
         "    b:f32[3] = broadcast_in_dim[\n"
         "      broadcast_dimensions=()\n"
         "      shape=(3,)\n"
@@ -313,7 +312,7 @@ TEST_CASE("make_jaxpr of grad of reduce_sum") {
   // b is broadcast_in_dim'ed instead. The rest is JAX's _reduce_chooser_jvp_rule transposed.
   CHECK(text(cj_max) ==
         "{ lambda ; a:f32[3]. let\n"
-        "    b:f32[] = reduce_max[axes=(0,)] a\n"
+        "    b:f32[] = reduce_max[axes=(0,) out_sharding=None] a\n"
         "    c:f32[3] = broadcast_in_dim[\n"
         "      broadcast_dimensions=()\n"
         "      shape=(3,)\n"
@@ -321,7 +320,7 @@ TEST_CASE("make_jaxpr of grad of reduce_sum") {
         "    ] b\n"
         "    d:bool[3] = eq a c\n"
         "    e:f32[3] = convert_element_type[new_dtype=float32 weak_type=False] d\n"
-        "    f:f32[] = reduce_sum[axes=(0,)] e\n"
+        "    f:f32[] = reduce_sum[axes=(0,) out_sharding=None] e\n"
         "    g:f32[] = div 1.0:f32[] f\n"
         "    h:f32[3] = broadcast_in_dim[\n"
         "      broadcast_dimensions=()\n"
