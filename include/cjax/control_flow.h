@@ -47,7 +47,7 @@
 namespace cjax::lax {
 
 struct ScanOptions {
-  std::optional<int64_t> length;  // required when xs has no leaves; else must match their leading axis
+  std::optional<int64_t> length = std::nullopt;  // required when xs has no leaves; else must match their leading axis
   bool reverse = false;           // iterate from the last slice to the first (ys keep their positions)
   int64_t unroll = 1;             // iterations per loop step in compiled code (a param; >= 1)
 };
