@@ -130,6 +130,19 @@ bool eqn_saveable(const CheckpointPolicy& policy, const JaxprEqn& e) {
   return policy.saveable(e.primitive->name, batch_dims);
 }
 
+using Env = std::unordered_map<const void*, Array>;
+Array atom_value(const Env& env, const Atom& a) {
+  if (auto* l = std::get_if<Literal>(&a)) return l->value();
+  return env.at(std::get<Var>(a).id());
+}
+// Binds `e` under the current trace on its inputs' values in `env`, recording its outputs there.
+void run_eqn(const JaxprEqn& e, Env& env) {
+  std::vector<Array> in;
+  for (const Atom& a : e.inputs) in.push_back(atom_value(env, a));
+  std::vector<Array> out = cjax::bind(*e.primitive, in, e.params);
+  for (size_t i = 0; i < out.size(); ++i) env[e.outputs[i].id()] = std::move(out[i]);
+}
+
 // The values of `targets` in `jaxpr`, evaluating (under the current trace) only the equations
 // they depend on.
 std::vector<Array> eval_needed(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> args,
@@ -145,23 +158,13 @@ std::vector<Array> eval_needed(const Jaxpr& jaxpr, std::span<const Array> consts
       for (const Atom& a : e.inputs)
         if (auto* v = std::get_if<Var>(&a)) needed.insert(v->id());
   }
-  std::unordered_map<const void*, Array> env;
+  Env env;
   for (size_t i = 0; i < consts.size(); ++i) env[jaxpr.constvars()[i].id()] = consts[i];
   for (size_t i = 0; i < args.size(); ++i) env[jaxpr.invars()[i].id()] = args[i];
-  auto value = [&](const Atom& a) -> Array {
-    if (auto* l = std::get_if<Literal>(&a)) return l->value();
-    return env.at(std::get<Var>(a).id());
-  };
-  for (size_t k = 0; k < jaxpr.eqns().size(); ++k) {
-    if (!run[k]) continue;
-    const JaxprEqn& e = jaxpr.eqns()[k];
-    std::vector<Array> in;
-    for (const Atom& a : e.inputs) in.push_back(value(a));
-    std::vector<Array> out = cjax::bind(*e.primitive, in, e.params);
-    for (size_t i = 0; i < out.size(); ++i) env[e.outputs[i].id()] = std::move(out[i]);
-  }
+  for (size_t k = 0; k < jaxpr.eqns().size(); ++k)
+    if (run[k]) run_eqn(jaxpr.eqns()[k], env);
   std::vector<Array> out;
-  for (const Atom& a : targets) out.push_back(value(a));
+  for (const Atom& a : targets) out.push_back(atom_value(env, a));
   return out;
 }
 
@@ -245,22 +248,12 @@ std::vector<Array> remat_partial_eval(std::span<const Array> inputs, std::span<c
   const size_t ns = saved.size();
   TracedCall call = trace_to_call(
       [&](const std::vector<Array>& xs) {
-        std::unordered_map<const void*, Array> env;
+        Env env;
         for (size_t k = 0; k < ns; ++k) env[std::get<Var>(saved[k]).id()] = xs[k];
-        auto value = [&](const Atom& a) -> Array {
-          if (auto* l = std::get_if<Literal>(&a)) return l->value();
-          return env.at(std::get<Var>(a).id());
-        };
-        for (size_t k = 0; k < K.eqns().size(); ++k) {
-          if (!recompute[k]) continue;
-          const JaxprEqn& e = K.eqns()[k];
-          std::vector<Array> in;
-          for (const Atom& a : e.inputs) in.push_back(value(a));
-          std::vector<Array> out = cjax::bind(*e.primitive, in, e.params);
-          for (size_t i = 0; i < out.size(); ++i) env[e.outputs[i].id()] = std::move(out[i]);
-        }
+        for (size_t k = 0; k < K.eqns().size(); ++k)
+          if (recompute[k]) run_eqn(K.eqns()[k], env);
         std::vector<Array> consts;
-        for (size_t k = n_known_out; k < K.outvars().size(); ++k) consts.push_back(value(K.outvars()[k]));
+        for (size_t k = n_known_out; k < K.outvars().size(); ++k) consts.push_back(atom_value(env, K.outvars()[k]));
         return eval_jaxpr(*uj, consts, std::vector<Array>(xs.begin() + std::ptrdiff_t(ns), xs.end()));
       },
       in_avals);

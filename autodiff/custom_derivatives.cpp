@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include "autodiff/ad.h"
 #include "cjax/lax.h"
 #include "trace/batching.h"
@@ -198,15 +200,26 @@ JvpOut custom_jvp_rule(std::span<const Array> primals, std::span<const Array> ta
   return JvpOut{std::move(outs), std::move(touts)};
 }
 
-BatchOut custom_jvp_batch(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
-                          const Params& p) {
+using SetRules = std::function<void(Params&, const std::vector<int>& arg_bdims)>;
+
+// A custom call batched: its call jaxpr vmapped with all outputs at 0 and its rules replaced by
+// `set_rules` (given the arguments' batch dimensions, 0 or kNotMapped).
+BatchOut batch_custom_call(const PrimitiveDef& def, std::span<const Array> args, std::span<const int> bdims,
+                           const BatchAxis& axis, const Params& p, const SetRules& set_rules) {
   size_t nc = num_consts_of(p);
   FrontBatched front = move_batch_to_front(args, bdims, axis.size);
   TracedCall call = batch_jaxpr_call(call_jaxpr_of(p), front, axis);
-  auto rule = p.object<JvpRuleParam>("jvp");
-  // A tangent has its primal's type, so it is batched exactly when its primal is.
-  std::vector<int> arg_bdims(front.bdims.begin() + std::ptrdiff_t(nc), front.bdims.end());
-  JvpFn batched = [old = rule->fn, arg_bdims, axis](const std::vector<Array>& ps, const std::vector<Array>& ts) {
+  Params np = call_params(call.jaxpr, call.consts.size() + nc, name_of(p));
+  set_rules(np, std::vector<int>(front.bdims.begin() + std::ptrdiff_t(nc), front.bdims.end()));
+  std::vector<Array> in = call.consts;
+  in.insert(in.end(), front.args.begin(), front.args.end());
+  std::vector<Array> outs = cjax::bind(def, in, np);
+  return BatchOut{outs, std::vector<int>(outs.size(), 0)};
+}
+
+// A tangent has its primal's type, so it is batched exactly when its primal is.
+JvpFn batch_jvp_rule(JvpFn old, const std::vector<int>& arg_bdims, const BatchAxis& axis) {
+  return [old = std::move(old), arg_bdims, axis](const std::vector<Array>& ps, const std::vector<Array>& ts) {
     std::vector<Array> xs = ps;
     xs.insert(xs.end(), ts.begin(), ts.end());
     std::vector<int> in = arg_bdims;
@@ -227,12 +240,14 @@ BatchOut custom_jvp_batch(std::span<const Array> args, std::span<const int> bdim
     return std::pair{std::vector<Array>(all.begin(), all.begin() + std::ptrdiff_t(m)),
                      std::vector<Array>(all.begin() + std::ptrdiff_t(m), all.end())};
   };
-  Params np = call_params(call.jaxpr, call.consts.size() + nc, name_of(p));
-  np.set("jvp", std::make_shared<const JvpRuleParam>(rule->name, std::move(batched)));
-  std::vector<Array> in = call.consts;
-  in.insert(in.end(), front.args.begin(), front.args.end());
-  std::vector<Array> outs = cjax::bind(g_custom_jvp_call, in, np);
-  return BatchOut{outs, std::vector<int>(outs.size(), 0)};
+}
+
+BatchOut custom_jvp_batch(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
+                          const Params& p) {
+  auto rule = p.object<JvpRuleParam>("jvp");
+  return batch_custom_call(g_custom_jvp_call, args, bdims, axis, p, [&](Params& np, const std::vector<int>& ab) {
+    np.set("jvp", std::make_shared<const JvpRuleParam>(rule->name, batch_jvp_rule(rule->fn, ab, axis)));
+  });
 }
 
 JvpOut custom_vjp_rule(std::span<const Array> primals, std::span<const Array> tangents, const Params& p) {
@@ -263,16 +278,10 @@ JvpOut custom_vjp_rule(std::span<const Array> primals, std::span<const Array> ta
   return JvpOut{std::move(fo.outs), std::move(touts)};
 }
 
-BatchOut custom_vjp_batch(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
-                          const Params& p) {
-  size_t nc = num_consts_of(p);
-  FrontBatched front = move_batch_to_front(args, bdims, axis.size);
-  TracedCall call = batch_jaxpr_call(call_jaxpr_of(p), front, axis);
-  auto fwd = p.object<FwdRuleParam>("fwd");
-  std::vector<int> arg_bdims(front.bdims.begin() + std::ptrdiff_t(nc), front.bdims.end());
-  // fwd batched with outputs and residuals at 0; its bwd batched likewise, with the cotangents of
-  // unbatched arguments summed over the batch (every example contributes to them).
-  FwdFn batched = [old = fwd->fn, arg_bdims, axis](const std::vector<Array>& ps) {
+// fwd batched with outputs and residuals at 0; its bwd batched likewise, with the cotangents of
+// unbatched arguments summed over the batch (every example contributes to them).
+FwdFn batch_fwd_rule(FwdFn old, const std::vector<int>& arg_bdims, const BatchAxis& axis) {
+  return [old = std::move(old), arg_bdims, axis](const std::vector<Array>& ps) {
     BwdFn inner;
     size_t n_out = 0;
     std::vector<Array> all = vmap_all_out_front(
@@ -303,13 +312,15 @@ BatchOut custom_vjp_batch(std::span<const Array> args, std::span<const int> bdim
     };
     return r;
   };
-  Params np = call_params(call.jaxpr, call.consts.size() + nc, name_of(p));
-  np.set("fwd", std::make_shared<const FwdRuleParam>(fwd->name, std::move(batched)));
-  np.set("bwd", p.get<std::string>("bwd"));
-  std::vector<Array> in = call.consts;
-  in.insert(in.end(), front.args.begin(), front.args.end());
-  std::vector<Array> outs = cjax::bind(g_custom_vjp_call, in, np);
-  return BatchOut{outs, std::vector<int>(outs.size(), 0)};
+}
+
+BatchOut custom_vjp_batch(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
+                          const Params& p) {
+  auto fwd = p.object<FwdRuleParam>("fwd");
+  return batch_custom_call(g_custom_vjp_call, args, bdims, axis, p, [&](Params& np, const std::vector<int>& ab) {
+    np.set("fwd", std::make_shared<const FwdRuleParam>(fwd->name, batch_fwd_rule(fwd->fn, ab, axis)));
+    np.set("bwd", p.get<std::string>("bwd"));
+  });
 }
 
 std::vector<Array> custom_lin_transpose(std::span<const Array> cts, std::span<const Array> args, const Params& p) {
@@ -363,25 +374,31 @@ const bool g_rules = add_rule_initializer([] {
 
 }  // namespace
 
-std::vector<Array> custom_jvp_call(const FlatFn& f, JvpFn jvp, const std::vector<Array>& args,
-                                   const CustomJvpOptions& opts) {
+namespace {
+std::vector<Array> bind_custom_call(const PrimitiveDef& def, const FlatFn& f, const std::vector<Array>& args,
+                                    const std::string& name, const std::function<void(Params&)>& set_rules) {
   TracedCall call = trace_to_call(f, avals_of(args));
-  Params p = call_params(call.jaxpr, call.consts.size(), opts.name);
-  p.set("jvp", std::make_shared<const JvpRuleParam>(opts.jvp_name, std::move(jvp)));
+  Params p = call_params(call.jaxpr, call.consts.size(), name);
+  set_rules(p);
   std::vector<Array> in = call.consts;
   in.insert(in.end(), args.begin(), args.end());
-  return cjax::bind(g_custom_jvp_call, in, p);
+  return cjax::bind(def, in, p);
+}
+}  // namespace
+
+std::vector<Array> custom_jvp_call(const FlatFn& f, JvpFn jvp, const std::vector<Array>& args,
+                                   const CustomJvpOptions& opts) {
+  return bind_custom_call(g_custom_jvp_call, f, args, opts.name, [&](Params& p) {
+    p.set("jvp", std::make_shared<const JvpRuleParam>(opts.jvp_name, std::move(jvp)));
+  });
 }
 
 std::vector<Array> custom_vjp_call(const FlatFn& f, FwdFn fwd, const std::vector<Array>& args,
                                    const CustomVjpOptions& opts) {
-  TracedCall call = trace_to_call(f, avals_of(args));
-  Params p = call_params(call.jaxpr, call.consts.size(), opts.name);
-  p.set("fwd", std::make_shared<const FwdRuleParam>(opts.fwd_name, std::move(fwd)));
-  p.set("bwd", opts.bwd_name);
-  std::vector<Array> in = call.consts;
-  in.insert(in.end(), args.begin(), args.end());
-  return cjax::bind(g_custom_vjp_call, in, p);
+  return bind_custom_call(g_custom_vjp_call, f, args, opts.name, [&](Params& p) {
+    p.set("fwd", std::make_shared<const FwdRuleParam>(opts.fwd_name, std::move(fwd)));
+    p.set("bwd", opts.bwd_name);
+  });
 }
 
 }  // namespace cjax::custom_detail

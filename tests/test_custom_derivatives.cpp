@@ -132,6 +132,10 @@ TEST_CASE("custom_vjp: clipped gradient") {
   auto neg = [](const Array& v) { return jnp::sum(-7.0 * clip_gradient(v * 2.0)); };
   CHECK(vals(grad(neg)(x)) == std::vector<double>{-2, -2, -2});  // clip(-7) * 2
   // jit either side of grad, vmap either side of grad.
+  CHECK(vals(jit(clip_gradient)(x)) == vals(x));
+  std::string staged_vmap = text(make_jaxpr(vmap(clip_gradient))(arr<float>({1, 2}, {2, 1})));
+  CHECK(staged_vmap.find("custom_vjp_call[\n      name=clip_gradient") != std::string::npos);
+  CHECK(staged_vmap.find("c:f32[2,1]. let  in (c,)") != std::string::npos);
   CHECK(vals(jit(grad(loss))(x)) == std::vector<double>{1, 1, 1});
   CHECK(vals(grad(jit(loss))(x)) == std::vector<double>{1, 1, 1});
   Array xs = arr<float>({1, 2, 3, 4, 5, 6}, {2, 3});
@@ -218,6 +222,15 @@ TEST_CASE("custom rules: misuse errors") {
             "Custom JVP rule 'twice_jvp'", "primal f32[2] with tangent f32[]");
   // Differentiating with respect to a closed-over value is not covered by the rules.
   CHECK_ERR(grad([](const Array& y) {
+              auto g = custom_jvp([&](const Array& x) { return x * y; },
+                                  [&](const std::tuple<Array>& p, const std::tuple<Array>& t) {
+                                    return std::pair{std::get<0>(p) * y, std::get<0>(t) * y};
+                                  },
+                                  {.name = "scale"});
+              return g(make_scalar(2.0, f32));
+            })(make_scalar(3.0, f32)),
+            ValueError, "custom_jvp function ('scale')", "closed-over value");
+  CHECK_ERR(grad([](const Array& y) {
               auto g = custom_vjp([&](const Array& x) { return x * y; },
                                   [&](const Array& x) { return std::pair{x * y, std::tuple<>{}}; },
                                   [&](const std::tuple<>&, const Array& c) { return std::tuple{c}; });
@@ -237,6 +250,8 @@ TEST_CASE("checkpoint: same values and gradients, staged as remat2") {
   CHECK(grad(c)(x).item<float>() == grad(sin_sin)(x).item<float>());
   CHECK(grad(grad(c))(x).item<float>() == doctest::Approx(grad(grad(sin_sin))(x).item<float>()));
   CHECK(jit(grad(c))(x).item<float>() == doctest::Approx(grad(sin_sin)(x).item<float>()));
+  CHECK(grad(jit(c))(x).item<float>() == doctest::Approx(grad(sin_sin)(x).item<float>()));
+  CHECK(jit(c)(x).item<float>() == sin_sin(x).item<float>());
   Array xs = arr<float>({0.1, 0.5, 0.9});
   CHECK(vals(vmap(grad(c))(xs)) == vals(vmap(grad(sin_sin))(xs)));
   CHECK(vals(grad([&](const Array& v) { return jnp::sum(vmap(c)(v)); })(xs)) == vals(vmap(grad(sin_sin))(xs)));

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "cjax/array.h"
+#include "cjax/make_jaxpr.h"
 #include "cjax/tree.h"
 
 namespace cjax {
@@ -134,6 +135,15 @@ std::vector<Array> checkpoint_call(const FlatFn& f, const std::vector<Array>& ar
 template <class T> T skeleton(const T& t) {  // t's structure, leaves empty (keeps no values alive)
   return tree::unflatten(t, std::vector<Array>(tree::structure(t).num_leaves()));
 }
+// f on flat leaves rebuilt as `skel`'s trees; records f's output structure in `out_skel`.
+template <class F, class Args, class R>
+FlatFn primal_fn(const F& f, const std::shared_ptr<const Args>& skel, const std::shared_ptr<std::optional<R>>& out_skel) {
+  return [&f, skel, out_skel](const std::vector<Array>& xs) {
+    R r = std::apply(f, tree::unflatten(*skel, xs));
+    if (!*out_skel) *out_skel = skeleton(r);
+    return tree::leaves(r);
+  };
+}
 template <class... A> void check_tree_args() {
   static_assert((is_tree_v<A> && ...),
                 "custom_jvp/custom_vjp: every argument must be a tree of Arrays (see cjax/tree.h); close over "
@@ -151,11 +161,6 @@ template <class F, class J> auto custom_jvp(F f, J jvp_rule, CustomJvpOptions op
     Args like{args...};
     auto skel = std::make_shared<const Args>(custom_detail::skeleton(like));
     auto out_skel = std::make_shared<std::optional<R>>();
-    custom_detail::FlatFn flat_f = [&](const std::vector<Array>& xs) {
-      R r = std::apply(f, tree::unflatten(*skel, xs));
-      if (!*out_skel) *out_skel = custom_detail::skeleton(r);
-      return tree::leaves(r);
-    };
     custom_detail::JvpFn flat_jvp = [jvp_rule, skel, out_skel, opts](const std::vector<Array>& ps,
                                                                      const std::vector<Array>& ts) {
       auto [out, tangent] = jvp_rule(tree::unflatten(*skel, ps), tree::unflatten(*skel, ts));
@@ -167,7 +172,7 @@ template <class F, class J> auto custom_jvp(F f, J jvp_rule, CustomJvpOptions op
                                             tree::structure(tangent));
       return std::pair{tree::leaves(out), tree::leaves(tangent)};
     };
-    std::vector<Array> outs = custom_detail::custom_jvp_call(flat_f, std::move(flat_jvp), tree::leaves(like), opts);
+    std::vector<Array> outs = custom_detail::custom_jvp_call(custom_detail::primal_fn(f, skel, out_skel), std::move(flat_jvp), tree::leaves(like), opts);
     return tree::unflatten(**out_skel, outs);
   };
 }
@@ -182,11 +187,6 @@ template <class F, class Fwd, class Bwd> auto custom_vjp(F f, Fwd fwd, Bwd bwd, 
     Args like{args...};
     auto skel = std::make_shared<const Args>(custom_detail::skeleton(like));
     auto out_skel = std::make_shared<std::optional<R>>();
-    custom_detail::FlatFn flat_f = [&](const std::vector<Array>& xs) {
-      R r = std::apply(f, tree::unflatten(*skel, xs));
-      if (!*out_skel) *out_skel = custom_detail::skeleton(r);
-      return tree::leaves(r);
-    };
     custom_detail::FwdFn flat_fwd = [fwd, bwd, skel, out_skel, opts](const std::vector<Array>& ps) {
       auto [out, res] = std::apply(fwd, tree::unflatten(*skel, ps));
       using Res = std::remove_cvref_t<decltype(res)>;
@@ -206,7 +206,7 @@ template <class F, class Fwd, class Bwd> auto custom_vjp(F f, Fwd fwd, Bwd bwd, 
       };
       return o;
     };
-    std::vector<Array> outs = custom_detail::custom_vjp_call(flat_f, std::move(flat_fwd), tree::leaves(like), opts);
+    std::vector<Array> outs = custom_detail::custom_vjp_call(custom_detail::primal_fn(f, skel, out_skel), std::move(flat_fwd), tree::leaves(like), opts);
     return tree::unflatten(**out_skel, outs);
   };
 }
@@ -227,19 +227,8 @@ template <class F> auto checkpoint(F f, CheckpointPolicy policy = checkpoint_pol
     std::vector<Array> outs = custom_detail::checkpoint_call(
         [&](const std::vector<Array>& xs) {
           size_t pos = 0;
-          auto rebuild = [&](const auto& a) -> decltype(auto) {
-            using A = std::remove_cvref_t<decltype(a)>;
-            if constexpr (is_tree_v<A>) {
-              size_t n = tree::structure(a).num_leaves();
-              std::vector<Array> mine(xs.begin() + std::ptrdiff_t(pos), xs.begin() + std::ptrdiff_t(pos + n));
-              pos += n;
-              return tree::unflatten(a, mine);
-            } else {
-              return static_cast<const A&>(a);
-            }
-          };
           // Braced initialization evaluates left to right, so the leaves are handed out in order.
-          std::tuple<decltype(rebuild(args))...> call{rebuild(args)...};
+          std::tuple<decltype(jaxpr_detail::rebuild(args, xs, pos))...> call{jaxpr_detail::rebuild(args, xs, pos)...};
           result.emplace(std::apply(f, call));
           return tree::leaves(*result);
         },
