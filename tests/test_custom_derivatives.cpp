@@ -270,6 +270,14 @@ TEST_CASE("checkpoint: same values and gradients, staged as remat2") {
   CHECK(text(make_jaxpr(grad(grad(c)))(x)).find("remat2") != std::string::npos);
   check_grads([&](const std::vector<Array>& a) { return std::vector<Array>{c(a[0])}; }, {arr<double>({0.3, -0.8})},
               {.order = 2});
+  CHECK(hessian(c)(make_scalar(0.6, f64)).item<double>() ==
+        doctest::Approx(hessian(sin_sin)(make_scalar(0.6, f64)).item<double>()));
+  // Custom rules inside a checkpoint are still used.
+  CHECK(grad(checkpoint(log1pexp))(make_scalar(100.0, f32)).item<float>() == 1.0f);
+  auto clipped = checkpoint([](const Array& v) { return jnp::sum(5.0 * clip_gradient(jnp::sin(v))); });
+  Array v = arr<float>({0.5, 1.0});
+  std::vector<double> want = vals(jnp::cos(v));
+  for (size_t i = 0; i < 2; ++i) CHECK(vals(grad(clipped)(v))[i] == doctest::Approx(want[i]));
 }
 
 TEST_CASE("checkpoint: the policy decides what the backward pass recomputes") {
