@@ -40,10 +40,10 @@ std::vector<bool> or_masks(std::vector<bool> a, const std::vector<bool>& b) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] || b[i];
   return a;
 }
-std::vector<AbstractValue> in_avals_of(const Jaxpr& j, size_t lo, size_t hi) {
-  std::vector<AbstractValue> a = j.in_avals();
-  return std::vector<AbstractValue>(a.begin() + std::ptrdiff_t(lo), a.begin() + std::ptrdiff_t(hi));
+template <class T> std::vector<T> sub(const std::vector<T>& v, size_t lo, size_t hi) {
+  return std::vector<T>(v.begin() + std::ptrdiff_t(lo), v.begin() + std::ptrdiff_t(hi));
 }
+std::vector<AbstractValue> in_avals_of(const Jaxpr& j, size_t lo, size_t hi) { return sub(j.in_avals(), lo, hi); }
 
 // ---- JVP of a jaxpr --------------------------------------------------------------------------------
 
@@ -107,13 +107,14 @@ std::vector<bool> carry_fixpoint(const JaxprPtr& body, const std::vector<bool>& 
                                  const std::vector<bool>& post) {
   while (true) {
     std::vector<bool> nat = jvp_nonzeros(body, cat(cat(pre, carry_nz), post));
-    std::vector<bool> grown = or_masks(carry_nz, std::vector<bool>(nat.begin(), nat.begin() + std::ptrdiff_t(carry_nz.size())));
+    std::vector<bool> grown = or_masks(carry_nz, sub(nat, 0, carry_nz.size()));
     if (grown == carry_nz) return carry_nz;
     carry_nz = grown;
   }
 }
 
-std::vector<Array> instantiate_masked(std::span<const Array> ts, std::span<const Array> ps, const std::vector<bool>& m) {
+std::vector<Array> instantiate_masked(std::span<const Array> ts, std::span<const Array> ps,
+                                      const std::vector<bool>& m) {
   std::vector<Array> out;
   for (size_t i = 0; i < ts.size(); ++i)
     if (m[i]) out.push_back(instantiate_zero(ts[i], ps[i].aval()));
@@ -128,7 +129,6 @@ JvpOut while_jvp(std::span<const Array> primals, std::span<const Array> tangents
   std::vector<bool> bnz = defined_mask(tangents.subspan(nc, nb));
   std::vector<bool> carry_nz = carry_fixpoint(wp.body_jaxpr, bnz, defined_mask(tangents.subspan(nc + nb)), {});
   size_t nbd = size_t(std::count(bnz.begin(), bnz.end(), true));
-  size_t ncd = size_t(std::count(carry_nz.begin(), carry_nz.end(), true));
   // The JVP body in while's layout: consts (bconsts, bconst_dots), carry (carry, carry_dots).
   FlatFn jvp_body = jvp_fn(wp.body_jaxpr, cat(bnz, carry_nz), carry_nz);
   FlatFn body = [&](const std::vector<Array>& xs) {
@@ -144,7 +144,9 @@ JvpOut while_jvp(std::span<const Array> primals, std::span<const Array> tangents
   std::vector<Array> cdots = instantiate_masked(tangents.subspan(nc + nb), primals.subspan(nc + nb), carry_nz);
   std::vector<AbstractValue> carry_avals = avals_of(init);
   TracedCall bj = trace_to_call(body, cat(cat(avals_of(bconsts), avals_of(bdots)), cat(carry_avals, avals_of(cdots))));
-  FlatFn cond = [&](const std::vector<Array>& xs) { return eval_jaxpr(*wp.cond_jaxpr, {}, slice_of(xs, 0, nc + ncar)); };
+  FlatFn cond = [&](const std::vector<Array>& xs) {
+    return eval_jaxpr(*wp.cond_jaxpr, {}, slice_of(xs, 0, nc + ncar));
+  };
   TracedCall cj = trace_to_call(cond, cat(cat(avals_of(cconsts), carry_avals), avals_of(cdots)));
   std::vector<Array> args = cat(cat(cj.consts, cconsts), cat(cat(bj.consts, bconsts), bdots));
   args = cat(cat(args, init), cdots);
@@ -153,7 +155,6 @@ JvpOut while_jvp(std::span<const Array> primals, std::span<const Array> tangents
   JvpOut r{slice_of(outs, 0, ncar), {}};
   size_t k = ncar;
   for (size_t i = 0; i < ncar; ++i) r.tangents.push_back(carry_nz[i] ? outs[k++] : Array());
-  (void)ncd;
   return r;
 }
 
@@ -169,8 +170,7 @@ JvpOut scan_jvp(std::span<const Array> primals, std::span<const Array> tangents,
   std::vector<Array> cdots = pick(slice_of(tangents, 0, nc), cnz);
   std::vector<Array> idots = instantiate_masked(tangents.subspan(nc, ncar), primals.subspan(nc, ncar), carry_nz);
   std::vector<Array> xdots = pick(slice_of(tangents, nc + ncar, tangents.size()), xnz);
-  size_t ncd = cdots.size(), nid = idots.size(), nxd = xdots.size();
-  size_t nyd = size_t(std::count(ynz.begin(), ynz.end(), true));
+  size_t ncd = cdots.size(), nid = idots.size();
   FlatFn jvp_body = jvp_fn(sp.jaxpr, cat(cat(cnz, carry_nz), xnz), cat(carry_nz, ynz));
   // scan layout: consts, const_dots | carry, carry_dots | xs, x_dots  ->  (carry, carry_dots, ys, y_dots)
   FlatFn body = [&](const std::vector<Array>& xs) {
@@ -179,12 +179,13 @@ JvpOut scan_jvp(std::span<const Array> primals, std::span<const Array> tangents,
     in = cat(cat(in, slice_of(xs, nc, o1)), cat(slice_of(xs, o1 + ncar, o2), slice_of(xs, o2 + nx, xs.size())));
     std::vector<Array> out = jvp_body(in);  // carry, ys, carry_dots, y_dots
     size_t t = ncar + ny;
-    return cat(cat(slice_of(out, 0, ncar), slice_of(out, t, t + nid)), cat(slice_of(out, ncar, t), slice_of(out, t + nid, out.size())));
+    return cat(cat(sub(out, 0, ncar), sub(out, t, t + nid)), cat(sub(out, ncar, t), sub(out, t + nid, out.size())));
   };
   auto body_in = j.in_avals();
   std::vector<AbstractValue> avals = cat(in_avals_of(j, 0, nc), pick(in_avals_of(j, 0, nc), cnz));
   avals = cat(cat(avals, in_avals_of(j, nc, nc + ncar)), pick(in_avals_of(j, nc, nc + ncar), carry_nz));
-  avals = cat(cat(avals, in_avals_of(j, nc + ncar, body_in.size())), pick(in_avals_of(j, nc + ncar, body_in.size()), xnz));
+  std::vector<AbstractValue> x_avals = in_avals_of(j, nc + ncar, body_in.size());
+  avals = cat(cat(avals, x_avals), pick(x_avals, xnz));
   TracedCall bt = trace_to_call(body, avals);
   std::vector<Array> args = cat(cat(bt.consts, slice_of(primals, 0, nc)), cdots);
   args = cat(cat(args, slice_of(primals, nc, nc + ncar)), idots);
@@ -197,8 +198,6 @@ JvpOut scan_jvp(std::span<const Array> primals, std::span<const Array> tangents,
   for (size_t i = 0; i < ncar; ++i) r.tangents.push_back(carry_nz[i] ? outs[k++] : Array());
   k = ncar + nid + ny;
   for (size_t i = 0; i < ny; ++i) r.tangents.push_back(ynz[i] ? outs[k++] : Array());
-  (void)nxd;
-  (void)nyd;
   return r;
 }
 
@@ -258,7 +257,8 @@ std::vector<Array> stage_all(JaxprTrace& staging, const PrimitiveDef& def, std::
   return staging.stage(def, inputs, p, def.abstract_eval(inputs, p));
 }
 
-std::vector<Array> merge(const std::vector<bool>& uk, const std::vector<Array>& known, const std::vector<Array>& unknown) {
+std::vector<Array> merge(const std::vector<bool>& uk, const std::vector<Array>& known,
+                         const std::vector<Array>& unknown) {
   std::vector<Array> out;
   size_t ki = 0, ui = 0;
   for (bool u : uk) out.push_back(u ? unknown[ui++] : known[ki++]);
@@ -425,8 +425,7 @@ std::vector<Array> scan_transpose(std::span<const Array> cts, std::span<const Ar
   std::vector<AbstractValue> avals;
   for (size_t i : nl_c) avals.push_back(body_in[i]);
   for (size_t i : lin_c) avals.push_back(body_in[i]);
-  avals = cat(cat(avals, std::vector<AbstractValue>(body_in.begin() + std::ptrdiff_t(nc), body_in.begin() + std::ptrdiff_t(nc + ncar))),
-              std::vector<AbstractValue>(body_out.begin() + std::ptrdiff_t(ncar), body_out.end()));
+  avals = cat(cat(avals, sub(body_in, nc, nc + ncar)), sub(body_out, ncar, body_out.size()));
   for (size_t i : nl_x) avals.push_back(body_in[i]);
   TracedCall bt = trace_to_call(body_t, avals);
   std::vector<Array> targs = bt.consts;

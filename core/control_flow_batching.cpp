@@ -142,7 +142,8 @@ BatchOut while_batch(std::span<const Array> args, std::span<const int> bdims, co
     cj = trace_to_call(
         [&](const std::vector<Array>& xs) { return std::vector<Array>{lax::reduce_or(cond_b(xs)[0], {0})}; },
         cavals);
-    std::vector<AbstractValue> avals = cat(std::vector<AbstractValue>(cavals.begin(), cavals.begin() + std::ptrdiff_t(nc)), bavals);
+    std::vector<AbstractValue> avals(cavals.begin(), cavals.begin() + std::ptrdiff_t(nc));
+    avals = cat(avals, bavals);
     bj = trace_to_call(
         [&](const std::vector<Array>& xs) {
           std::vector<Array> carry_in = slice_of(xs, nc + nb, xs.size());

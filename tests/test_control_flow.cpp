@@ -103,6 +103,28 @@ TEST_CASE("cond with tree operands, tree outputs and closed-over values") {
   check_roundtrip(cj);
 }
 
+TEST_CASE("branches of more than 10 equations are hoisted as let jaxprs and parse back") {
+  auto chain = [](Array v, bool use_sin) {
+    for (int k = 0; k < 11; ++k) v = use_sin ? lax::sin(v) : lax::cos(v);
+    return v;
+  };
+  auto f = [&](const Array& p, const Array& x) {
+    return lax::cond(p, [&](const Array& v) { return chain(v, true); }, [&](const Array& v) { return chain(v, false); },
+                     x);
+  };
+  auto cj = make_jaxpr(f)(Array(true), scalar(0.5));
+  std::string t = text(cj);
+  CHECK(t.rfind("let jaxpr = { lambda ; a:f32[]. let\n", 0) == 0);
+  CHECK(t.find("let jaxpr1 = ") != std::string::npos);
+  CHECK(t.find("cond[branches=(jaxpr jaxpr1)] ") != std::string::npos);
+  check_roundtrip(cj);
+  auto parsed = parse_jaxpr(t);
+  double want = 0.5;
+  for (int k = 0; k < 11; ++k) want = std::cos(want);
+  CHECK(eval_jaxpr(*parsed, {}, std::vector<Array>{Array(false), scalar(0.5)})[0].item<float>() ==
+        doctest::Approx(want));
+}
+
 TEST_CASE("switch_ clamps its index as JAX") {
   Array x = scalar(0.5);
   CHECK(three_way(make_scalar(0, i32), x).item<float>() == doctest::Approx(0.25));
@@ -300,7 +322,8 @@ TEST_CASE("forward-mode jvp of while_loop; reverse mode raises") {
   // vmap with an unbatched predicate (a bound traced by jit): the carry is batched, the trip count shared.
   auto dyn = jit([](const Array& hi, const Array& xs) {
     return vmap([&](const Array& x) {
-      return lax::fori_loop(make_scalar(0, i32), hi, [](const Array&, const Array& c) { return lax::mul(c, scalar(2)); }, x);
+      auto twice = [](const Array&, const Array& c) { return lax::mul(c, scalar(2)); };
+      return lax::fori_loop(make_scalar(0, i32), hi, twice, x);
     })(xs);
   });
   CHECK(vals(dyn(make_scalar(3, i32), arr<float>({1, 2}))) == std::vector<double>{8, 16});
@@ -362,8 +385,8 @@ TEST_CASE("scan eagerly, reversed, with trees, without xs and under jit") {
 TEST_CASE("scan prints as one equation with JAX's params") {
   Array w = arr<float>({2, 3});
   auto f = [&](const Array& h0, const Array& xs) {
-    return lax::scan([&](const Array& c, const Array& x) { return std::pair{lax::add(lax::mul(c, w), x), lax::sin(c)}; },
-                     h0, xs, {.reverse = true, .unroll = 2});
+    auto step = [&](const Array& c, const Array& x) { return std::pair{lax::add(lax::mul(c, w), x), lax::sin(c)}; };
+    return lax::scan(step, h0, xs, {.reverse = true, .unroll = 2});
   };
   auto cj = make_jaxpr(f)(arr<float>({0, 0}), jnp::zeros({5, 2}));
   CHECK(text(cj) ==
@@ -422,7 +445,9 @@ TEST_CASE("grad of scan: check_grads forward and reverse, reverse scans and an R
   check_grads(
       [](const std::vector<Array>& a) {
         auto [c, ys] = lax::scan(
-            [&](const Array& c, const Array& x) { return std::pair{lax::add(lax::mul(c, a[2]), lax::cos(x)), lax::exp(c)}; },
+            [&](const Array& c, const Array& x) {
+              return std::pair{lax::add(lax::mul(c, a[2]), lax::cos(x)), lax::exp(c)};
+            },
             a[0], a[1], {.reverse = true});
         return std::vector<Array>{c, ys};
       },
@@ -496,3 +521,4 @@ TEST_CASE("control flow errors name the problem") {
   CHECK_ERR(lax::fori_loop(0, 3, [](const Array&, const Array& c) { return std::vector<Array>{c}; }, scalar(1)),
             ValueError, "same tree structure");
 }
+

@@ -683,10 +683,7 @@ class Parser {
     if (pos_ >= s_.size() || s_[pos_] != '(') return false;
     size_t save = pos_++;
     bool yes = at('{');
-    if (!yes) {
-      std::string name = read_name();
-      yes = !name.empty() && hoisted_.count(name) && (at(')') || (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))));
-    }
+    if (!yes) yes = hoisted_.count(read_name()) > 0;
     pos_ = save;
     return yes;
   }

@@ -223,7 +223,8 @@ template <class F, class C, class X> auto scan(F&& f, const C& init, const X& xs
   if constexpr (!no_xs) xs_leaves = tree::leaves(xs);
   std::optional<Y> like_y;
   d::FlatFn body = [&](const std::vector<Array>& in) {
-    std::vector<Array> c(in.begin(), in.begin() + std::ptrdiff_t(num_carry)), x(in.begin() + std::ptrdiff_t(num_carry), in.end());
+    auto mid = in.begin() + std::ptrdiff_t(num_carry);
+    std::vector<Array> c(in.begin(), mid), x(mid, in.end());
     R r = call(tree::unflatten(init, c), x);
     const auto& new_c = std::get<0>(r);
     d::check_same_structure("scan f", in_tree, tree::structure(new_c), "the input carry", "the output carry");
