@@ -198,6 +198,19 @@ TEST_CASE("grad of cond and switch_: values and check_grads") {
         },
         {f64s({0.3, 1.2}), f64s({2.0, -1.0})}, {.order = 2});
   }
+  // A predicate computed from the differentiated input; per example under vmap (a batched index).
+  auto leaky = [](const Array& x) {
+    return lax::cond(
+        x > 0, [](const Array& v) { return v * v; }, [](const Array& v) { return v * 0.1; }, x);
+  };
+  check_grads([&](const std::vector<Array>& a) { return std::vector<Array>{leaky(a[0])}; }, {scalar(0.8, f64)},
+              {.order = 2});
+  check_grads([&](const std::vector<Array>& a) { return std::vector<Array>{leaky(a[0])}; }, {scalar(-0.8, f64)},
+              {.order = 2});
+  auto vg_leaky = vals(vmap(grad(leaky))(arr<float>({-2, 3})));
+  CHECK(vg_leaky[0] == doctest::Approx(0.1));
+  CHECK(vg_leaky[1] == 6);
+  CHECK(vals(jit(vmap(grad(leaky)))(arr<float>({-2, 3})))[1] == 6);
   // grad through jit and vmap of grad.
   auto jg = jit(grad([](const Array& x) { return three_way(make_scalar(2, i32), x); }));
   CHECK(jg(scalar(0.5)).item<float>() == doctest::Approx(std::exp(0.5)));
@@ -373,6 +386,12 @@ TEST_CASE("scan eagerly, reversed, with trees, without xs and under jit") {
   auto [c4, y4] = lax::scan([](const Array& c, NoneT) { return std::pair{lax::add(c, scalar(1)), c}; }, scalar(0),
                             None, {.length = 3});
   CHECK(vals(y4) == std::vector<double>{0, 1, 2});
+  // A weakly typed initial carry takes the body's dtype (JAX's weak-type promotion).
+  auto [c6, y6] = lax::scan([](const Array& c, const Array& x) { return std::pair{c + x, c}; }, Array(0.0),
+                            arr<float>({1, 2, 3}));
+  CHECK(c6.dtype() == f32);
+  CHECK(c6.item<float>() == 6);
+  CHECK(vals(y6) == std::vector<double>{0, 1, 3});
   // Zero length: ys has a leading 0 axis.
   auto [c5, y5] = cumulative(scalar(2), jnp::zeros({0}));
   CHECK(c5.item<float>() == 2);
@@ -520,5 +539,9 @@ TEST_CASE("control flow errors name the problem") {
             "cond_fn must return a boolean scalar", "f32[]");
   CHECK_ERR(lax::fori_loop(0, 3, [](const Array&, const Array& c) { return std::vector<Array>{c}; }, scalar(1)),
             ValueError, "same tree structure");
+  // Python-style control flow on a traced value inside a branch is a concretization error naming the branch.
+  auto branchy = [](const Array& v) { return bool(v > 0) ? v : -v; };
+  CHECK_ERR(lax::cond(Array(true), branchy, [](const Array& v) { return v; }, scalar(1)), ConcretizationError,
+            "lax::cond true_fn");
 }
 
