@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "cjax/cjax.h"
+#include "cjax/control_flow.h"
 
 namespace cjax::fuzz {
 
@@ -36,6 +38,9 @@ enum class Kind {
   Sum, Mean, Max,
   Reshape, Transpose, ExpandDims, Squeeze, Slice, Concatenate, Stack,
   Dot, Matmul, Einsum, Where, Softmax, LogSoftmax, Logsumexp, Cumsum, Sort, Take, AtAdd,
+  Min, Prod, Var, Clip, Flip, Roll, Pad, Tile, BroadcastTo, TakeAlongArgmax, AtSet, AtMul, Cumprod, Cummax,
+  TopK, DynamicSlice, Split,
+  Cond, Switch, ForiLoop, Scan,
   Count
 };
 
@@ -44,13 +49,16 @@ inline const char* kind_name(Kind k) {
                                 "integer_pow", "add", "sub", "mul", "div", "maximum", "minimum", "pow", "sum",
                                 "mean", "max", "reshape", "transpose", "expand_dims", "squeeze", "index",
                                 "concatenate", "stack", "dot", "matmul", "einsum", "where", "softmax",
-                                "log_softmax", "logsumexp", "cumsum", "sort", "take", "at_add"};
+                                "log_softmax", "logsumexp", "cumsum", "sort", "take", "at_add", "min", "prod",
+                                "var", "clip", "flip", "roll", "pad", "tile", "broadcast_to",
+                                "take_along_axis(argmax)", "at_set", "at_mul", "cumprod", "cummax", "top_k",
+                                "dynamic_slice", "split", "cond", "switch", "fori_loop", "scan"};
   static_assert(sizeof(names) / sizeof(names[0]) == size_t(Kind::Count));
   return names[size_t(k)];
 }
 
 // The indexing expressions of Kind::Slice.
-enum SliceVariant { kFromOne, kColumnZero, kLast, kReverseLast, kStrided, kNumSliceVariants };
+enum SliceVariant { kFromOne, kColumnZero, kLast, kReverseLast, kStrided, kNewAxisLast, kGatherRows };
 
 struct Op {
   Kind kind = Kind::Sin;
@@ -104,27 +112,51 @@ struct Program {
     if (op.constant && op.kind != Kind::AtAdd) os << ", " << *op.constant;
     os << ")";
     if (op.kind == Kind::AtAdd && op.constant) os << " (update: mean of v" << op.args[1] << ")";
+    if (op.kind == Kind::Clip) os << " [-0.5, 0.8]";
+    if (op.kind == Kind::Cond)
+      os << " : cond(sum(v" << op.args[0] << ") > 0, a -> tanh(a) * b, a -> a + 0.5 b - cos(b), a=v" << op.args[1]
+         << ", b=v" << op.args[2] << " captured)";
+    if (op.kind == Kind::Switch)
+      os << " : switch(index=2(s>0)-1+(s>1) clamped, s=sum(v" << op.args[0]
+         << "); [sin(a), a * cos(a), a * a]; a=v" << op.args[1] << ")";
+    if (op.kind == Kind::ForiLoop)
+      os << " : fori_loop(0, " << op.ints[0] << ", (i, c) -> {0.9 c0 + 0.1 sin(c0) tanh(b) + 0.01 i, 0.8 c1 + 0.1 mean(c0)})"
+         << ", c = {v" << op.args[0] << ", v" << op.args[1] << "}, b=v" << op.args[2] << " captured"
+         << (op.guarded ? " as its mean" : "") << ", returns c" << op.ints[1];
+    if (op.kind == Kind::Scan)
+      os << " : scan((h, x) -> {tanh(0.7 h + x), h * x}, init=v" << op.args[1] << (op.guarded ? " as its mean" : "")
+         << ", xs=v" << op.args[0] << (op.guarded2 ? ", reverse" : "") << "), returns "
+         << (op.ints[0] ? "ys" : "the carry");
+    if (op.kind == Kind::Pad) os << (op.guarded ? " mode=edge" : " mode=constant");
+    if (op.kind == Kind::TopK || op.kind == Kind::DynamicSlice || op.kind == Kind::Split || op.kind == Kind::Roll)
+      os << " k/start/shift=" << *op.constant;
     if (op.kind == Kind::Einsum) os << " \"" << op.subscripts << "\"";
     if (op.kind == Kind::Slice) {
-      static const char* forms[] = {"x[1:]", "x[:, 0]", "x[-1]", "x[..., ::-1]", "x[::2]"};
+      static const char* forms[] = {"x[1:]", "x[:, 0]", "x[-1]", "x[..., ::-1]", "x[::2]", "x[..., None]",
+                                    "x[[-1, 0]]"};
       os << " " << forms[op.ints[0]];
-    } else if (op.kind == Kind::Take || op.kind == Kind::AtAdd) {
+    } else if (op.kind == Kind::Take || op.kind == Kind::AtAdd || op.kind == Kind::AtSet || op.kind == Kind::AtMul) {
       os << " indices=";
       list(op.ints);
       os << " shape=";
       list(op.index_shape);
-    } else if (!op.ints.empty()) {
+    } else if (!op.ints.empty() && op.kind != Kind::ForiLoop && op.kind != Kind::Scan) {
       os << " ";
       list(op.ints);
     }
     if (op.kind == Kind::Take || op.kind == Kind::Sum || op.kind == Kind::Mean || op.kind == Kind::Max ||
         op.kind == Kind::Logsumexp || op.kind == Kind::Softmax || op.kind == Kind::LogSoftmax ||
         op.kind == Kind::Cumsum || op.kind == Kind::Sort || op.kind == Kind::Concatenate ||
-        op.kind == Kind::Stack || op.kind == Kind::ExpandDims || op.kind == Kind::Squeeze)
+        op.kind == Kind::Stack || op.kind == Kind::ExpandDims || op.kind == Kind::Squeeze || op.kind == Kind::Min ||
+        op.kind == Kind::Prod || op.kind == Kind::Var || op.kind == Kind::Flip || op.kind == Kind::Roll ||
+        op.kind == Kind::TakeAlongArgmax || op.kind == Kind::Cumprod || op.kind == Kind::Cummax ||
+        op.kind == Kind::DynamicSlice || op.kind == Kind::Split)
       os << " axis=" << (op.axis ? std::to_string(*op.axis) : "None");
     if (op.keepdims) os << " keepdims";
-    if (op.guarded) os << " (operand squashed)";
-    if (op.guarded2) os << " (exponent squashed)";
+    bool own_text = op.kind == Kind::ForiLoop || op.kind == Kind::Scan || op.kind == Kind::Pad || op.kind == Kind::Cummax;
+    if (op.guarded && !own_text) os << " (operand squashed)";
+    if (op.guarded2 && !own_text) os << " (exponent squashed)";
+    if (op.kind == Kind::Cummax && op.guarded) os << " reverse";
     return os.str();
   }
 };
@@ -185,7 +217,9 @@ inline Array apply_op(const Op& op, const std::vector<Array>& pool) {
         case kColumnZero: return x[{Slice(), 0}];
         case kLast: return x[-1];
         case kReverseLast: return x[{Ellipsis, Slice(None, None, -1)}];
-        default: return x[Slice(None, None, 2)];
+        case kStrided: return x[Slice(None, None, 2)];
+        case kNewAxisLast: return x[{Ellipsis, NewAxis}];
+        default: return x[jnp::array<int32_t>({-1, 0})];
       }
     case Kind::Concatenate: return jnp::concatenate({x, pool[size_t(op.args[1])]}, *op.axis);
     case Kind::Stack: return jnp::stack({x, pool[size_t(op.args[1])]}, *op.axis);
@@ -205,6 +239,68 @@ inline Array apply_op(const Op& op, const std::vector<Array>& pool) {
     case Kind::AtAdd: {
       Array update = op.constant ? jnp::mean(pool[size_t(op.args[1])]) : pool[size_t(op.args[1])];
       return x.at(index_array(op)).add(update);
+    }
+    case Kind::Min: return jnp::min(x, reduce_axes(op), op.keepdims);
+    case Kind::Prod: return jnp::prod(x, reduce_axes(op), op.keepdims);
+    case Kind::Var: return jnp::var(x, reduce_axes(op), 0, op.keepdims);
+    case Kind::Clip: return jnp::clip(x, Array(-0.5), Array(0.8));
+    case Kind::Flip: return op.axis ? jnp::flip(x, int64_t(*op.axis)) : jnp::flip(x);
+    case Kind::Roll: return jnp::roll(x, int64_t(*op.constant), op.axis);
+    case Kind::Pad: {
+      std::vector<std::pair<int64_t, int64_t>> widths;
+      for (size_t i = 0; i + 1 < op.ints.size(); i += 2) widths.emplace_back(op.ints[i], op.ints[i + 1]);
+      return op.guarded ? jnp::pad(x, widths, "edge") : jnp::pad(x, widths, "constant", Array(0.25));
+    }
+    case Kind::Tile: return jnp::tile(x, op.ints);
+    case Kind::BroadcastTo: return jnp::broadcast_to(x, Shape(op.ints));
+    case Kind::TakeAlongArgmax:
+      return jnp::take_along_axis(x, jnp::argmax(pool[size_t(op.args[1])], *op.axis, true), *op.axis);
+    case Kind::AtSet: return x.at(index_array(op)).set(pool[size_t(op.args[1])]);
+    case Kind::AtMul: return x.at(index_array(op)).multiply(pool[size_t(op.args[1])]);
+    case Kind::Cumprod: return jnp::cumprod(x, *op.axis);
+    case Kind::Cummax: return lax::cummax(x, *op.axis, op.guarded);
+    case Kind::TopK: return lax::top_k(x, int64_t(*op.constant)).first;
+    case Kind::DynamicSlice:
+      return lax::dynamic_slice_in_dim(x, Array(int(*op.constant)), op.ints[0], *op.axis);
+    case Kind::Split: return jnp::split(x, 2, *op.axis)[size_t(op.ints[0])];
+    case Kind::Cond: {
+      const Array& a = pool[size_t(op.args[1])];
+      const Array& b = pool[size_t(op.args[2])];
+      return lax::cond(
+          jnp::sum(x) > 0.0, [&](const Array& v) { return jnp::tanh(v) * b; },
+          [&](const Array& v) { return v + b * 0.5 - jnp::cos(b); }, a);
+    }
+    case Kind::Switch: {
+      Array s = jnp::sum(x);
+      Array index = (s > 0.0).astype(i32) * 2 - 1 + (s > 1.0).astype(i32);
+      std::vector<std::function<Array(const Array&)>> branches{
+          [](const Array& v) { return jnp::sin(v); }, [](const Array& v) { return v * jnp::cos(v); },
+          [](const Array& v) { return v * v; }};
+      return lax::switch_(index, branches, pool[size_t(op.args[1])]);
+    }
+    case Kind::ForiLoop: {
+      Array b = op.guarded ? jnp::mean(pool[size_t(op.args[2])]) : pool[size_t(op.args[2])];
+      std::vector<Array> init{x, pool[size_t(op.args[1])]};
+      std::vector<Array> out = lax::fori_loop(
+          0, op.ints[0],
+          [&](const Array& i, const std::vector<Array>& c) {
+            // tanh(b): a large captured factor would make central differences meaningless.
+            Array c0 = c[0] * 0.9 + jnp::sin(c[0]) * jnp::tanh(b) * 0.1 + i * 0.01;
+            Array c1 = c[1] * 0.8 + jnp::mean(c[0]) * 0.1;
+            return std::vector<Array>{c0.astype(c[0].dtype()), c1.astype(c[1].dtype())};
+          },
+          init);
+      return out[size_t(op.ints[1])];
+    }
+    case Kind::Scan: {
+      Array h0 = pool[size_t(op.args[1])];
+      if (op.guarded) h0 = jnp::zeros_like(x[0]) + jnp::mean(h0);
+      auto [h, ys] = lax::scan(
+          [](const Array& hc, const Array& xt) {
+            return std::pair{jnp::tanh(hc * 0.7 + xt).astype(hc.dtype()), hc * xt};
+          }, h0, x,
+          lax::ScanOptions{.reverse = op.guarded2});
+      return op.ints[0] ? ys : h;
     }
     case Kind::Count: break;
   }
@@ -398,7 +494,8 @@ class Generator {
         op.args.push_back(*y);  // x itself always qualifies
         return op;
       }
-      case Kind::Sum: case Kind::Mean: case Kind::Max: case Kind::Logsumexp: {
+      case Kind::Sum: case Kind::Mean: case Kind::Max: case Kind::Logsumexp:
+      case Kind::Min: case Kind::Prod: case Kind::Var: {
         op.keepdims = coin(rng_, 0.3);
         if (nd == 0 || coin(rng_, 0.25)) return op;  // all axes
         for (int a = 0; a < nd; ++a)
@@ -427,7 +524,8 @@ class Generator {
         std::vector<int64_t> ok;
         if (nd >= 1 && sx[0] >= 2) ok.insert(ok.end(), {kFromOne, kStrided});
         if (nd >= 2) ok.push_back(kColumnZero);
-        if (nd >= 1) ok.insert(ok.end(), {kLast, kReverseLast});
+        if (nd >= 1) ok.insert(ok.end(), {kLast, kReverseLast, kNewAxisLast});
+        if (nd >= 1 && sx[0] >= 2) ok.push_back(kGatherRows);
         if (ok.empty()) return std::nullopt;
         op.ints = {ok[size_t(uniform_int(rng_, 0, int64_t(ok.size()) - 1))]};
         return op;
@@ -502,7 +600,100 @@ class Generator {
         }
         return op;
       }
-      default: return op;  // unary elementwise
+      case Kind::Flip: case Kind::Cumprod: case Kind::Cummax: case Kind::Split: case Kind::DynamicSlice: {
+        if (nd == 0) return op.kind == Kind::Flip ? std::optional<Op>(op) : std::nullopt;
+        op.axis = random_axis(nd);
+        int64_t dim = sx[size_t(*op.axis < 0 ? *op.axis + nd : *op.axis)];
+        op.guarded = coin(rng_, 0.3);  // cummax: reverse
+        if (op.kind == Kind::Flip && coin(rng_, 0.3)) op.axis.reset();
+        if (op.kind == Kind::Split) {
+          if (dim % 2) return std::nullopt;
+          op.ints = {uniform_int(rng_, 0, 1)};
+        }
+        if (op.kind == Kind::DynamicSlice) {  // the start may overhang: it is clamped
+          op.ints = {uniform_int(rng_, 1, dim)};
+          op.constant = double(uniform_int(rng_, 0, dim));
+        }
+        return op;
+      }
+      case Kind::Roll:
+        op.constant = double(uniform_int(rng_, -3, 3));
+        if (nd >= 1 && coin(rng_, 0.7)) op.axis = random_axis(nd);
+        return op;
+      case Kind::Pad:
+        for (int a = 0; a < 2 * nd; ++a) op.ints.push_back(uniform_int(rng_, 0, 2));
+        op.guarded = coin(rng_, 0.4);  // edge mode
+        return op;
+      case Kind::Tile: {
+        size_t n = size_t(uniform_int(rng_, 1, 2));
+        for (size_t i = 0; i < n; ++i) op.ints.push_back(uniform_int(rng_, 1, 2));
+        return op;
+      }
+      case Kind::BroadcastTo: {
+        Shape target = sx;
+        for (int64_t& d : target)
+          if (d == 1 && coin(rng_, 0.6)) d = uniform_int(rng_, 2, 3);
+        if (coin(rng_, 0.5)) target.insert(target.begin(), 2);
+        op.ints = target;
+        return op;
+      }
+      case Kind::TakeAlongArgmax: {
+        if (nd == 0) return std::nullopt;
+        op.axis = random_axis(nd);
+        auto y = pick_where([&](int v) { return shape(v) == sx; });
+        op.args.push_back(*y);
+        return op;
+      }
+      case Kind::AtSet: case Kind::AtMul: {
+        if (nd == 0) return std::nullopt;
+        int64_t n = uniform_int(rng_, 1, std::min<int64_t>(3, sx[0]));
+        op.index_shape = {n};
+        std::vector<int64_t> rows(static_cast<size_t>(sx[0]));
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
+        std::shuffle(rows.begin(), rows.end(), rng_);
+        // set: unique indices (JAX leaves the winner of duplicates unspecified); mul may repeat.
+        for (int64_t i = 0; i < n; ++i)
+          op.ints.push_back(op.kind == Kind::AtSet ? rows[size_t(i)] : uniform_int(rng_, 0, sx[0] - 1));
+        Shape target = op.index_shape;
+        target.insert(target.end(), sx.begin() + 1, sx.end());
+        auto u = pick_where([&](int v) {
+          auto b = broadcast(target, shape(v));
+          return b && *b == target;
+        });
+        if (!u) return std::nullopt;
+        op.args.push_back(*u);
+        return op;
+      }
+      case Kind::TopK:
+        if (nd == 0) return std::nullopt;
+        op.constant = double(uniform_int(rng_, 1, sx.back()));
+        return op;
+      case Kind::Cond: case Kind::Switch: {
+        int a = pick();
+        op.args.push_back(a);
+        if (op.kind == Kind::Cond) op.args.push_back(*pick_where([&](int v) { return broadcast(shape(a), shape(v)).has_value(); }));
+        return op;
+      }
+      case Kind::ForiLoop: {
+        op.args.push_back(pick());
+        int b = pick();
+        auto joint = broadcast(sx, shape(b));
+        op.guarded = !joint || *joint != sx;  // the captured value must keep c0's shape
+        op.args.push_back(b);
+        op.ints = {uniform_int(rng_, 0, 4), uniform_int(rng_, 0, 1)};
+        return op;
+      }
+      case Kind::Scan: {
+        if (nd == 0) return std::nullopt;
+        Shape step(sx.begin() + 1, sx.end());
+        auto h = pick_where([&](int v) { return shape(v) == step; });
+        op.guarded = !h;  // no value of the carry's shape: start from the mean of one
+        op.args.push_back(h ? *h : pick());
+        op.guarded2 = coin(rng_, 0.3);
+        op.ints = {uniform_int(rng_, 0, 1)};
+        return op;
+      }
+      default: return op;  // unary elementwise, clip
     }
   }
 
@@ -568,13 +759,26 @@ class Generator {
             return min_abs(arg(p, 0) - y) > kMargin;
           });
         case Kind::Where: return all([&](auto& p) { return min_abs(arg(p, 0)) > kMargin; });
-        case Kind::Max: {
+        case Kind::Max: case Kind::Min: {
           std::vector<int64_t> axes = op.ints;
           if (axes.empty())
             for (int a = 0; a < arg(pools_[0], 0).ndim(); ++a) axes.push_back(a);
-          return all([&](auto& p) { return tie_gap(arg(p, 0), axes, false) > kMargin; });
+          double sign = op.kind == Kind::Max ? 1.0 : -1.0;
+          return all([&](auto& p) { return tie_gap(arg(p, 0) * sign, axes, false) > kMargin; });
         }
-        case Kind::Sort: return all([&](auto& p) { return tie_gap(arg(p, 0), {*op.axis}, true) > kMargin; });
+        case Kind::Sort: case Kind::Cummax:
+          return all([&](auto& p) { return tie_gap(arg(p, 0), {*op.axis}, true) > kMargin; });
+        case Kind::TopK: return all([&](auto& p) { return tie_gap(arg(p, 0), {-1}, true) > kMargin; });
+        case Kind::TakeAlongArgmax:
+          return all([&](auto& p) { return tie_gap(arg(p, 1), {*op.axis}, false) > kMargin; });
+        case Kind::Cond: return all([&](auto& p) { return min_abs(jnp::sum(arg(p, 0))) > kMargin; });
+        case Kind::Switch:
+          return all([&](auto& p) {
+            Array sum = jnp::sum(arg(p, 0));
+            return min_abs(sum) > kMargin && min_abs(sum - 1.0) > kMargin;
+          });
+        case Kind::Clip:
+          return all([&](auto& p) { return min_abs(arg(p, 0) + 0.5) > kMargin && min_abs(arg(p, 0) - 0.8) > kMargin; });
         default: break;
       }
     } catch (const std::exception&) {

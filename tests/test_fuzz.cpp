@@ -150,7 +150,7 @@ TEST_CASE("differential fuzz: eager == jit == vmap(jit), grad(eager) == grad(jit
       g = fuzz::generate(seed, index);
     } catch (const std::exception& e) {
       ++failed;
-      FAIL_CHECK("generating program " << index << " of seed " << seed << " failed:\n" << e.what());
+      FAIL_CHECK("generating program " << index << " of seed " << seed << " failed:\n" << std::string(e.what()));
       continue;
     }
     if (only) MESSAGE(g.program.str());
