@@ -77,9 +77,11 @@ struct Program {
   uint64_t seed = 0;
   int index = 0;
   std::vector<AbstractValue> inputs;
-  std::vector<bool> batched;  // per input: mapped by vmap (else shared by the three examples)
+  std::vector<bool> batched;     // per input: mapped by vmap (else shared by the three examples)
+  std::vector<int> batch_axis;   // per batched input: where vmap finds the examples (may be negative)
   std::vector<Op> ops;
-  std::vector<int> outputs;   // pool indices
+  std::vector<int> outputs;      // pool indices
+  std::vector<int> out_axis;     // per output: where vmap puts the examples (0 or -1)
 
   bool all_f64() const {
     return std::all_of(inputs.begin(), inputs.end(), [](const AbstractValue& a) { return a.dtype == f64; });
@@ -93,10 +95,11 @@ struct Program {
     os << "program " << index << " of seed " << seed << " (reproduce: CJAX_FUZZ_SEED=" << seed
        << " CJAX_FUZZ_ONLY=" << index << ")\n";
     for (size_t i = 0; i < inputs.size(); ++i)
-      os << "  v" << i << " = input " << inputs[i].str() << (batched[i] ? "" : " (unbatched)") << "\n";
+      os << "  v" << i << " = input " << inputs[i].str()
+         << (batched[i] ? " (vmap in_axis " + std::to_string(batch_axis[i]) + ")" : " (unbatched)") << "\n";
     for (size_t k = 0; k < ops.size(); ++k) os << "  v" << inputs.size() + k << " = " << op_str(ops[k]) << "\n";
     os << "  outputs:";
-    for (int o : outputs) os << " v" << o;
+    for (size_t k = 0; k < outputs.size(); ++k) os << " v" << outputs[k] << " (vmap out_axis " << out_axis[k] << ")";
     return os.str();
   }
 
@@ -424,6 +427,7 @@ class Generator {
     for (size_t v = prog_.inputs.size(); v < used.size(); ++v)
       if (!used[v]) prog_.outputs.push_back(int(v));
     if (prog_.outputs.empty()) prog_.outputs.push_back(int(used.size()) - 1);
+    for (size_t k = 0; k < prog_.outputs.size(); ++k) prog_.out_axis.push_back(coin(rng_, 0.7) ? 0 : -1);
     return {prog_, inputs_};
   }
 
@@ -443,6 +447,8 @@ class Generator {
       aval.dtype = dt;
       prog_.inputs.push_back(aval);
       prog_.batched.push_back(batched);
+      int axis = int(uniform_int(rng_, 0, int64_t(s.size())));
+      prog_.batch_axis.push_back(coin(rng_, 0.6) ? 0 : coin(rng_, 0.5) ? axis : axis - int(s.size()) - 1);
       for (int e = 0; e < 3; ++e) {
         if (!batched && e > 0) {
           inputs_[size_t(e)].push_back(inputs_[0].back());
