@@ -56,7 +56,7 @@ const PrimitiveDef& parser_test_call() {
       [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
         return eval_jaxpr(*p.object<JaxprParam>("jaxpr")->jaxpr, {}, in);
       },
-      std::nullopt});
+      std::nullopt, {}});
   return def;
 }
 Array call(const Array& x, std::shared_ptr<const Jaxpr> j, const char* name = nullptr) {

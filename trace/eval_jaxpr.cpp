@@ -127,8 +127,15 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
     }
     for (const auto& [name, val] : e.params.items())
       if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val))
+      {
         if (auto* jp = dynamic_cast<const JaxprParam*>(obj->get()); jp && jp->jaxpr)
           check_rec(*jp->jaxpr, fmt::format("{} (in param {} of equation {} `{}`)", where, name, k, eqn_str(e)));
+        if (auto* jl = dynamic_cast<const JaxprListParam*>(obj->get()))
+          for (size_t b = 0; b < jl->jaxprs.size(); ++b)
+            if (jl->jaxprs[b])
+              check_rec(*jl->jaxprs[b],
+                        fmt::format("{} (in param {}[{}] of equation {} `{}`)", where, name, b, k, eqn_str(e)));
+      }
     std::vector<AbstractValue> want;
     try {
       want = e.primitive->abstract_eval(std::span<const Array>(ins), e.params);
