@@ -6,6 +6,7 @@
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr.h"
 #include "trace/jaxpr_parser.h"
+#include "trace/source_info.h"
 
 using namespace cjax;
 using namespace cjax::testing;
@@ -100,4 +101,21 @@ TEST_CASE("jit inside grad, grad inside jit, vmap of jit: texts round-trip") {
   round_trip(make_jaxpr(grad([&](const Array& v) { return jnp::sum(f(v)); }))(x), {x});
   round_trip(make_jaxpr(vmap(f))(x), {x});
   round_trip(make_jaxpr(jit(grad([](const Array& v) { return jnp::sum(jnp::tanh(v)); }), {.name = "g"}))(x), {x});
+}
+
+TEST_CASE("equations record where they were traced") {
+  // (A body of its own: GCC folds identical lambdas, and the location is the folded one's.)
+  auto f = [](const Array& x) {
+    Array y = lax::sin(x);  // the line below is what the mul equation reports
+    return lax::mul(y, lax::cos(x));
+  };
+  int mul_line = __LINE__ - 2;
+  ClosedJaxpr cj = make_jaxpr(f)(jnp::array({1.f, 2.f}));
+  std::string with = cj.pretty_print(80, true);
+  CHECK(with.find("mul b c  # test_golden_transforms.cpp:" + std::to_string(mul_line)) != std::string::npos);
+  CHECK(with.find("sin a  # test_golden_transforms.cpp:" + std::to_string(mul_line - 1)) != std::string::npos);
+  CHECK(text(cj).find('#') == std::string::npos);  // not printed by default, as in JAX
+  config::set_capture_source_info(false);
+  CHECK(make_jaxpr(f)(jnp::array({1.f})).pretty_print(80, true).find('#') == std::string::npos);
+  config::set_capture_source_info(true);
 }

@@ -110,7 +110,10 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
   const auto& eqns = jaxpr.eqns();
   for (size_t k = 0; k < eqns.size(); ++k) {
     const JaxprEqn& e = eqns[k];
-    auto ctx = [&] { return fmt::format("equation {} `{}`", k, eqn_str(e)); };
+    auto ctx = [&] {
+      std::string at = e.source_info ? e.source_info->str() : "";
+      return fmt::format("equation {} `{}`{}", k, eqn_str(e), at.empty() ? "" : " (traced at " + at + ")");
+    };
     if (!e.primitive) throw Error(fmt::format("check_jaxpr{}: equation {} has no primitive", where, k));
     std::vector<Array> ins;
     for (size_t i = 0; i < e.inputs.size(); ++i) {

@@ -191,6 +191,7 @@ std::string encode_digits_alphabetic(int64_t n) {
 
 // JAX's JaxprPpContext: names are handed out on first use while the document is built.
 struct Context {
+  bool source_info = false;
   std::unordered_map<const void*, std::string> names;
   std::unordered_map<const Jaxpr*, std::string> shared_jaxprs;
   std::set<std::string> shared_names;
@@ -271,6 +272,8 @@ DocP pp_eqn(const JaxprEqn& e, Context& ctx) {
   DocP name = text(e.primitive->name);
   DocP params = pp_kv_pairs(e.params, *e.primitive, ctx);
   DocP rhs = concat({text(" "), pp_vars(e.inputs, ctx, "", false)});
+  if (ctx.source_info && e.source_info && !e.source_info->str().empty())
+    rhs = concat({rhs, text("  # " + e.source_info->str())});
   if (e.outputs.empty()) return concat({name, params, rhs});
   return concat({lhs, text(" = "), name, params, rhs});
 }
@@ -295,8 +298,9 @@ DocP pp_jaxpr(const Jaxpr& j, Context& ctx) {
 
 // JAX's pp_toplevel_jaxpr: unused equation outputs print as `_`; sub-jaxprs used more than once
 // (or with more than 10 equations) are hoisted into `let name = { ... } in` before the jaxpr.
-std::string pp_toplevel(const Jaxpr& top, int width) {
+std::string pp_toplevel(const Jaxpr& top, int width, bool source_info) {
   Context ctx;
+  ctx.source_info = source_info;
   {  // _dropvars
     std::unordered_set<const void*> used;
     for (const Atom& a : top.outvars())
@@ -361,7 +365,7 @@ std::string pp_toplevel(const Jaxpr& top, int width) {
 
 }  // namespace
 
-std::string Jaxpr::pretty_print(int width) const { return pp_toplevel(*this, width); }
+std::string Jaxpr::pretty_print(int width, bool source_info) const { return pp_toplevel(*this, width, source_info); }
 
 std::string JaxprListParam::str() const {
   std::string s = "(";
@@ -375,9 +379,9 @@ size_t JaxprListParam::hash() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const Jaxpr& j) { return os << j.pretty_print(); }
-std::string ClosedJaxpr::pretty_print(int width) const {
+std::string ClosedJaxpr::pretty_print(int width, bool source_info) const {
   if (!jaxpr) throw ValueError("ClosedJaxpr::pretty_print: this ClosedJaxpr is empty (default-constructed)");
-  return jaxpr->pretty_print(width);
+  return jaxpr->pretty_print(width, source_info);
 }
 std::vector<AbstractValue> ClosedJaxpr::in_avals() const { return jaxpr->in_avals(); }
 std::vector<AbstractValue> ClosedJaxpr::out_avals() const { return jaxpr->out_avals(); }

@@ -19,6 +19,7 @@
 
 #include "cjax/make_jaxpr.h"  // ClosedJaxpr
 #include "core/primitive.h"
+#include "trace/source_info.h"
 
 namespace cjax {
 
@@ -59,7 +60,8 @@ struct JaxprEqn {
   std::vector<Atom> inputs;
   std::vector<Var> outputs;
   Params params;
-  std::string source_info;  // "file:line" where known (not printed: JAX prints it only on request)
+  // The user's call site (trace/source_info.h); printed only on request, as in JAX.
+  std::shared_ptr<const SourceInfo> source_info;
 };
 
 class Jaxpr {
@@ -72,8 +74,9 @@ class Jaxpr {
   const std::vector<Atom>& outvars() const { return outvars_; }
   std::vector<AbstractValue> in_avals() const;
   std::vector<AbstractValue> out_avals() const;
-  // JAX's text (str(jaxpr)); `width` is the line width of the layout, 80 as in JAX.
-  std::string pretty_print(int width = 80) const;
+  // JAX's text (str(jaxpr)); `width` is the line width of the layout, 80 as in JAX. With
+  // `source_info` each equation ends with `  # file:line (function)` (JAX's print_source_info).
+  std::string pretty_print(int width = 80, bool source_info = false) const;
 
  private:
   std::vector<Var> constvars_, invars_;

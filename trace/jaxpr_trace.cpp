@@ -165,6 +165,7 @@ std::vector<Array> JaxprTrace::stage(const PrimitiveDef& def, std::span<const Ar
     outs.emplace_back(std::make_shared<JaxprTracer>(std::move(v), this, state_));
   }
   eqn.params = params;
+  eqn.source_info = SourceInfo::capture();
   state_->eqns.push_back(std::move(eqn));
   return outs;
 }

@@ -41,8 +41,9 @@ struct ClosedJaxpr {
   const Jaxpr* operator->() const { return jaxpr.get(); }
   std::vector<AbstractValue> in_avals() const;
   std::vector<AbstractValue> out_avals() const;
-  // JAX's text (str(closed_jaxpr)), laid out at `width` columns (80, as JAX).
-  std::string pretty_print(int width = 80) const;
+  // JAX's text (str(closed_jaxpr)), laid out at `width` columns (80, as JAX); with
+  // `source_info`, each equation ends with `  # file:line (function)` where it was traced.
+  std::string pretty_print(int width = 80, bool source_info = false) const;
   std::string str() const { return pretty_print(); }
 };
 std::ostream& operator<<(std::ostream&, const ClosedJaxpr&);

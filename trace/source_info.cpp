@@ -1,0 +1,79 @@
+#include "trace/source_info.h"
+
+#include <execinfo.h>
+
+#include <atomic>
+#include <cstring>
+
+#ifdef CJAX_HAVE_LIBBACKTRACE
+#include <backtrace.h>
+#endif
+
+namespace cjax {
+
+namespace config {
+namespace {
+std::atomic<bool> g_capture{true};
+}
+void set_capture_source_info(bool enabled) { g_capture = enabled; }
+bool capture_source_info() { return g_capture; }
+}  // namespace config
+
+std::shared_ptr<const SourceInfo> SourceInfo::capture() {
+  if (!config::capture_source_info()) return nullptr;
+  void* frames[48];
+  int n = ::backtrace(frames, 48);
+  auto s = std::make_shared<SourceInfo>();
+  s->pcs_.reserve(size_t(n));
+  for (int i = 1; i < n; ++i) s->pcs_.push_back(reinterpret_cast<uintptr_t>(frames[i]));
+  return s;
+}
+
+namespace {
+#ifdef CJAX_HAVE_LIBBACKTRACE
+backtrace_state* state() {
+  static backtrace_state* s = backtrace_create_state(nullptr, /*threaded=*/1, nullptr, nullptr);
+  return s;
+}
+bool is_internal(const char* file) {
+  static const std::string src = std::string(CJAX_SOURCE_DIR) + "/";
+  std::string f(file);
+  if (f.rfind(src, 0) == 0) {
+    std::string rel = f.substr(src.size());
+    // cjax's own layers; tests/samples/bench are user code.
+    for (const char* dir : {"core/", "trace/", "autodiff/", "jit/", "backends/", "include/"})
+      if (rel.rfind(dir, 0) == 0) return true;
+    return false;
+  }
+  return f.rfind("/usr/include/", 0) == 0 || f.rfind("/usr/lib/", 0) == 0;
+}
+#endif
+}  // namespace
+
+const std::string& SourceInfo::str() const {
+  std::call_once(once_, [this] {
+#ifdef CJAX_HAVE_LIBBACKTRACE
+    struct Ctx {
+      std::string* out;
+    } ctx{&text_};
+    for (uintptr_t pc : pcs_) {
+      // Return addresses point after the call: look up pc - 1 to land on the call's line.
+      backtrace_pcinfo(
+          state(), pc - 1,
+          [](void* data, uintptr_t, const char* file, int line, const char* fn) -> int {
+            auto* c = static_cast<Ctx*>(data);
+            if (!file || is_internal(file)) return 0;
+            const char* base = std::strrchr(file, '/');
+            *c->out = std::string(base ? base + 1 : file) + ":" + std::to_string(line);
+            if (fn) *c->out += std::string(" (") + fn + ")";
+            return 1;
+          },
+          [](void*, const char*, int) {}, &ctx);
+      if (!text_.empty()) break;
+    }
+#endif
+  });
+  return text_;
+}
+
+}  // namespace cjax

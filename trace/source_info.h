@@ -1,0 +1,34 @@
+// Where a traced equation came from (JAX's eqn.source_info): the user's call site, found by
+// walking the stack past cjax's own frames. Capturing stores raw return addresses (about a
+// microsecond); turning them into "file:line (function)" reads DWARF debug info with GCC's
+// libbacktrace and happens only when the text is asked for (printing with source info, errors).
+// Frames in cjax's sources and in system headers are skipped. Without debug info (or without
+// libbacktrace at build time) str() is "".
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace cjax {
+
+class SourceInfo {
+ public:
+  // The current call stack, or null when capturing is off (config::set_capture_source_info).
+  static std::shared_ptr<const SourceInfo> capture();
+  // "file.cpp:12 (function)" of the first frame outside cjax, or "".
+  const std::string& str() const;
+
+ private:
+  std::vector<uintptr_t> pcs_;
+  mutable std::once_flag once_;
+  mutable std::string text_;
+};
+
+namespace config {
+void set_capture_source_info(bool enabled);  // default: on
+bool capture_source_info();
+}  // namespace config
+
+}  // namespace cjax
