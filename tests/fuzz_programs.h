@@ -40,7 +40,7 @@ enum class Kind {
   Dot, Matmul, Einsum, Where, Softmax, LogSoftmax, Logsumexp, Cumsum, Sort, Take, AtAdd,
   Min, Prod, Var, Clip, Flip, Roll, Pad, Tile, BroadcastTo, TakeAlongArgmax, AtSet, AtMul, Cumprod, Cummax,
   TopK, DynamicSlice, Split,
-  Cond, Switch, ForiLoop, Scan,
+  Cond, Switch, ForiLoop, Scan, Astype,
   Count
 };
 
@@ -52,7 +52,7 @@ inline const char* kind_name(Kind k) {
                                 "log_softmax", "logsumexp", "cumsum", "sort", "take", "at_add", "min", "prod",
                                 "var", "clip", "flip", "roll", "pad", "tile", "broadcast_to",
                                 "take_along_axis(argmax)", "at_set", "at_mul", "cumprod", "cummax", "top_k",
-                                "dynamic_slice", "split", "cond", "switch", "fori_loop", "scan"};
+                                "dynamic_slice", "split", "cond", "switch", "fori_loop", "scan", "astype"};
   static_assert(sizeof(names) / sizeof(names[0]) == size_t(Kind::Count));
   return names[size_t(k)];
 }
@@ -83,12 +83,12 @@ struct Program {
   std::vector<int> outputs;      // pool indices
   std::vector<int> out_axis;     // per output: where vmap puts the examples (0 or -1)
 
-  bool all_f64() const {
-    return std::all_of(inputs.begin(), inputs.end(), [](const AbstractValue& a) { return a.dtype == f64; });
-  }
+  // Whether some value is f32 (an f32 input or a cast to f32): f32 tolerances, no check_grads.
   bool any_f32() const {
-    return std::any_of(inputs.begin(), inputs.end(), [](const AbstractValue& a) { return a.dtype == f32; });
+    return std::any_of(inputs.begin(), inputs.end(), [](const AbstractValue& a) { return a.dtype == f32; }) ||
+           std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.kind == Kind::Astype && op.ints[0] == 0; });
   }
+  bool all_f64() const { return !any_f32(); }
 
   std::string str() const {
     std::ostringstream os;
@@ -143,6 +143,8 @@ struct Program {
       list(op.ints);
       os << " shape=";
       list(op.index_shape);
+    } else if (op.kind == Kind::Astype) {
+      os << " to " << (op.ints[0] == 0 ? "f32" : "f64");
     } else if (!op.ints.empty() && op.kind != Kind::ForiLoop && op.kind != Kind::Scan) {
       os << " ";
       list(op.ints);
@@ -305,6 +307,7 @@ inline Array apply_op(const Op& op, const std::vector<Array>& pool) {
           lax::ScanOptions{.reverse = op.guarded2});
       return op.ints[0] ? ys : h;
     }
+    case Kind::Astype: return x.astype(op.ints[0] == 0 ? f32 : f64);
     case Kind::Count: break;
   }
   throw ValueError("fuzz: unknown op kind");
@@ -478,6 +481,12 @@ class Generator {
     if (ok(num_values() - 1) && coin(rng_, 0.4)) return num_values() - 1;
     return candidates[size_t(uniform_int(rng_, 0, int64_t(candidates.size()) - 1))];
   }
+  std::optional<int> pick_broadcastable_to(const Shape& target) {
+    return pick_where([&](int v) {
+      auto b = broadcast(target, shape(v));
+      return b && *b == target;
+    });
+  }
   int64_t random_axis(int nd) { return uniform_int(rng_, -nd, nd - 1); }
 
   std::optional<Op> propose(Kind k) {
@@ -594,10 +603,7 @@ class Generator {
         for (int64_t i = 0; i < op.index_shape[0]; ++i) op.ints.push_back(uniform_int(rng_, 0, sx[0] - 1));
         Shape target = op.index_shape;
         target.insert(target.end(), sx.begin() + 1, sx.end());
-        auto u = pick_where([&](int v) {
-          auto b = broadcast(target, shape(v));
-          return b && *b == target;
-        });
+        auto u = pick_broadcastable_to(target);
         if (u) {
           op.args.push_back(*u);
         } else {
@@ -662,10 +668,7 @@ class Generator {
           op.ints.push_back(op.kind == Kind::AtSet ? rows[size_t(i)] : uniform_int(rng_, 0, sx[0] - 1));
         Shape target = op.index_shape;
         target.insert(target.end(), sx.begin() + 1, sx.end());
-        auto u = pick_where([&](int v) {
-          auto b = broadcast(target, shape(v));
-          return b && *b == target;
-        });
+        auto u = pick_broadcastable_to(target);
         if (!u) return std::nullopt;
         op.args.push_back(*u);
         return op;
@@ -699,6 +702,9 @@ class Generator {
         op.ints = {uniform_int(rng_, 0, 1)};
         return op;
       }
+      case Kind::Astype:
+        op.ints = {pools_[0][size_t(x)].dtype() == f64 ? 0 : 1};  // the other float type
+        return op;
       default: return op;  // unary elementwise, clip
     }
   }
