@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "cjax/sharding.h"
 #include "core/array_impl.h"
 #include "core/visit_dtype.h"
 
@@ -42,7 +43,7 @@ Array make_uninitialized(AbstractValue aval, Device device) {
 Array make_view(const Array& base, AbstractValue aval) {
   auto* c = concrete(base);
   auto impl = std::make_shared<ConcreteArray>(std::move(aval), c->buffer());
-  impl->sharding = c->sharding;
+  if (c->buffers.size() == 1) impl->sharding = c->sharding;  // a view of one replica is unsharded
   return Array(std::move(impl));
 }
 Array make_from_host(const void* data, AbstractValue aval, Device device) {
@@ -134,10 +135,9 @@ void raise_deleted(std::string_view what) {
 template <class T> std::vector<T> Array::to_vector() const {
   ConcreteArray& c = require_concrete(*this, "to_vector()");
   block_until_ready();
+  if (c.buffers.size() != 1) return device_put(*this, SingleDeviceSharding(c.device())).to_vector<T>();
   int64_t n = size();
   std::vector<T> out(static_cast<size_t>(n));
-  if (c.buffers.size() != 1)
-    throw ShardingError("to_vector() of a sharded array: gather it to one device first (device_put)");
   visit_dtype(dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
     const S* src = static_cast<const S*>(c.buffer()->data());
@@ -197,8 +197,17 @@ const Sharding& Array::sharding() const {
 }
 std::vector<Shard> Array::addressable_shards() const {
   ConcreteArray& c = require_concrete(*this, "addressable_shards()");
-  std::vector<Slice> idx(static_cast<size_t>(ndim()), Slice());
-  return {Shard{c.device(), idx, *this}};
+  auto* ns = dynamic_cast<const NamedSharding*>(c.sharding.get());
+  if (!ns || int64_t(c.buffers.size()) != ns->mesh().size()) {
+    std::vector<Slice> idx(static_cast<size_t>(ndim()), Slice());
+    return {Shard{c.device(), idx, *this}};
+  }
+  std::vector<std::vector<Slice>> indices = ns->devices_indices(shape());
+  AbstractValue block{ns->shard_shape(shape()), dtype(), weak_type(), {}};
+  std::vector<Shard> out;
+  for (size_t k = 0; k < c.buffers.size(); ++k)
+    out.push_back(Shard{c.buffers[k]->device(), indices[k], Array(std::make_shared<ConcreteArray>(block, c.buffers[k]))});
+  return out;
 }
 // Eager execution is synchronous: a concrete array is always ready. The async runtime (compiler
 // issue) adds a ready event to buffers and waits on it here.

@@ -16,3 +16,4 @@
 #include "cjax/vmap.h"
 #include "cjax/jit.h"
 #include "cjax/control_flow.h"
+#include "cjax/sharding.h"
