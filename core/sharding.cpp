@@ -203,6 +203,15 @@ bool is_fully_replicated(const Sharding& s) {
   return dynamic_cast<const SingleDeviceSharding*>(&s) != nullptr;
 }
 
+void require_one_copy(const Array& x, std::string_view what) {
+  auto* c = concrete(x);
+  if (!c || c->buffers.size() <= 1 || (c->sharding && is_fully_replicated(*c->sharding))) return;
+  throw ShardingError(fmt::format(
+      "{}: eager ops on sharded arrays are not supported yet (an array of shape {} with sharding {}): device_put "
+      "it to one device first, or use shard_map/jit",
+      what, shape_str(x.shape()), c->sharding ? c->sharding->str() : "<none>"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // device_put
 

@@ -45,12 +45,7 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
     if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
     auto* c = static_cast<ConcreteArray*>(a.impl());
     if (c->buffers.empty()) raise_deleted(fmt::format("'{}'", def.name));
-    // Kernels read buffers[0]: only a fully replicated multi-buffer array may be used as is.
-    if (c->buffers.size() > 1 && !(c->sharding && is_fully_replicated(*c->sharding)))
-      throw ShardingError(fmt::format(
-          "'{}': eager ops on sharded arrays are not supported yet (input {} of shape {} has sharding {}): "
-          "device_put it to one device first, or use shard_map/jit",
-          def.name, &a - inputs.data(), shape_str(a.shape()), c->sharding ? c->sharding->str() : "<none>"));
+    if (c->buffers.size() > 1) require_one_copy(a, fmt::format("'{}' input {}", def.name, &a - inputs.data()));
   }
   std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));

@@ -114,6 +114,10 @@ class NamedSharding : public Sharding {
 
 // True for SingleDeviceSharding and for a NamedSharding that splits nothing.
 bool is_fully_replicated(const Sharding&);
+// Kernels read one buffer: raises ShardingError when `x` holds several buffers that are not copies
+// of one value (a fully replicated array may be read from its first copy). `what` names the use,
+// e.g. "'add' input 0"; for eager dispatch and for any other path that runs kernels (jit).
+void require_one_copy(const Array& x, std::string_view what);
 
 // Places `x` as `sharding` says: one buffer per device of a NamedSharding's mesh (each holding its
 // block), or one buffer on a SingleDeviceSharding's device (assembling a sharded array).
