@@ -131,6 +131,8 @@ TEST_CASE("device_put round trips over meshes and specs") {
   Array x = idx_array({8, 4}, f32);
   Array y = device_put(device_put(x, NamedSharding(m, P("i", "j"))), NamedSharding(m, P(None, "i")));
   CHECK(y.sharding().str() == NamedSharding(m, P(None, "i")).str());
+  CHECK(device_put(y, NamedSharding(m, P(None, "i"))).impl() == y.impl());  // already placed: no copy
+  CHECK_ERR(device_put(Array(1.0f), NamedSharding(m, P(None))), ShardingError, "1 entries", "rank 0");
   CHECK(y.to_vector<double>() == x.to_vector<double>());
 }
 
