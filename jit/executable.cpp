@@ -4,6 +4,7 @@
 
 #include <unordered_map>
 
+#include "cjax/sharding.h"
 #include "core/array_impl.h"
 #include "jit/passes.h"
 #include "trace/trace.h"
@@ -69,6 +70,7 @@ std::vector<Array> Executable::run(std::span<const Array> args) const {
     ConcreteArray* c = concrete(args[i]);
     if (!c) throw Error("internal: Executable::run on a non-concrete argument");
     if (c->buffers.empty()) raise_deleted(fmt::format("jit argument {}", i));
+    if (c->buffers.size() > 1) require_one_copy(args[i], fmt::format("jit argument {}", i));
     slots[size_t(in_slots_[i])] = args[i];
   }
   TraceScope scope(eval_trace());

@@ -148,3 +148,10 @@ TEST_CASE("disable_jit runs the function op by op") {
   f(x, x);
   CHECK(g_traces == 3);
 }
+
+TEST_CASE("jit of a sharded argument raises instead of reading one shard") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  Array x = device_put(jnp::arange(8).astype(f32), NamedSharding(mesh, P("i")));
+  auto f = jit([](const Array& a) { return lax::mul(a, make_scalar(2, f32)); });
+  CHECK_ERR(f(x), ShardingError, "jit argument 0", "not supported yet");
+}
