@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cjax/array.h"
+#include "cjax/make_jaxpr.h"
 #include "cjax/tree.h"
 
 namespace cjax {
@@ -146,16 +147,8 @@ std::string last_cache_miss(const JitCache& cache);
 std::string lowered_text(const Compiled& c);  // the optimized jaxpr's text
 bool jit_disabled();
 
-template <class A> decltype(auto) rebuild(const A& a, const std::vector<Array>& xs, size_t& pos) {
-  if constexpr (is_tree_v<A>) {
-    size_t n = tree::structure(a).num_leaves();
-    std::vector<Array> mine(xs.begin() + std::ptrdiff_t(pos), xs.begin() + std::ptrdiff_t(pos + n));
-    pos += n;
-    return tree::unflatten(a, mine);
-  } else {
-    return static_cast<const A&>(a);
-  }
-}
+// Arguments rebuilt from flat tracers: one rebuild for make_jaxpr, jit and vmap.
+using jaxpr_detail::rebuild;
 
 }  // namespace jit_detail
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cjax/array.h"
+#include "cjax/make_jaxpr.h"
 #include "cjax/tree.h"
 
 namespace cjax {
@@ -64,16 +65,8 @@ template <class A> void flatten_arg(const A& a, const AxisSpec& spec, size_t ind
     spec.flatten(TreeDef::none(), what, none);  // raises unless the spec is None
   }
 }
-template <class A> decltype(auto) rebuild(const A& a, const std::vector<Array>& xs, size_t& pos) {
-  if constexpr (is_tree_v<A>) {
-    size_t n = tree::structure(a).num_leaves();
-    std::vector<Array> mine(xs.begin() + std::ptrdiff_t(pos), xs.begin() + std::ptrdiff_t(pos + n));
-    pos += n;
-    return tree::unflatten(a, mine);
-  } else {
-    return static_cast<const A&>(a);
-  }
-}
+// Arguments rebuilt from flat tracers: one rebuild for make_jaxpr, jit and vmap.
+using jaxpr_detail::rebuild;
 void check_in_axes_arity(const AxisSpec& in_axes, size_t num_args);
 }  // namespace vmap_detail
 
