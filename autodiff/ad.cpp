@@ -34,19 +34,22 @@ Array JVPTrace::make_tracer(Array primal, Array tangent) {
 }
 
 std::pair<Array, Array> JVPTrace::unpack(const Array& x, const PrimitiveDef* def) const {
-  if (auto* t = dynamic_cast<JVPTracer*>(x.impl())) {
-    if (t->trace == this && t->is_live()) return {t->primal, t->tangent};
-    if (!is_ancestor_of(*t, *this)) {
-      if (def) raise_escaped_tracer(x, *def);
-      throw EscapedTracerError(fmt::format(
-          "a value of type {} from a finished differentiation was returned; a tracer escaped its trace "
-          "(for example it was stored in a global or captured by a lambda that outlived grad/jvp)",
-          x.aval().str()));
-    }
-  } else if (auto* t2 = dynamic_cast<Tracer*>(x.impl()); t2 && !is_ancestor_of(*t2, *this)) {
-    if (def) raise_escaped_tracer(x, *def);
-  }
-  return {x, Array()};
+  auto* t = dynamic_cast<Tracer*>(x.impl());
+  if (!t) return {x, Array()};
+  if (auto* jt = dynamic_cast<JVPTracer*>(t); jt && jt->trace == this && jt->is_live()) return {jt->primal, jt->tangent};
+  if (is_ancestor_of(*t, *this)) return {x, Array()};
+  if (def) raise_escaped_tracer(x, *def);
+  throw EscapedTracerError(fmt::format(
+      "a value of type {} from a finished transformation was returned from a differentiated function; a tracer "
+      "escaped its trace (for example it was stored in a global or captured by a lambda that outlived grad/jvp).{}",
+      x.aval().str(), tracer_origin(x)));
+}
+
+std::string JVPTracer::created_at() const {
+  for (const Array* a : {&primal, &tangent})
+    if (auto* t = a->defined() ? dynamic_cast<const Tracer*>(a->impl()) : nullptr)
+      if (std::string s = t->created_at(); !s.empty()) return s;
+  return "";
 }
 
 std::vector<Array> JVPTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,

@@ -32,6 +32,7 @@ class JVPTracer final : public Tracer {
   bool is_live() const override { return !*ended_; }
   Array concrete_value() const override;
   std::string provenance() const override;
+  std::string created_at() const override;
   Array primal, tangent;
 
  private:

@@ -51,6 +51,9 @@ class Tracer : public ArrayImpl {
   // For error messages: what this value depends on and under which transformation, e.g.
   // "while tracing 'step' for jit: it depends on argument 1 (leaf ['w'])"; "" if unknown.
   virtual std::string provenance() const { return ""; }
+  // For escaped-tracer errors: "file:line (function)" of the user code that created this value
+  // while tracing, when known; "" otherwise.
+  virtual std::string created_at() const { return ""; }
   Trace* trace;
 };
 

@@ -49,8 +49,11 @@ TEST_CASE("escaped tracers") {
     leaked = lax::sin(x);
     return x;
   };
+  const int leak_line = __LINE__ - 3;
   jit(f)(make_scalar(1, f32));
-  CHECK_ERR(lax::cos(leaked), EscapedTracerError, "escaped");
+  // The message names where the leaked value was made (the `leaked = lax::sin(x)` line).
+  std::string where = "created at test_concretization.cpp:" + std::to_string(leak_line);
+  CHECK_ERR(lax::cos(leaked), EscapedTracerError, "escaped", "'cos'", "f32[]", where.c_str());
   grad([&](const Array& x) {
     leaked = lax::sin(x);
     return x;

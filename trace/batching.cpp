@@ -25,6 +25,11 @@ std::string BatchTracer::provenance() const {
   return s;
 }
 
+std::string BatchTracer::created_at() const {
+  auto* t = dynamic_cast<const Tracer*>(val.impl());
+  return t ? t->created_at() : "";
+}
+
 BatchTrace::BatchTrace(BatchAxis axis) : Trace(current_trace()), axis_(std::move(axis)) {}
 
 Array BatchTrace::make_tracer(Array val, int bdim) {
@@ -38,8 +43,8 @@ std::pair<Array, int> BatchTrace::unpack(const Array& x, const PrimitiveDef* def
     if (def) raise_escaped_tracer(x, *def);
     throw EscapedTracerError(fmt::format(
         "vmap: the function returned a value of type {} from a finished transformation; a tracer escaped "
-        "its trace (for example it was stored in a global or captured by a lambda that outlived it)",
-        x.aval().str()));
+        "its trace (for example it was stored in a global or captured by a lambda that outlived it).{}",
+        x.aval().str(), tracer_origin(x)));
   }
   return {x, kNotMapped};
 }

@@ -17,6 +17,7 @@ class BatchTracer final : public Tracer {
   BatchTracer(Array v, int bdim, Trace* trace, std::shared_ptr<const bool> ended);
   bool is_live() const override { return !*ended_; }
   std::string provenance() const override;
+  std::string created_at() const override;
   Array val;
   int bdim;
 

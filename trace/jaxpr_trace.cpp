@@ -54,7 +54,9 @@ Array JaxprTrace::new_arg(const AbstractValue& aval, std::string name) {
   if (state_->arg_names.size() <= size_t(index)) state_->arg_names.resize(size_t(index) + 1);
   state_->arg_names[size_t(index)] = std::move(name);
   state_->invars.push_back(v);
-  return Array(std::make_shared<JaxprTracer>(std::move(v), this, state_));
+  auto t = std::make_shared<JaxprTracer>(std::move(v), this, state_);
+  t->source = SourceInfo::capture();
+  return Array(std::move(t));
 }
 
 bool check_jaxprs_enabled() {
@@ -99,8 +101,8 @@ Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_ind
     throw EscapedTracerError(fmt::format(
         "make_jaxpr: output {} of the function is an intermediate value of type {} from a finished "
         "transformation. A tracer escaped its trace (for example it was stored in a global or captured by a "
-        "lambda that outlived jit/grad/make_jaxpr); return it from the transformed function instead",
-        out_index, x.aval().str()));
+        "lambda that outlived jit/grad/make_jaxpr); return it from the transformed function instead.{}",
+        out_index, x.aval().str(), tracer_origin(x)));
   }
   throw ValueError(fmt::format(
       "{} received an abstract value {} that has no data and belongs to no trace; pass a concrete Array or "
@@ -166,6 +168,7 @@ std::vector<Array> JaxprTrace::stage(const PrimitiveDef& def, std::span<const Ar
   }
   eqn.params = params;
   eqn.source_info = SourceInfo::capture();
+  for (Array& o : outs) static_cast<JaxprTracer*>(o.impl())->source = eqn.source_info;
   state_->eqns.push_back(std::move(eqn));
   return outs;
 }

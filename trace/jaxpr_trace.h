@@ -14,6 +14,7 @@
 
 #include "core/array_impl.h"
 #include "trace/jaxpr.h"
+#include "trace/source_info.h"
 #include "trace/trace.h"
 
 namespace cjax {
@@ -30,6 +31,8 @@ class JaxprTracer final : public Tracer {
       : Tracer(v.aval(), t), var(std::move(v)), state(std::move(s)) {}
   bool is_live() const override;
   std::string provenance() const override;
+  std::string created_at() const override { return source ? source->str() : ""; }
+  std::shared_ptr<const SourceInfo> source;  // the equation (or traced call) that made it
   Var var;
   // Shared with the trace: outlives it, so a tracer can tell that its trace has ended even if
   // another trace later lives at the same address.

@@ -30,12 +30,18 @@ bool is_ancestor_of(const Tracer& t, const Trace& me) {
   return false;
 }
 
+std::string tracer_origin(const Array& a) {
+  auto* t = dynamic_cast<const Tracer*>(a.impl());
+  std::string at = t ? t->created_at() : "";
+  return at.empty() ? "" : " It was created at " + at + ".";
+}
+
 void raise_escaped_tracer(const Array& a, const PrimitiveDef& def) {
   throw EscapedTracerError(fmt::format(
       "an intermediate value of type {} from a finished transformation was passed to '{}'. A tracer "
       "escaped its trace (for example it was stored in a global or captured by a lambda that outlived "
-      "jit/grad); return it from the transformed function instead",
-      a.aval().str(), def.name));
+      "jit/grad); return it from the transformed function instead.{}",
+      a.aval().str(), def.name, tracer_origin(a)));
 }
 
 std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,

@@ -56,6 +56,9 @@ class TraceScope {
 // a value is a constant at `me`'s level.
 bool is_ancestor_of(const Tracer& t, const Trace& me);
 
+// " It was created at file:line (function)." for a tracer whose origin is known, else "".
+std::string tracer_origin(const Array& a);
+
 // Raises EscapedTracerError for a tracer used outside the transformation that created it.
 [[noreturn]] void raise_escaped_tracer(const Array& a, const PrimitiveDef& def);
 
