@@ -7,38 +7,37 @@
 namespace cjax {
 
 std::string AxisSpec::str() const {
-  return std::visit(
-      [](const auto& x) -> std::string {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, int>) return std::to_string(x);
-        else if constexpr (std::is_same_v<T, NoneT>) return "None";
-        else if constexpr (std::is_same_v<T, std::vector<AxisSpec>>) {
-          std::string s = "(";
-          for (size_t i = 0; i < x.size(); ++i) s += (i ? ", " : "") + x[i].str();
-          return s + (x.size() == 1 ? ",)" : ")");
-        } else {
-          std::string s = "{";
-          bool first = true;
-          for (auto& [k, v] : x) {
-            s += (first ? "'" : ", '") + k + "': " + v.str();
-            first = false;
-          }
-          return s + "}";
-        }
-      },
-      v_);
+  switch (kind_) {
+    case Kind::Axis: return std::to_string(axis_);
+    case Kind::None: return "None";
+    case Kind::List: {
+      std::string s = "(";
+      for (size_t i = 0; i < list_.size(); ++i) s += (i ? ", " : "") + list_[i].str();
+      return s + (list_.size() == 1 ? ",)" : ")");
+    }
+    case Kind::Dict: {
+      std::string s = "{";
+      bool first = true;
+      for (auto& [k, v] : dict_) {
+        s += (first ? "'" : ", '") + k + "': " + v.str();
+        first = false;
+      }
+      return s + "}";
+    }
+  }
+  return "";
 }
 
 void AxisSpec::flatten(const TreeDef& t, const std::string& what, std::vector<std::optional<int>>& out) const {
-  if (auto* a = std::get_if<int>(&v_)) {
+  if (kind_ == Kind::Axis) {
     if (t.kind() == TreeDef::Kind::None)
       throw ValueError(fmt::format("vmap: {} is not an Array tree (a static value) but its axis spec is {}; "
                                    "use None for static arguments",
-                                   what, *a));
-    for (size_t i = 0; i < t.num_leaves(); ++i) out.push_back(*a);
+                                   what, axis_));
+    for (size_t i = 0; i < t.num_leaves(); ++i) out.push_back(axis_);
     return;
   }
-  if (std::holds_alternative<NoneT>(v_)) {
+  if (kind_ == Kind::None) {
     for (size_t i = 0; i < t.num_leaves(); ++i) out.push_back(std::nullopt);
     return;
   }
@@ -47,19 +46,18 @@ void AxisSpec::flatten(const TreeDef& t, const std::string& what, std::vector<st
                                   "give one entry per child or a single int/None",
                                   str(), what, t.node_str()));
   };
-  if (auto* l = std::get_if<std::vector<AxisSpec>>(&v_)) {
+  if (kind_ == Kind::List) {
     bool seq = t.kind() == TreeDef::Kind::List || t.kind() == TreeDef::Kind::Tuple ||
                t.kind() == TreeDef::Kind::IntDict || t.kind() == TreeDef::Kind::Struct;
-    if (!seq || t.num_children() != l->size()) throw mismatch();
-    for (size_t i = 0; i < l->size(); ++i) (*l)[i].flatten(t.children()[i], what, out);
+    if (!seq || t.num_children() != list_.size()) throw mismatch();
+    for (size_t i = 0; i < list_.size(); ++i) list_[i].flatten(t.children()[i], what, out);
     return;
   }
-  auto& m = std::get<std::map<std::string, AxisSpec>>(v_);
-  if ((t.kind() != TreeDef::Kind::Dict && t.kind() != TreeDef::Kind::Struct) || t.num_children() != m.size())
+  if ((t.kind() != TreeDef::Kind::Dict && t.kind() != TreeDef::Kind::Struct) || t.num_children() != dict_.size())
     throw mismatch();
   for (size_t i = 0; i < t.num_children(); ++i) {
-    auto it = m.find(t.keys()[i]);
-    if (it == m.end()) throw mismatch();
+    auto it = dict_.find(t.keys()[i]);
+    if (it == dict_.end()) throw mismatch();
     it->second.flatten(t.children()[i], what, out);
   }
 }

@@ -27,20 +27,26 @@ namespace cjax {
 
 class AxisSpec {
  public:
-  AxisSpec(int axis) : v_(axis) {}
-  AxisSpec(NoneT) : v_(None) {}
-  AxisSpec(std::initializer_list<AxisSpec> items) : v_(std::vector<AxisSpec>(items)) {}
-  AxisSpec(std::vector<AxisSpec> items) : v_(std::move(items)) {}
-  AxisSpec(std::map<std::string, AxisSpec> items) : v_(std::move(items)) {}
-  bool is_list() const { return std::holds_alternative<std::vector<AxisSpec>>(v_); }
-  const std::vector<AxisSpec>& list() const { return std::get<std::vector<AxisSpec>>(v_); }
+  AxisSpec(int axis) : kind_(Kind::Axis), axis_(axis) {}
+  AxisSpec(NoneT) : kind_(Kind::None) {}
+  AxisSpec(std::initializer_list<AxisSpec> items) : kind_(Kind::List), list_(items) {}
+  AxisSpec(std::vector<AxisSpec> items) : kind_(Kind::List), list_(std::move(items)) {}
+  AxisSpec(std::map<std::string, AxisSpec> items) : kind_(Kind::Dict), dict_(std::move(items)) {}
+  bool is_list() const { return kind_ == Kind::List; }
+  const std::vector<AxisSpec>& list() const { return list_; }
   // One axis per leaf of `t` (prefix semantics); -1 for None; negative axes stay negative.
   // `what` names the argument in errors.
   void flatten(const TreeDef& t, const std::string& what, std::vector<std::optional<int>>& out) const;
   std::string str() const;
 
  private:
-  std::variant<int, NoneT, std::vector<AxisSpec>, std::map<std::string, AxisSpec>> v_;
+  // Plain members rather than a std::variant: GCC 12 reports false maybe-uninitialized
+  // warnings for a recursive variant copied at -O2, which would break users' -Werror builds.
+  enum class Kind : uint8_t { Axis, None, List, Dict };
+  Kind kind_;
+  int axis_ = 0;
+  std::vector<AxisSpec> list_;
+  std::map<std::string, AxisSpec> dict_;
 };
 
 struct VmapOptions {
