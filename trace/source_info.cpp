@@ -37,17 +37,26 @@ backtrace_state* state() {
   static backtrace_state* s = backtrace_create_state(nullptr, /*threaded=*/1, nullptr, nullptr);
   return s;
 }
+// cjax's own frames and system headers are skipped. Debug info may name cjax's files by
+// absolute path or, when compiled through ccache with CCACHE_BASEDIR, relative to the build
+// directory ("../trace/jaxpr_trace.cpp"), so both forms are recognized.
 bool is_internal(const char* file) {
-  static const std::string src = std::string(CJAX_SOURCE_DIR) + "/";
   std::string f(file);
+  if (f.rfind("/usr/include/", 0) == 0 || f.rfind("/usr/lib/", 0) == 0) return true;
+  static const std::string src = std::string(CJAX_SOURCE_DIR) + "/";
+  std::string rel;
   if (f.rfind(src, 0) == 0) {
-    std::string rel = f.substr(src.size());
-    // cjax's own layers; tests/samples/bench are user code.
-    for (const char* dir : {"core/", "trace/", "autodiff/", "jit/", "backends/", "include/"})
-      if (rel.rfind(dir, 0) == 0) return true;
+    rel = f.substr(src.size());
+  } else if (f.empty() || f[0] != '/') {
+    rel = f;
+    while (rel.rfind("../", 0) == 0 || rel.rfind("./", 0) == 0) rel = rel.substr(rel[0] == '.' && rel[1] == '/' ? 2 : 3);
+  } else {
     return false;
   }
-  return f.rfind("/usr/include/", 0) == 0 || f.rfind("/usr/lib/", 0) == 0;
+  // cjax's own layers; tests/samples/bench and everything else are user code.
+  for (const char* dir : {"core/", "trace/", "autodiff/", "jit/", "backends/", "include/cjax/"})
+    if (rel.rfind(dir, 0) == 0) return true;
+  return false;
 }
 #endif
 }  // namespace
