@@ -32,7 +32,9 @@ struct Subst {
 
 bool is_jit(const JaxprEqn& e) { return e.primitive->name == "jit"; }
 
-void inline_into(const Jaxpr& body, const std::vector<Atom>& args, Subst& outer, std::vector<JaxprEqn>& out,
+// Appends `body`'s equations to `out` with its invars bound to `args`, inlining nested jits;
+// `results` receives its outvars.
+void inline_into(const Jaxpr& body, const std::vector<Atom>& args, std::vector<JaxprEqn>& out,
                  std::vector<Atom>& results) {
   Subst s;
   for (size_t i = 0; i < body.invars().size(); ++i) s.map[body.invars()[i].id()] = args[i];
@@ -40,7 +42,7 @@ void inline_into(const Jaxpr& body, const std::vector<Atom>& args, Subst& outer,
     std::vector<Atom> ins = s.all(e.inputs);
     if (is_jit(e)) {
       std::vector<Atom> rs;
-      inline_into(*e.params.object<JaxprParam>("jaxpr")->jaxpr, ins, outer, out, rs);
+      inline_into(*e.params.object<JaxprParam>("jaxpr")->jaxpr, ins, out, rs);
       for (size_t i = 0; i < e.outputs.size(); ++i) s.map[e.outputs[i].id()] = rs[i];
       continue;
     }
@@ -70,21 +72,11 @@ std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr) {
   bool any = false;
   for (const JaxprEqn& e : jaxpr.eqns()) any = any || is_jit(e);
   if (!any) return std::make_shared<const Jaxpr>(jaxpr);
+  std::vector<Atom> args(jaxpr.invars().begin(), jaxpr.invars().end());  // bound to themselves
   std::vector<JaxprEqn> eqns;
-  Subst s;
-  for (const JaxprEqn& e : jaxpr.eqns()) {
-    std::vector<Atom> ins = s.all(e.inputs);
-    if (is_jit(e)) {
-      std::vector<Atom> rs;
-      inline_into(*e.params.object<JaxprParam>("jaxpr")->jaxpr, ins, s, eqns, rs);
-      for (size_t i = 0; i < e.outputs.size(); ++i) s.map[e.outputs[i].id()] = rs[i];
-      continue;
-    }
-    JaxprEqn c = e;
-    c.inputs = std::move(ins);
-    eqns.push_back(std::move(c));
-  }
-  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), s.all(jaxpr.outvars()));
+  std::vector<Atom> results;
+  inline_into(jaxpr, args, eqns, results);
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), std::move(results));
 }
 
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr) {

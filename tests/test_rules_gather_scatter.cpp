@@ -24,28 +24,6 @@ using Axes = std::vector<std::optional<int>>;
 Array rnd(uint32_t seed, const Shape& shape) { return random::normal(random::key(seed), shape, f64); }
 Array ints(const std::vector<double>& v, Shape s = {}) { return arr<int32_t>(v, std::move(s)); }
 
-Array take_example(const Array& x, int axis, int64_t i) {
-  int a = axis < 0 ? axis + x.ndim() : axis;
-  return lax::squeeze(lax::slice_in_dim(x, i, i + 1, 1, a), {a});
-}
-
-void check_close(const Array& got, const Array& want, double tol = 1e-6) {
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(got.dtype() == want.dtype());
-  auto g = vals(got), w = vals(want);
-  for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(tol).scale(1.0));
-}
-
-void check_vmap(const std::function<Array(const VA&)>& f, const VA& args, const Axes& axes, int64_t B) {
-  Array got = vmap_detail::vmap([&](const VA& xs) { return VA{f(xs)}; }, args, axes, {0}, {})[0];
-  VA per;
-  for (int64_t i = 0; i < B; ++i) {
-    VA xs;
-    for (size_t k = 0; k < args.size(); ++k) xs.push_back(axes[k] ? take_example(args[k], *axes[k], i) : args[k]);
-    per.push_back(f(xs));
-  }
-  check_close(got, jnp::stack(per, 0));
-}
 
 // Rows of a (5, 3) operand picked by an index vector: gather collapsing dim 0.
 const lax::GatherDimensionNumbers kRows{{1}, {0}, {0}, {}, {}};
@@ -135,8 +113,8 @@ TEST_CASE("scatter-add: check_grads with duplicate indices, and grads") {
   auto loss = [&](const Array& xx, const Array& uu) { return jnp::sum(jnp::sin(xx.at(idx).add(uu))); };
   auto [gx, gu] = grad(loss, argnums<0, 1>)(x, u);
   Array out = x.at(idx).add(u);
-  check_close(gx, jnp::cos(out));
-  check_close(gu, jnp::cos(out)[idx]);  // each update sees the cotangent of the row it lands on
+  check_all_close(gx, jnp::cos(out));
+  check_all_close(gu, jnp::cos(out)[idx]);  // each update sees the cotangent of the row it lands on
 }
 
 TEST_CASE("scatter (overwrite): check_grads with and without unique indices") {
@@ -154,7 +132,7 @@ TEST_CASE("scatter (overwrite): check_grads with and without unique indices") {
   auto [gx, gu] = grad(loss, argnums<0, 1>)(x, u);
   CHECK(vals(gx) == std::vector<double>{0, 0, 0, 0, 0, 0, 2, 2, 2, 0, 0, 0, 2, 2, 2});
   Array won = lax::eq(x.at(dup).set(u)[dup], u);  // which of the duplicates landed
-  check_close(gu, jnp::where(won, jnp::full({4, 3}, 2.0, f64), jnp::zeros({4, 3}, f64)));
+  check_all_close(gu, jnp::where(won, jnp::full({4, 3}, 2.0, f64), jnp::zeros({4, 3}, f64)));
   CHECK(vals(jnp::sum(gu)) == std::vector<double>{18});  // three distinct rows of three, times 2
 }
 
@@ -205,8 +183,8 @@ TEST_CASE("scatter-min / scatter-max: check_grads away from ties, and ties share
   Array rows = ints({0, 0, 0, 1}, {4});
   auto [gx, gu] = grad([&](const Array& xx, const Array& uu) { return jnp::sum(xx.at(rows).max(uu)); },
                        argnums<0, 1>)(x0, u0);
-  check_close(gx, arr<double>({1.0 / 3, 1}));
-  check_close(gu, arr<double>({1.0 / 3, 1.0 / 3, 0, 0}));
+  check_all_close(gx, arr<double>({1.0 / 3, 1}));
+  check_all_close(gu, arr<double>({1.0 / 3, 1.0 / 3, 0, 0}));
 }
 
 TEST_CASE("gather: vmap equals stacked per-example results") {
@@ -215,31 +193,31 @@ TEST_CASE("gather: vmap equals stacked per-example results") {
   Array xs0 = rnd(21, {2, 5, 3}), xs1 = rnd(22, {5, 2, 3}), xsl = rnd(23, {5, 3, 2});
   Array is0 = ints({4, 0, 2, 1, 1, 3}, {2, 3, 1}), is1 = ints({4, 0, 2, 1, 1, 3}, {3, 2, 1});
   Array isl = ints({4, 0, 2, 1, 1, 3}, {3, 1, 2});
-  check_vmap(rows, {xs0, idx}, {0, std::nullopt}, 2);
-  check_vmap(rows, {xs1, idx}, {1, std::nullopt}, 2);
-  check_vmap(rows, {xsl, idx}, {-1, std::nullopt}, 2);
-  check_vmap(rows, {x, is0}, {std::nullopt, 0}, 2);
-  check_vmap(rows, {x, is1}, {std::nullopt, 1}, 2);
-  check_vmap(rows, {x, isl}, {std::nullopt, -1}, 2);
-  check_vmap(rows, {xs1, is0}, {1, 0}, 2);
-  check_vmap(rows, {xsl, is1}, {-1, 1}, 2);
+  check_vmap_matches_stack(rows, {xs0, idx}, {0, std::nullopt}, 2);
+  check_vmap_matches_stack(rows, {xs1, idx}, {1, std::nullopt}, 2);
+  check_vmap_matches_stack(rows, {xsl, idx}, {-1, std::nullopt}, 2);
+  check_vmap_matches_stack(rows, {x, is0}, {std::nullopt, 0}, 2);
+  check_vmap_matches_stack(rows, {x, is1}, {std::nullopt, 1}, 2);
+  check_vmap_matches_stack(rows, {x, isl}, {std::nullopt, -1}, 2);
+  check_vmap_matches_stack(rows, {xs1, is0}, {1, 0}, 2);
+  check_vmap_matches_stack(rows, {xsl, is1}, {-1, 1}, 2);
   // clip / fill modes and a gather that already has batching dims
   auto clipped = [](const VA& a) { return lax::gather(a[0], a[1], kRows, {1, 3}, GatherScatterMode::clip); };
   auto filled = [](const VA& a) {
     return lax::gather(a[0], a[1], kRows, {1, 3}, GatherScatterMode::fill_or_drop, -1.0);
   };
   Array oob = ints({7, 0, -3, 2, 5, 4}, {2, 3, 1});
-  check_vmap(clipped, {xs0, oob}, {0, 0}, 2);
-  check_vmap(filled, {x, oob}, {std::nullopt, 0}, 2);
-  check_vmap(filled, {xs1, oob}, {1, 0}, 2);
+  check_vmap_matches_stack(clipped, {xs0, oob}, {0, 0}, 2);
+  check_vmap_matches_stack(filled, {x, oob}, {std::nullopt, 0}, 2);
+  check_vmap_matches_stack(filled, {xs1, oob}, {1, 0}, 2);
   auto brows = [](const VA& a) { return lax::gather(a[0], a[1], kBatchedRows, {1, 1, 3}); };
   Array bx = rnd(24, {3, 2, 5, 3}), bi = ints({1, 4, 0, 0, 2, 2, 3, 1, 0, 4, 4, 4}, {2, 2, 3, 1});
-  check_vmap(brows, {bx, bi}, {0, 2}, 3);
-  check_vmap(brows, {bx, take_example(bi, 2, 0)}, {0, std::nullopt}, 3);
-  check_vmap(brows, {take_example(bx, 0, 0), bi}, {std::nullopt, 2}, 3);
+  check_vmap_matches_stack(brows, {bx, bi}, {0, 2}, 3);
+  check_vmap_matches_stack(brows, {bx, take_example(bi, 2, 0)}, {0, std::nullopt}, 3);
+  check_vmap_matches_stack(brows, {take_example(bx, 0, 0), bi}, {std::nullopt, 2}, 3);
   // numpy-style indexing and take_along_axis under vmap
-  check_vmap([](const VA& a) { return a[0][a[1]]; }, {xs0, ints({4, 0, 4, 1, 2, 2}, {2, 3})}, {0, 0}, 2);
-  check_vmap([](const VA& a) { return jnp::take_along_axis(a[0], a[1], 0); },
+  check_vmap_matches_stack([](const VA& a) { return a[0][a[1]]; }, {xs0, ints({4, 0, 4, 1, 2, 2}, {2, 3})}, {0, 0}, 2);
+  check_vmap_matches_stack([](const VA& a) { return jnp::take_along_axis(a[0], a[1], 0); },
              {xs1, ints({4, 0, 4, 1, 2, 2, 0, 0, 1, 3, 3, 3}, {2, 2, 3})}, {1, 0}, 2);
 }
 
@@ -249,16 +227,16 @@ TEST_CASE("scatters: vmap equals stacked per-example results") {
     auto f = [kind](const VA& a) { return scatter_prim(kind, a[0], a[1], a[2], kRowUpdates); };
     Array x = rnd(30, {5, 3}), idx = ints({4, 0, 4}, {3, 1}), u = rnd(31, {3, 3});
     Array xs = rnd(32, {5, 2, 3}), is = ints({4, 0, 4, 1, 9, 1}, {2, 3, 1}), us = rnd(33, {3, 3, 2});
-    check_vmap(f, {xs, idx, u}, {1, std::nullopt, std::nullopt}, 2);
-    check_vmap(f, {x, is, u}, {std::nullopt, 0, std::nullopt}, 2);
-    check_vmap(f, {x, idx, us}, {std::nullopt, std::nullopt, -1}, 2);
-    check_vmap(f, {xs, is, us}, {1, 0, -1}, 2);
-    check_vmap(f, {x, is, us}, {std::nullopt, 0, 2}, 2);
-    check_vmap(f, {xs, idx, us}, {1, std::nullopt, 2}, 2);
+    check_vmap_matches_stack(f, {xs, idx, u}, {1, std::nullopt, std::nullopt}, 2);
+    check_vmap_matches_stack(f, {x, is, u}, {std::nullopt, 0, std::nullopt}, 2);
+    check_vmap_matches_stack(f, {x, idx, us}, {std::nullopt, std::nullopt, -1}, 2);
+    check_vmap_matches_stack(f, {xs, is, us}, {1, 0, -1}, 2);
+    check_vmap_matches_stack(f, {x, is, us}, {std::nullopt, 0, 2}, 2);
+    check_vmap_matches_stack(f, {xs, idx, us}, {1, std::nullopt, 2}, 2);
     auto fb = [kind](const VA& a) { return scatter_prim(kind, a[0], a[1], a[2], kBatchedRowUpdates); };
     Array bx = rnd(34, {2, 2, 5, 3}), bi = ints({1, 4, 1, 0, 2, 2, 3, 1}, {2, 2, 2, 1}), bu = rnd(35, {2, 2, 3, 2});
-    check_vmap(fb, {bx, bi, bu}, {1, 0, 3}, 2);
-    check_vmap(fb, {take_example(bx, 1, 0), bi, bu}, {std::nullopt, 0, 3}, 2);
+    check_vmap_matches_stack(fb, {bx, bi, bu}, {1, 0, 3}, 2);
+    check_vmap_matches_stack(fb, {take_example(bx, 1, 0), bi, bu}, {std::nullopt, 0, 3}, 2);
   }
 }
 
@@ -272,7 +250,7 @@ TEST_CASE("scatter and gather: gradients under vmap agree with per-example gradi
   auto [gx, gu] = vmap(both, {0, None})(xs, u);
   for (int64_t i = 0; i < 3; ++i) {
     auto [ex, eu] = both(take_example(xs, 0, i), u);
-    check_close(take_example(gx, 0, i), ex);
-    check_close(take_example(gu, 0, i), eu);
+    check_all_close(take_example(gx, 0, i), ex);
+    check_all_close(take_example(gu, 0, i), eu);
   }
 }

@@ -21,29 +21,6 @@ using Axes = std::vector<std::optional<int>>;
 
 Array rnd(uint32_t seed, const Shape& shape, DType dt = f64) { return random::normal(random::key(seed), shape, dt); }
 
-Array take_example(const Array& x, int axis, int64_t i) {
-  int a = axis < 0 ? axis + x.ndim() : axis;
-  return lax::squeeze(lax::slice_in_dim(x, i, i + 1, 1, a), {a});
-}
-
-void check_close(const Array& got, const Array& want, double tol = 1e-6) {
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(got.dtype() == want.dtype());
-  auto g = vals(got), w = vals(want);
-  for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(tol).scale(1.0));
-}
-
-// vmap(f, axes)(args) against stacking f on each example (mapped args sliced along their axis).
-void check_vmap(const std::function<Array(const VA&)>& f, const VA& args, const Axes& axes, int64_t B) {
-  Array got = vmap_detail::vmap([&](const VA& xs) { return VA{f(xs)}; }, args, axes, {0}, {})[0];
-  VA per;
-  for (int64_t i = 0; i < B; ++i) {
-    VA xs;
-    for (size_t k = 0; k < args.size(); ++k) xs.push_back(axes[k] ? take_example(args[k], *axes[k], i) : args[k]);
-    per.push_back(f(xs));
-  }
-  check_close(got, jnp::stack(per, 0));
-}
 
 lax::DotDimensionNumbers dims(std::vector<int64_t> lc, std::vector<int64_t> rc, std::vector<int64_t> lb = {},
                               std::vector<int64_t> rb = {}) {
@@ -110,8 +87,8 @@ TEST_CASE("dot_general: grads against closed forms") {
   auto loss = [&](const Array& xx, const Array& ww) { return jnp::sum(lax::dot_general(xx, ww, dims({1}, {0}))); };
   auto [gx, gw] = grad(loss, argnums<0, 1>)(x, w);
   // d/dx sum(x @ w) = ones @ w^T (row sums of w), d/dw = x^T @ ones (column sums of x).
-  check_close(gx, lax::broadcast_in_dim(jnp::sum(w, {1}), {3, 4}, {1}));
-  check_close(gw, lax::broadcast_in_dim(jnp::sum(x, {0}), {4, 5}, {0}));
+  check_all_close(gx, lax::broadcast_in_dim(jnp::sum(w, {1}), {3, 4}, {1}));
+  check_all_close(gw, lax::broadcast_in_dim(jnp::sum(x, {0}), {4, 5}, {0}));
 }
 
 TEST_CASE("dot_general: preferred_element_type wider than the inputs") {
@@ -122,7 +99,7 @@ TEST_CASE("dot_general: preferred_element_type wider than the inputs") {
   auto [gx, gw] = grad(loss, argnums<0, 1>)(x, w);
   CHECK(gx.dtype() == f32);  // cotangents come back in the primal dtypes
   CHECK(gw.dtype() == f32);
-  check_close(gw, lax::broadcast_in_dim(jnp::sum(x, {0}), {4, 2}, {0}), 1e-5);
+  check_all_close(gw, lax::broadcast_in_dim(jnp::sum(x, {0}), {4, 2}, {0}), 1e-5);
   auto [out, tangent] = jvp([](const Array& xx) { return lax::dot_general(xx, xx, dims({0}, {0}), f64); },
                             std::tuple{rnd(5, {4}, f32)}, std::tuple{jnp::ones({4}, f32)});
   CHECK(tangent.dtype() == f64);
@@ -132,23 +109,23 @@ TEST_CASE("dot_general: vmap equals stacked per-example results") {
   Array x3 = rnd(10, {3, 4}), w = rnd(11, {4, 5});
   auto matmul = [](const VA& a) { return lax::dot_general(a[0], a[1], dims({1}, {0})); };
   // lhs batched on each axis, rhs unbatched
-  check_vmap(matmul, {rnd(12, {2, 3, 4}), w}, {0, std::nullopt}, 2);
-  check_vmap(matmul, {rnd(13, {3, 2, 4}), w}, {1, std::nullopt}, 2);
-  check_vmap(matmul, {rnd(14, {3, 4, 2}), w}, {-1, std::nullopt}, 2);
+  check_vmap_matches_stack(matmul, {rnd(12, {2, 3, 4}), w}, {0, std::nullopt}, 2);
+  check_vmap_matches_stack(matmul, {rnd(13, {3, 2, 4}), w}, {1, std::nullopt}, 2);
+  check_vmap_matches_stack(matmul, {rnd(14, {3, 4, 2}), w}, {-1, std::nullopt}, 2);
   // rhs batched, lhs unbatched
-  check_vmap(matmul, {x3, rnd(15, {2, 4, 5})}, {std::nullopt, 0}, 2);
-  check_vmap(matmul, {x3, rnd(16, {4, 2, 5})}, {std::nullopt, 1}, 2);
-  check_vmap(matmul, {x3, rnd(17, {4, 5, 2})}, {std::nullopt, -1}, 2);
+  check_vmap_matches_stack(matmul, {x3, rnd(15, {2, 4, 5})}, {std::nullopt, 0}, 2);
+  check_vmap_matches_stack(matmul, {x3, rnd(16, {4, 2, 5})}, {std::nullopt, 1}, 2);
+  check_vmap_matches_stack(matmul, {x3, rnd(17, {4, 5, 2})}, {std::nullopt, -1}, 2);
   // both batched, at different positions
-  check_vmap(matmul, {rnd(18, {2, 3, 4}), rnd(19, {4, 5, 2})}, {0, -1}, 2);
-  check_vmap(matmul, {rnd(20, {3, 2, 4}), rnd(21, {4, 2, 5})}, {1, 1}, 2);
+  check_vmap_matches_stack(matmul, {rnd(18, {2, 3, 4}), rnd(19, {4, 5, 2})}, {0, -1}, 2);
+  check_vmap_matches_stack(matmul, {rnd(20, {3, 2, 4}), rnd(21, {4, 2, 5})}, {1, 1}, 2);
   // a dot_general with its own batch and several contracting dims
   auto general = [](const VA& a) { return lax::dot_general(a[0], a[1], dims({2, 3}, {1, 0}, {0}, {2})); };
   Array l = rnd(22, {2, 3, 4, 5}), r = rnd(23, {5, 4, 2, 6});
-  check_vmap(general, {lax::broadcast_in_dim(l, {3, 2, 3, 4, 5}, {1, 2, 3, 4}) + rnd(24, {3, 2, 3, 4, 5}), r},
+  check_vmap_matches_stack(general, {lax::broadcast_in_dim(l, {3, 2, 3, 4, 5}, {1, 2, 3, 4}) + rnd(24, {3, 2, 3, 4, 5}), r},
              {0, std::nullopt}, 3);
-  check_vmap(general, {l, rnd(25, {5, 4, 2, 3, 6})}, {std::nullopt, 3}, 3);
-  check_vmap(general, {rnd(26, {2, 3, 4, 3, 5}), rnd(27, {3, 5, 4, 2, 6})}, {3, 0}, 3);
+  check_vmap_matches_stack(general, {l, rnd(25, {5, 4, 2, 3, 6})}, {std::nullopt, 3}, 3);
+  check_vmap_matches_stack(general, {rnd(26, {2, 3, 4, 3, 5}), rnd(27, {3, 5, 4, 2, 6})}, {3, 0}, 3);
 }
 
 TEST_CASE("dot_general: gradients of vmapped matmuls agree with per-example gradients") {
@@ -158,7 +135,7 @@ TEST_CASE("dot_general: gradients of vmapped matmuls agree with per-example grad
   };
   auto grad_w = [&](const Array& x, const Array& ww) { return grad(loss, argnums<1>)(x, ww); };
   Array batched = vmap(grad_w, {0, None})(xs, w);
-  for (int64_t i = 0; i < 3; ++i) check_close(take_example(batched, 0, i), grad_w(take_example(xs, 0, i), w));
+  for (int64_t i = 0; i < 3; ++i) check_all_close(take_example(batched, 0, i), grad_w(take_example(xs, 0, i), w));
 }
 
 TEST_CASE("dot_general: staged reverse pass in JAX's text") {
@@ -219,8 +196,8 @@ TEST_CASE("conv_general_dilated: grad against a closed form") {
     return jnp::sum(lax::conv_general_dilated(ll, ww, {1}, "VALID", {}, {}, kNCH));
   };
   auto [gl, gw] = grad(loss, argnums<0, 1>)(l, w);
-  check_close(gw, lax::broadcast_in_dim(jnp::sum(l, {0, 2}), {4, 3, 1}, {1}));
-  check_close(gl, lax::broadcast_in_dim(jnp::sum(w, {0, 2}), {2, 3, 5}, {1}));
+  check_all_close(gw, lax::broadcast_in_dim(jnp::sum(l, {0, 2}), {4, 3, 1}, {1}));
+  check_all_close(gl, lax::broadcast_in_dim(jnp::sum(w, {0, 2}), {2, 3, 5}, {1}));
 }
 
 TEST_CASE("conv_general_dilated: preferred_element_type and f32 gradients") {
@@ -246,11 +223,11 @@ TEST_CASE("conv_general_dilated: vmap equals stacked per-example results") {
       return s;
     };
     Array l = rnd(70, c.lhs), r = rnd(71, c.rhs);
-    check_vmap(f, {rnd(72, with_axis(c.lhs, 0, 2)), r}, {0, std::nullopt}, 2);
-    check_vmap(f, {rnd(73, with_axis(c.lhs, -1, 2)), r}, {-1, std::nullopt}, 2);
-    check_vmap(f, {l, rnd(74, with_axis(c.rhs, 1, 3))}, {std::nullopt, 1}, 3);
-    check_vmap(f, {l, rnd(75, with_axis(c.rhs, -1, 2))}, {std::nullopt, -1}, 2);
-    check_vmap(f, {rnd(76, with_axis(c.lhs, 2, 2)), rnd(77, with_axis(c.rhs, 0, 2))}, {2, 0}, 2);
+    check_vmap_matches_stack(f, {rnd(72, with_axis(c.lhs, 0, 2)), r}, {0, std::nullopt}, 2);
+    check_vmap_matches_stack(f, {rnd(73, with_axis(c.lhs, -1, 2)), r}, {-1, std::nullopt}, 2);
+    check_vmap_matches_stack(f, {l, rnd(74, with_axis(c.rhs, 1, 3))}, {std::nullopt, 1}, 3);
+    check_vmap_matches_stack(f, {l, rnd(75, with_axis(c.rhs, -1, 2))}, {std::nullopt, -1}, 2);
+    check_vmap_matches_stack(f, {rnd(76, with_axis(c.lhs, 2, 2)), rnd(77, with_axis(c.rhs, 0, 2))}, {2, 0}, 2);
   }
 }
 
@@ -260,5 +237,5 @@ TEST_CASE("conv_general_dilated: vmap of a gradient") {
   Array ls = rnd(80, {2, 2, 4, 6, 5}), r = rnd(81, c.rhs);
   auto grad_r = [&](const Array& l, const Array& rr) { return grad(loss, argnums<1>)(l, rr); };
   Array batched = vmap(grad_r, {0, None})(ls, r);
-  for (int64_t i = 0; i < 2; ++i) check_close(take_example(batched, 0, i), grad_r(take_example(ls, 0, i), r));
+  for (int64_t i = 0; i < 2; ++i) check_all_close(take_example(batched, 0, i), grad_r(take_example(ls, 0, i), r));
 }

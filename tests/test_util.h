@@ -2,7 +2,9 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -55,6 +57,33 @@ template <class J> std::string text(const J& j) {
   std::ostringstream os;
   os << j;
   return os.str();
+}
+
+// Slice i of `x` along `axis` (negative counts from the end), with that axis removed.
+inline Array take_example(const Array& x, int axis, int64_t i) {
+  int a = axis < 0 ? axis + x.ndim() : axis;
+  return lax::squeeze(lax::slice_in_dim(x, i, i + 1, 1, a), {a});
+}
+// Same shape and dtype, and every element within `tol` (relative, and absolute near zero).
+inline void check_all_close(const Array& got, const Array& want, double tol = 1e-6) {
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  auto g = vals(got), w = vals(want);
+  for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(tol).scale(1.0));
+}
+// vmap(f) over `axes` (nullopt: unbatched) equals stacking f on each of the B examples.
+inline void check_vmap_matches_stack(const std::function<Array(const std::vector<Array>&)>& f,
+                                     const std::vector<Array>& args, const std::vector<std::optional<int>>& axes,
+                                     int64_t B) {
+  using VA = std::vector<Array>;
+  Array got = vmap_detail::vmap([&](const VA& xs) { return VA{f(xs)}; }, args, axes, {0}, {})[0];
+  VA per;
+  for (int64_t i = 0; i < B; ++i) {
+    VA xs;
+    for (size_t k = 0; k < args.size(); ++k) xs.push_back(axes[k] ? take_example(args[k], *axes[k], i) : args[k]);
+    per.push_back(f(xs));
+  }
+  check_all_close(got, numpy::stack(per, 0));
 }
 
 }  // namespace cjax::testing
