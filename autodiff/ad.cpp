@@ -241,6 +241,31 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
   return out;
 }
 
+TransposedCall transpose_call(const Jaxpr& jaxpr, std::span<const Array> cts, std::span<const Array> args) {
+  TransposedCall t;
+  std::vector<size_t> nonlin;
+  for (size_t i = 0; i < args.size(); ++i) (is_undefined_primal(args[i]) ? t.linear : nonlin).push_back(i);
+  std::vector<AbstractValue> in_avals;
+  for (size_t i : nonlin) in_avals.push_back(args[i].aval());
+  for (const Array& c : cts) in_avals.push_back(c.aval());
+  t.call = trace_to_call(
+      [&](const std::vector<Array>& xs) {
+        std::vector<Array> a(args.size());
+        for (size_t k = 0; k < nonlin.size(); ++k) a[nonlin[k]] = xs[k];
+        for (size_t i : t.linear) a[i] = make_undefined_primal(args[i].aval());
+        std::vector<Array> c(xs.begin() + std::ptrdiff_t(nonlin.size()), xs.end());
+        std::vector<Array> res = backward_pass(jaxpr, {}, a, c);
+        std::vector<Array> out;
+        for (size_t i : t.linear) out.push_back(instantiate_zero(res[i], args[i].aval()));
+        return out;
+      },
+      in_avals);
+  t.call_args = t.call.consts;
+  for (size_t i : nonlin) t.call_args.push_back(args[i]);
+  t.call_args.insert(t.call_args.end(), cts.begin(), cts.end());
+  return t;
+}
+
 VjpResult vjp_flat(const FlatFn& f, std::span<const Array> primals) {
   auto lin = std::make_shared<LinearizeResult>(linearize_flat(f, primals));
   std::vector<AbstractValue> in_avals;

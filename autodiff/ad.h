@@ -85,6 +85,16 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
 std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> args,
                                  std::span<const Array> cts_out);
 
+// The transpose of a call-like equation (jit, remat2) over `jaxpr` with inputs `args`, whose
+// linear ones are undefined primals: the backward pass traced into a new call taking the
+// non-linear args then `cts`, returning one cotangent per linear input (zeros instantiated).
+struct TransposedCall {
+  TracedCall call;
+  std::vector<Array> call_args;  // the call's consts, the non-linear args, then cts
+  std::vector<size_t> linear;    // indices of the linear inputs, in the call's output order
+};
+TransposedCall transpose_call(const Jaxpr& jaxpr, std::span<const Array> cts, std::span<const Array> args);
+
 // vjp: the primal outputs and a function from output cotangents to input cotangents (zeros,
 // instantiated, for inputs without a gradient path; integer inputs get integer zeros).
 struct VjpResult {

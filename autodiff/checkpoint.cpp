@@ -272,27 +272,12 @@ std::vector<Array> remat_partial_eval(std::span<const Array> inputs, std::span<c
 }
 
 std::vector<Array> remat_transpose(std::span<const Array> cts, std::span<const Array> args, const Params& p) {
-  auto j = jaxpr_of(p);
-  std::vector<size_t> lin, nonlin;
-  for (size_t i = 0; i < args.size(); ++i) (is_undefined_primal(args[i]) ? lin : nonlin).push_back(i);
-  std::vector<Array> call_args;
-  for (size_t i : nonlin) call_args.push_back(args[i]);
-  call_args.insert(call_args.end(), cts.begin(), cts.end());
-  TracedCall call = trace_to_call(
-      [&](const std::vector<Array>& xs) {
-        std::vector<Array> a(args.size());
-        for (size_t k = 0; k < nonlin.size(); ++k) a[nonlin[k]] = xs[k];
-        for (size_t i : lin) a[i] = make_undefined_primal(args[i].aval());
-        std::vector<Array> c(xs.begin() + std::ptrdiff_t(nonlin.size()), xs.end());
-        std::vector<Array> res = backward_pass(*j, {}, a, c);
-        std::vector<Array> out;
-        for (size_t i : lin) out.push_back(instantiate_zero(res[i], args[i].aval()));
-        return out;
-      },
-      avals_of(call_args));
-  std::vector<Array> outs = bind_remat(call, call_args, p, p.get<bool>("differentiated"));
+  TransposedCall t = transpose_call(*jaxpr_of(p), cts, args);
+  // bind_remat prepends the call's consts itself.
+  std::span<const Array> non_const(t.call_args.data() + t.call.consts.size(), t.call_args.size() - t.call.consts.size());
+  std::vector<Array> outs = bind_remat(t.call, non_const, p, p.get<bool>("differentiated"));
   std::vector<Array> result(args.size());
-  for (size_t k = 0; k < lin.size(); ++k) result[lin[k]] = outs[k];
+  for (size_t k = 0; k < t.linear.size(); ++k) result[t.linear[k]] = outs[k];
   return result;
 }
 

@@ -9,7 +9,7 @@
 
 #include "cjax/custom_derivatives.h"
 #include "core/rules.h"
-#include "jit/jit_primitive.h"
+#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 #include "trace/jaxpr.h"
 
 namespace cjax::custom_detail {

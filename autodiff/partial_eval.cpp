@@ -7,12 +7,6 @@
 
 namespace cjax {
 
-std::shared_ptr<const Jaxpr> convert_constvars_to_invars(const Jaxpr& jaxpr) {
-  std::vector<Var> invars = jaxpr.constvars();
-  invars.insert(invars.end(), jaxpr.invars().begin(), jaxpr.invars().end());
-  return std::make_shared<const Jaxpr>(std::vector<Var>{}, std::move(invars), jaxpr.eqns(), jaxpr.outvars());
-}
-
 PartialEvalResult partial_eval_jaxpr(const Jaxpr& jaxpr, const std::vector<bool>& unknown_inputs, bool instantiate) {
   if (!jaxpr.constvars().empty()) throw Error("internal: partial_eval_jaxpr of a jaxpr with constvars");
   if (unknown_inputs.size() != jaxpr.invars().size()) throw Error("internal: partial_eval_jaxpr input mask size");

@@ -12,6 +12,7 @@
 
 #include "cjax/make_jaxpr.h"
 #include "trace/jaxpr.h"
+#include "trace/jaxpr_trace.h"  // convert_constvars_to_invars
 
 namespace cjax {
 
@@ -27,7 +28,5 @@ struct PartialEvalResult {
 PartialEvalResult partial_eval_jaxpr(const Jaxpr& jaxpr, const std::vector<bool>& unknown_inputs,
                                      bool instantiate = false);
 
-// A jaxpr with the same equations whose constvars come first among its invars.
-std::shared_ptr<const Jaxpr> convert_constvars_to_invars(const Jaxpr& jaxpr);
 
 }  // namespace cjax

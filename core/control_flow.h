@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "cjax/control_flow.h"
-#include "jit/jit_primitive.h"
+#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 #include "trace/jaxpr.h"
 
 namespace cjax {

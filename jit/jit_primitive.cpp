@@ -97,30 +97,10 @@ std::vector<Array> jit_partial_eval(std::span<const Array> inputs, std::span<con
 }
 
 std::vector<Array> jit_transpose(std::span<const Array> cts, std::span<const Array> args, const Params& p) {
-  auto j = jaxpr_of(p);
-  std::vector<size_t> lin, nonlin;
-  for (size_t i = 0; i < args.size(); ++i) (is_undefined_primal(args[i]) ? lin : nonlin).push_back(i);
-  std::vector<AbstractValue> in_avals;
-  for (size_t i : nonlin) in_avals.push_back(args[i].aval());
-  for (const Array& c : cts) in_avals.push_back(c.aval());
-  TracedCall call = trace_to_call(
-      [&](const std::vector<Array>& xs) {
-        std::vector<Array> a(args.size());
-        for (size_t k = 0; k < nonlin.size(); ++k) a[nonlin[k]] = xs[k];
-        for (size_t i : lin) a[i] = make_undefined_primal(args[i].aval());
-        std::vector<Array> c(xs.begin() + std::ptrdiff_t(nonlin.size()), xs.end());
-        std::vector<Array> res = backward_pass(*j, {}, a, c);
-        std::vector<Array> out;
-        for (size_t i : lin) out.push_back(instantiate_zero(res[i], args[i].aval()));
-        return out;
-      },
-      in_avals);
-  std::vector<Array> call_args = call.consts;
-  for (size_t i : nonlin) call_args.push_back(args[i]);
-  call_args.insert(call_args.end(), cts.begin(), cts.end());
-  std::vector<Array> outs = bind_jit(call.jaxpr, name_of(p), call_args);
+  TransposedCall t = transpose_call(*jaxpr_of(p), cts, args);
+  std::vector<Array> outs = bind_jit(t.call.jaxpr, name_of(p), t.call_args);
   std::vector<Array> result(args.size());
-  for (size_t k = 0; k < lin.size(); ++k) result[lin[k]] = outs[k];
+  for (size_t k = 0; k < t.linear.size(); ++k) result[t.linear[k]] = outs[k];
   return result;
 }
 
@@ -150,12 +130,6 @@ const bool g_rules = add_rule_initializer([] {
 }  // namespace
 
 const PrimitiveDef& jit_primitive() { return g_jit; }
-
-TracedCall trace_to_call(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
-                         const std::vector<AbstractValue>& in_avals) {
-  ClosedJaxpr cj = jaxpr_detail::trace_flat(f, in_avals);
-  return TracedCall{convert_constvars_to_invars(*cj), cj.consts};
-}
 
 std::vector<Array> bind_jit(std::shared_ptr<const Jaxpr> jaxpr, const std::string& name, std::span<const Array> args) {
   Params p;

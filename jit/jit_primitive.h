@@ -13,6 +13,7 @@
 
 #include "cjax/make_jaxpr.h"
 #include "trace/jaxpr.h"
+#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 
 namespace cjax {
 
@@ -22,14 +23,5 @@ const PrimitiveDef& jit_primitive();
 std::vector<Array> bind_jit(const ClosedJaxpr& jaxpr, const std::string& name, std::span<const Array> args);
 // The same for a jaxpr without constvars.
 std::vector<Array> bind_jit(std::shared_ptr<const Jaxpr> jaxpr, const std::string& name, std::span<const Array> args);
-
-// Traces `f` on fresh inputs of `in_avals` into a jaxpr without constvars plus the values of
-// its (former) constants, which the caller passes as leading inputs.
-struct TracedCall {
-  std::shared_ptr<const Jaxpr> jaxpr;  // invars: consts then the inputs
-  std::vector<Array> consts;
-};
-TracedCall trace_to_call(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
-                         const std::vector<AbstractValue>& in_avals);
 
 }  // namespace cjax

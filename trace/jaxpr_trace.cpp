@@ -207,4 +207,16 @@ ClosedJaxpr trace_flat(const std::function<std::vector<Array>(const std::vector<
 }
 }  // namespace jaxpr_detail
 
+std::shared_ptr<const Jaxpr> convert_constvars_to_invars(const Jaxpr& jaxpr) {
+  std::vector<Var> invars = jaxpr.constvars();
+  invars.insert(invars.end(), jaxpr.invars().begin(), jaxpr.invars().end());
+  return std::make_shared<const Jaxpr>(std::vector<Var>{}, std::move(invars), jaxpr.eqns(), jaxpr.outvars());
+}
+
+TracedCall trace_to_call(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
+                         const std::vector<AbstractValue>& in_avals) {
+  ClosedJaxpr cj = jaxpr_detail::trace_flat(f, in_avals);
+  return TracedCall{convert_constvars_to_invars(*cj), cj.consts};
+}
+
 }  // namespace cjax

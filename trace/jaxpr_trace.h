@@ -7,6 +7,7 @@
 //   * any other tracer               -> EscapedTracerError (it outlived its transformation).
 // Output avals come from the primitive's abstract_eval on the input tracers' avals.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -75,5 +76,18 @@ class JaxprTrace final : public Trace {
   bool is_ancestor(const Tracer& t) const;
   std::shared_ptr<JaxprTraceState> state_;
 };
+
+// A jaxpr with the same equations whose constvars come first among its invars.
+std::shared_ptr<const Jaxpr> convert_constvars_to_invars(const Jaxpr& jaxpr);
+
+// A staged call of a higher-order primitive (jit, remat2, cond branches, ...): `f` traced on
+// fresh inputs of `in_avals` into a jaxpr without constvars, plus the values of its former
+// constants, which the caller passes as leading inputs.
+struct TracedCall {
+  std::shared_ptr<const Jaxpr> jaxpr;  // invars: consts then the inputs
+  std::vector<Array> consts;
+};
+TracedCall trace_to_call(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
+                         const std::vector<AbstractValue>& in_avals);
 
 }  // namespace cjax
