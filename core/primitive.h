@@ -74,6 +74,9 @@ struct PrimitiveDef {
   ImplFn cpu_impl;
   std::optional<ScalarOp> scalar_op;  // elementwise primitives: the row of the scalar-op table
   std::vector<std::string> leading_params;  // printed first, in this order (others follow sorted)
+  // Has an effect besides its outputs (printing, I/O): never removed, merged or constant-folded by
+  // the jit passes. Collectives are treated the same way through their kind.
+  bool effectful = false;
   // Rules of later layers (jvp, transpose, batching, sharding, codegen) are attached to the def
   // by those layers through rule tables keyed by the def (autodiff/, jit/), so this struct
   // does not depend on them.

@@ -85,7 +85,7 @@ std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr) {
   for (const JaxprEqn& e : jaxpr.eqns()) {
     std::vector<Atom> ins = s.all(e.inputs);
     bool foldable = !ins.empty() && e.primitive->kind != PrimKind::HigherOrder &&
-                    e.primitive->kind != PrimKind::Collective && e.primitive->cpu_impl;
+                    e.primitive->kind != PrimKind::Collective && !e.primitive->effectful && e.primitive->cpu_impl;
     for (const Atom& a : ins) foldable = foldable && std::holds_alternative<Literal>(a);
     for (const Var& v : e.outputs) foldable = foldable && v.aval().ndim() == 0;
     if (foldable) {
@@ -133,7 +133,7 @@ std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr) {
   std::vector<JaxprEqn> kept;
   for (JaxprEqn& e : eqns) {
     e.inputs = s.all(e.inputs);
-    bool pure = e.primitive->kind != PrimKind::Collective;
+    bool pure = e.primitive->kind != PrimKind::Collective && !e.primitive->effectful;
     if (pure) {
       auto [it, fresh] = seen.try_emplace(Key{&e}, &e);
       if (!fresh) {
@@ -152,7 +152,7 @@ std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr) {
     if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
   std::vector<const JaxprEqn*> keep;
   for (auto it = jaxpr.eqns().rbegin(); it != jaxpr.eqns().rend(); ++it) {
-    bool live = it->primitive->kind == PrimKind::Collective;  // effects stay
+    bool live = it->primitive->kind == PrimKind::Collective || it->primitive->effectful;  // effects stay
     for (const Var& v : it->outputs) live = live || used.count(v.id());
     if (!live) continue;
     keep.push_back(&*it);
