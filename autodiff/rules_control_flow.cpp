@@ -254,7 +254,7 @@ JaxprTrace& staging_trace(const char* prim) {
 
 std::vector<Array> stage_all(JaxprTrace& staging, const PrimitiveDef& def, std::span<const Array> inputs,
                              const Params& p) {
-  return staging.stage(def, inputs, p, def.abstract_eval(inputs, p));
+  return staging.stage(def, inputs, p, infer_avals(def, inputs, p));
 }
 
 std::vector<Array> merge(const std::vector<bool>& uk, const std::vector<Array>& known,

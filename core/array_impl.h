@@ -54,6 +54,9 @@ class Tracer : public ArrayImpl {
   // For escaped-tracer errors: "file:line (function)" of the user code that created this value
   // while tracing, when known; "" otherwise.
   virtual std::string created_at() const { return ""; }
+  // Text printed for the value (operator<<) when the trace knows it, e.g. one block per device
+  // inside an eager shard_map; "" prints the abstract Traced<...> form.
+  virtual std::string value_str() const { return ""; }
   Trace* trace;
 };
 

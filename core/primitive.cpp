@@ -3,6 +3,7 @@
 #include <absl/hash/hash.h>
 #include <deque>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mutex>
 #include <unordered_map>
 
@@ -120,6 +121,31 @@ std::vector<const PrimitiveDef*> all_primitives() {
   std::vector<const PrimitiveDef*> out;
   for (auto& d : r.defs) out.push_back(&d);
   return out;
+}
+
+}  // namespace cjax
+
+namespace cjax {
+
+std::vector<AbstractValue> infer_avals(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+  std::vector<AbstractValue> outs = def.abstract_eval(inputs, params);
+  if (!has_standard_vma_rule(def)) return outs;
+  const std::vector<std::string>* vma = nullptr;
+  for (const Array& x : inputs) {
+    if (!vma) {
+      vma = &x.aval().vma;
+    } else if (x.aval().vma != *vma) {
+      std::vector<std::string> sets;
+      for (const Array& y : inputs) sets.push_back(fmt::format("{{{}}}", fmt::join(y.aval().vma, ",")));
+      throw VmaError(fmt::format(
+          "Primitive {} requires varying manual axes to match, but got [{}]. The front end makes operands vary "
+          "with pvary before binding; if this comes from a custom rule, apply lax::pvary to the operands that vary "
+          "over fewer axes, or pass check_vma=false to shard_map.",
+          def.name, fmt::join(sets, ", ")));
+    }
+  }
+  for (AbstractValue& o : outs) o.vma = vma ? *vma : std::vector<std::string>{};
+  return outs;
 }
 
 }  // namespace cjax

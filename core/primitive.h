@@ -87,6 +87,15 @@ const PrimitiveDef& register_primitive(PrimitiveDef def);
 const PrimitiveDef* find_primitive(std::string_view name);
 std::vector<const PrimitiveDef*> all_primitives();
 
+// abstract_eval plus the varying-manual-axes rule (spec/shard_map.md §2.2): collectives and
+// higher-order primitives compute their own; every other primitive requires its operands' sets to
+// be equal (VmaError otherwise: the traces insert pvary first) and gives every output that set.
+std::vector<AbstractValue> infer_avals(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params);
+// True for primitives that follow that standard rule (the ones the traces auto-pvary for).
+inline bool has_standard_vma_rule(const PrimitiveDef& def) {
+  return def.kind != PrimKind::Collective && def.kind != PrimKind::HigherOrder;
+}
+
 // Hands a primitive to the current trace (trace/trace.h). Eagerly: checks shapes/dtypes with
 // abstract_eval and runs the kernel synchronously on the caller's thread.
 std::vector<Array> bind(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params = {});

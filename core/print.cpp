@@ -456,6 +456,10 @@ std::string array2string(const Array& x, const std::string& separator, const std
 }
 
 std::string traced_str(const ArrayImpl& impl) {
+  if (auto* t = dynamic_cast<const Tracer*>(&impl)) {
+    std::string v = t->value_str();
+    if (!v.empty()) return v;
+  }
   return fmt::format("Traced<{}[{}]>", dtype_name(impl.aval.dtype), fmt::join(impl.aval.shape, ","));
 }
 

@@ -1,6 +1,9 @@
+#include "trace/shard_map.h"
 #include "trace/eval_jaxpr.h"
 
 #include <fmt/format.h>
+
+#include <optional>
 
 #include <string>
 #include <unordered_map>
@@ -128,6 +131,8 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
                                 where, ctx(), i, v.defined() ? v.aval().str() : "<empty>"));
       ins.push_back(make_abstract(v.aval()));
     }
+    std::optional<AxisEnvScope> manual;  // a shard_map body is checked with its manual axes bound
+    if (e.primitive == &g_shard_map) manual.emplace(ShardMapInfo::from(e.params).axis_frame());
     for (const auto& [name, val] : e.params.items())
       if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val))
       {
@@ -141,7 +146,7 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
       }
     std::vector<AbstractValue> want;
     try {
-      want = e.primitive->abstract_eval(std::span<const Array>(ins), e.params);
+      want = infer_avals(*e.primitive, std::span<const Array>(ins), e.params);
     } catch (const Error& err) {
       throw Error(fmt::format("check_jaxpr{}: {}: abstract evaluation of {} failed: {}", where, ctx(),
                               e.primitive->name, err.what()));

@@ -766,7 +766,7 @@ class Parser {
     }
     std::vector<AbstractValue> want;
     try {
-      want = eqn.primitive->abstract_eval(std::span<const Array>(ins), eqn.params);
+      want = infer_avals(*eqn.primitive, std::span<const Array>(ins), eqn.params);
     } catch (const std::exception&) {
       return;
     }

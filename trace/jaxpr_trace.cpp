@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <unordered_map>
 
+#include "core/collectives.h"
 #include "core/rules.h"
+#include "core/spmd.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax {
@@ -118,6 +120,16 @@ bool JaxprTrace::owns(const Array& x) const {
 std::vector<Array> JaxprTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
                                                  const Params& params) {
   if (state_->ended) throw Error(fmt::format("internal: '{}' bound to a finished JaxprTrace", def.name));
+  std::vector<Array> lifted;
+  if (has_standard_vma_rule(def) && vmas_differ(inputs)) {  // auto-pvary (spec/shard_map.md §2.3)
+    std::vector<std::string> all = common_vma(inputs);
+    lifted.assign(inputs.begin(), inputs.end());
+    for (Array& x : lifted) {
+      std::vector<std::string> missing = vma_minus(all, x.aval().vma);
+      if (!missing.empty()) x = process_primitive(g_pvary, std::span<const Array>(&x, 1), pvary_params(missing))[0];
+    }
+    inputs = lifted;
+  }
   if (mode_ == Mode::ForwardKnown) {
     std::vector<bool> known(inputs.size());
     bool all_known = true, any_known = false;
@@ -139,7 +151,7 @@ std::vector<Array> JaxprTrace::process_primitive(const PrimitiveDef& def, std::s
       }
     }
   }
-  return stage(def, inputs, params, def.abstract_eval(inputs, params));
+  return stage(def, inputs, params, infer_avals(def, inputs, params));
 }
 
 std::vector<Array> JaxprTrace::stage(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params,

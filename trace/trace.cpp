@@ -53,7 +53,7 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
     if (c->buffers.empty()) raise_deleted(fmt::format("'{}'", def.name));
     if (c->buffers.size() > 1) require_one_copy(a, fmt::format("'{}' input {}", def.name, &a - inputs.data()));
   }
-  std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
+  std::vector<AbstractValue> out_avals = infer_avals(def, inputs, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
   return def.cpu_impl(inputs, out_avals, params);
 }

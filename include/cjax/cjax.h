@@ -17,3 +17,5 @@
 #include "cjax/jit.h"
 #include "cjax/control_flow.h"
 #include "cjax/sharding.h"
+#include "cjax/collectives.h"
+#include "cjax/shard_map.h"

@@ -1,0 +1,115 @@
+// Manual axes in scope and the SPMD runtime context (DESIGN.md §7, spec/shard_map.md §1.2).
+//
+// * The axis environment is a thread-local stack of the manual mesh axes bound by enclosing
+//   shard_maps while their bodies are traced or run. Collectives look their axes up here: an
+//   axis that is not bound raises AxisNameError ("Found an unbound axis name ..."), and the
+//   frame says whether varying-axes types are checked (check_vma).
+// * The SPMD context tells a collective's kernel which device of which mesh it runs on and which
+//   communicator connects it to the other devices; it is set on each device's worker while a
+//   staged shard_map body runs there.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cjax/array.h"
+#include "cjax/sharding.h"
+
+namespace cjax {
+
+struct ManualAxis {
+  std::string name;
+  int64_t size = 1;
+  bool check_vma = true;
+};
+
+// Binds `axes` for the scope's lifetime on this thread (inner frames shadow outer ones).
+class AxisEnvScope {
+ public:
+  explicit AxisEnvScope(std::vector<ManualAxis> axes);
+  ~AxisEnvScope();
+  AxisEnvScope(const AxisEnvScope&) = delete;
+  AxisEnvScope& operator=(const AxisEnvScope&) = delete;
+
+ private:
+  size_t saved_size_;
+};
+
+const ManualAxis* find_manual_axis(std::string_view name);
+std::vector<ManualAxis> manual_axes_in_scope();
+// Product of the sizes of `axes` for collective `op`; AxisNameError naming the first unbound
+// axis and the fix (call `op` inside shard_map over a mesh with that axis).
+int64_t bound_group_size(const std::vector<std::string>& axes, std::string_view op);
+// True when every axis of `axes` is bound with check_vma on (false when the list is empty).
+bool vma_checked(const std::vector<std::string>& axes);
+
+// Sorted-set helpers for varying-manual-axes sets (kept sorted by name).
+std::vector<std::string> vma_union(const std::vector<std::string>& a, const std::vector<std::string>& b);
+std::vector<std::string> vma_minus(const std::vector<std::string>& a, const std::vector<std::string>& b);
+bool vma_subset(const std::vector<std::string>& a, const std::vector<std::string>& b);
+std::vector<std::string> sorted_axes(std::vector<std::string> a);
+
+// Connects the devices of one SPMD program. Every device calls the collective entry points in the
+// same program order (that is what SPMD means); a device that arrives at a different collective,
+// or finishes while others wait, makes every waiting device raise CollectiveError, and so does a
+// wait longer than config::collective_timeout_seconds().
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  // Publishes this device's values and returns every device's values (in mesh device order) once
+  // all have arrived. `what` describes the collective ("psum over ('i',) of f32[4]") and must be
+  // the same on every device.
+  virtual std::vector<std::vector<Array>> exchange(int64_t device, std::vector<Array> values, const std::string& what) = 0;
+  // Returns when every device has arrived.
+  virtual void barrier(int64_t device, const std::string& what) = 0;
+};
+
+// The in-process communicator of `num_devices` devices (backends/cpu): the collectives of CPU
+// devices read each other's blocks directly. done(d) and abort(d, what) let the runner report a
+// device that finished or failed, so that no device waits for it.
+class InProcessCommunicator;
+std::shared_ptr<Communicator> make_in_process_communicator(int64_t num_devices);
+void communicator_device_done(Communicator& comm, int64_t device);
+void communicator_device_failed(Communicator& comm, int64_t device, const std::string& what);
+
+struct SpmdContext {
+  const Mesh* mesh = nullptr;
+  int64_t device = 0;  // flat index into mesh->devices()
+  Communicator* comm = nullptr;
+};
+class SpmdScope {
+ public:
+  explicit SpmdScope(const SpmdContext& ctx);
+  ~SpmdScope();
+  SpmdScope(const SpmdScope&) = delete;
+  SpmdScope& operator=(const SpmdScope&) = delete;
+
+ private:
+  const SpmdContext* saved_;
+  SpmdContext ctx_;
+};
+const SpmdContext* current_spmd();
+
+// The members of `device`'s group for a collective over `axes` (flat mesh device indices, ordered
+// row-major over `axes` as written, the first name most significant) and `device`'s position in it.
+std::vector<int64_t> axis_group(const Mesh& mesh, const std::vector<std::string>& axes, int64_t device,
+                                int64_t* position = nullptr);
+// Row-major index of `device` over `axes` (axis_index).
+int64_t axis_position(const Mesh& mesh, const std::vector<std::string>& axes, int64_t device);
+
+}  // namespace cjax
+
+namespace cjax {
+class Jaxpr;
+
+// Runs `body` (no constvars) once per device of `mesh`, concurrently, device d on inputs[d];
+// returns each device's outputs. Collectives in the body rendezvous through one communicator.
+// Implemented by the jit layer (it compiles the body once); the shard_map primitive calls it.
+using SpmdRunner = std::vector<std::vector<Array>> (*)(const std::shared_ptr<const Jaxpr>& body, const Mesh& mesh,
+                                                       const std::vector<ManualAxis>& axes,
+                                                       std::vector<std::vector<Array>> inputs);
+void set_spmd_runner(SpmdRunner runner);
+SpmdRunner spmd_runner();  // raises BackendError if no runner was linked in
+}  // namespace cjax

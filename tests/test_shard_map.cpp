@@ -1,0 +1,80 @@
+// shard_map basics (spec/examples.md §1, spec/shard_map.md §1): slicing, assembly, eager and
+// staged execution, printing per device, collectives' values and the errors of §1.7 and §2.4.
+#include "test_util.h"
+
+using namespace cjax;
+using namespace cjax::testing;
+namespace jnp = cjax::numpy;
+
+namespace {
+Array arange_f(int64_t n) { return jnp::arange(n).astype(f32); }
+}  // namespace
+
+TEST_CASE("the test runs with 8 CPU devices") { REQUIRE(device_count() == 8); }
+
+TEST_CASE("matmul_basic: local dot then psum over j, eager and under jit") {
+  Mesh mesh = make_mesh({4, 2}, {"i", "j"});
+  Array a = arange_f(8 * 16).reshape({8, 16});
+  Array b = arange_f(16 * 32).reshape({16, 32});
+  std::vector<Shape> block_shapes;
+  auto f = shard_map(
+      [&](const Array& ab, const Array& bb) {
+        block_shapes = {ab.shape(), bb.shape()};
+        return lax::psum(jnp::dot(ab, bb), "j");
+      },
+      mesh, {P("i", "j"), P("j", None)}, P("i", None));
+  Array c = f(a, b);
+  CHECK(block_shapes == std::vector<Shape>{{2, 8}, {8, 32}});
+  CHECK(c.shape() == Shape{8, 32});
+  CHECK(c.to_vector<float>() == jnp::dot(a, b).to_vector<float>());
+  CHECK(c.sharding().str() == "NamedSharding(mesh=Mesh('i': 4, 'j': 2), spec=P('i', None), memory_kind=device)");
+  Array cj = jit(f)(a, b);
+  CHECK(cj.to_vector<float>() == jnp::dot(a, b).to_vector<float>());
+}
+
+TEST_CASE("collectives tutorial values (examples §2)") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  Array x = jnp::array(std::vector<float>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 1, 2});
+  auto psum_f = shard_map([](const Array& v) { return lax::psum(v, "i"); }, mesh, P("i"), P());
+  CHECK(psum_f(x).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
+  CHECK(jit(psum_f)(x).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
+  auto ps = shard_map([](const Array& v) { return lax::psum_scatter(v, "i", {.tiled = true}); }, mesh, P("i"), P("i"));
+  CHECK(ps(x).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
+  CHECK(jit(ps)(x).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
+  auto shift = shard_map(
+      [](const Array& v) { return lax::ppermute(v, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, mesh, P("i"), P("i"));
+  CHECK(shift(jnp::arange(8)).to_vector<int>() == std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5});
+  CHECK(jit(shift)(jnp::arange(8)).to_vector<int>() == std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5});
+  auto a2a = shard_map([](const Array& v) { return lax::all_to_all(v, "i", 0, 0, {.tiled = true}); }, mesh, P("i"),
+                       P("i"));
+  std::vector<float> want{3, 5, 5, 9, 1, 9, 3, 7, 4, 2, 5, 1, 1, 6, 8, 2};
+  CHECK(a2a(x).to_vector<float>() == want);
+  CHECK(jit(a2a)(x).to_vector<float>() == want);
+  auto ag = shard_map([](const Array& v) { return lax::all_gather(v, "i", {.tiled = true}); }, mesh, P("i"), P("i"));
+  Array g = ag(jnp::array(std::vector<float>{3, 9, 5, 2}));
+  CHECK(g.to_vector<float>() == std::vector<float>{3, 9, 5, 2, 3, 9, 5, 2, 3, 9, 5, 2, 3, 9, 5, 2});
+}
+
+TEST_CASE("eager printing shows every device's block") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  std::string text;
+  auto f = shard_map(
+      [&](const Array& v) {
+        text = to_string(v);
+        return v;
+      },
+      mesh, P("i"), P("i"));
+  f(arange_f(8));
+  CHECK(text ==
+        "On cpu:0 at mesh coordinates (i,) = (0,):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (i,) = (1,):\n[2. 3.]\n\n"
+        "On cpu:2 at mesh coordinates (i,) = (2,):\n[4. 5.]\n\nOn cpu:3 at mesh coordinates (i,) = (3,):\n[6. 7.]");
+}
+
+TEST_CASE("staged shard_map prints its body with varying axes") {
+  Mesh mesh = make_mesh({4, 2}, {"x", "y"});
+  auto f = shard_map([](const Array& a, const Array& b) { return lax::psum(jnp::dot(a, b), "y"); }, mesh,
+                     {P("x", "y"), P("y", None)}, P("x", None));
+  std::string text = make_jaxpr(f)(jnp::ones({8, 16}), jnp::ones({16, 4})).str();
+  MESSAGE(text);
+  CHECK(text.find("{V:x,y}") != std::string::npos);
+}
