@@ -1,0 +1,257 @@
+// Differentiating shard_map (spec/shard_map.md §3): the worked examples A–V of §3.5 with both
+// check_vma settings — values, gradients, and the collectives in the transposed bodies — plus
+// jvp, vmap and jit compositions.
+#include <cmath>
+#include <map>
+
+#include "test_util.h"
+#include "trace/jaxpr.h"
+#include "trace/shard_map.h"
+
+using namespace cjax;
+using namespace cjax::testing;
+namespace jnp = cjax::numpy;
+
+namespace {
+Array arange_f(int64_t n) { return jnp::arange(n).astype(f32); }
+std::vector<double> v(const Array& a) {
+  std::vector<float> f = a.astype(f32).to_vector<float>();
+  return std::vector<double>(f.begin(), f.end());
+}
+Mesh mesh_i(int n = 4) { return make_mesh({n}, {"i"}); }
+
+// Primitive counts of the body of every shard_map equation of `j`, in order (not recursing
+// into the bodies' own sub-jaxprs).
+std::vector<std::map<std::string, int>> bodies(const ClosedJaxpr& j) {
+  std::vector<std::map<std::string, int>> out;
+  std::function<void(const Jaxpr&)> walk = [&](const Jaxpr& jp) {
+    for (const JaxprEqn& e : jp.eqns()) {
+      if (e.primitive == &g_shard_map) {
+        std::map<std::string, int> counts;
+        for (const JaxprEqn& b : ShardMapInfo::from(e.params).body->eqns()) counts[b.primitive->name]++;
+        out.push_back(counts);
+      }
+      for (const auto& [name, val] : e.params.items())
+        if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val))
+          if (auto* jp2 = dynamic_cast<const JaxprParam*>(obj->get()); jp2 && e.primitive != &g_shard_map)
+            walk(*jp2->jaxpr);
+    }
+  };
+  walk(*j.jaxpr);
+  return out;
+}
+int count(const std::map<std::string, int>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? 0 : it->second;
+}
+int collectives(const std::map<std::string, int>& m) {
+  int n = 0;
+  for (const char* k : {"psum", "psum_invariant", "all_gather", "reduce_scatter", "ppermute", "all_to_all", "pmax",
+                        "pmin", "all_gather_invariant", "pbroadcast"})
+    n += count(m, k);
+  return n;
+}
+ShardMapOptions vma(bool on) { return {.check_vma = on}; }
+}  // namespace
+
+TEST_CASE("A: fan-in psum to an unmapped output") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto f = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i(), P("i"), P(), vma(on));
+    auto loss = [&](const Array& x) { return jnp::sum(f(x)); };
+    CHECK(v(f(arange_f(4))) == std::vector<double>{6});
+    CHECK(v(grad(loss)(arange_f(4))) == std::vector<double>{1, 1, 1, 1});
+    CHECK(v(jit(grad(loss))(arange_f(4))) == std::vector<double>{1, 1, 1, 1});
+    if (on) {
+      auto b = bodies(make_jaxpr(grad(loss))(arange_f(4)));
+      REQUIRE(!b.empty());
+      CHECK(count(b.back(), "pvary") == 1);
+      CHECK(collectives(b.back()) == 0);
+    }
+  }
+}
+
+TEST_CASE("B: fan-out identity") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto f = shard_map([](const Array& x) { return x; }, mesh_i(), P(), P("i"), vma(on));
+    auto loss = [&](const Array& x) { return jnp::sum(f(x)); };
+    Array x = jnp::array(std::vector<float>{1, 2});
+    CHECK(v(f(x)) == std::vector<double>{1, 2, 1, 2, 1, 2, 1, 2});
+    CHECK(v(grad(loss)(x)) == std::vector<double>{4, 4});
+    CHECK(v(jit(grad(loss))(x)) == std::vector<double>{4, 4});
+    if (on) {
+      auto fwd = bodies(make_jaxpr(f)(x));
+      REQUIRE(fwd.size() == 1);
+      CHECK(fwd[0] == std::map<std::string, int>{{"pvary", 1}});
+      auto b = bodies(make_jaxpr(grad(loss))(x));
+      CHECK(b.back() == std::map<std::string, int>{{"psum_invariant", 1}});
+    }
+  }
+}
+
+TEST_CASE("C: psum with implicit fan-out") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto f = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i(), P("i"), P("i"), vma(on));
+    auto loss = [&](const Array& x) { return jnp::sum(f(x)); };
+    CHECK(v(f(arange_f(4))) == std::vector<double>{6, 6, 6, 6});
+    CHECK(v(grad(loss)(arange_f(4))) == std::vector<double>{4, 4, 4, 4});
+    if (on) {
+      CHECK(bodies(make_jaxpr(f)(arange_f(4)))[0] == std::map<std::string, int>{{"psum_invariant", 1}, {"pvary", 1}});
+      auto b = bodies(make_jaxpr(grad(loss))(arange_f(4)));
+      CHECK(b.back() == std::map<std::string, int>{{"psum_invariant", 1}, {"pvary", 1}});
+    }
+  }
+}
+
+TEST_CASE("D: the cursed identity transposes to an empty body") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto f = shard_map([](const Array& x) { return x; }, mesh_i(), P(), P(), vma(on));
+    CHECK(f(Array(3.f)).item<float>() == 3.f);
+    CHECK(grad(f)(Array(3.f)).item<float>() == 1.f);
+    if (on) CHECK(bodies(make_jaxpr(grad(f))(Array(3.f))).back().empty());
+  }
+}
+
+TEST_CASE("E, F: psum of a replicated input and a repeated psum") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto e = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i(), P(), P(), vma(on));
+    CHECK(e(Array(1.5f)).item<float>() == 6.f);
+    CHECK(grad(e)(Array(1.5f)).item<float>() == 4.f);
+    auto f = shard_map([](const Array& x) { return lax::psum(lax::psum(x, "i"), "i"); }, mesh_i(), P("i"), P(), vma(on));
+    auto loss = [&](const Array& x) { return jnp::sum(f(x)); };
+    CHECK(v(f(arange_f(4))) == std::vector<double>{24});
+    CHECK(v(grad(loss)(arange_f(4))) == std::vector<double>{4, 4, 4, 4});
+  }
+}
+
+TEST_CASE("G, H: mapped outputs after psum") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto g = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i(), P("i"), P("i"), vma(on));
+    Array w = jnp::array(std::vector<float>{1, 2, 3, 4});
+    CHECK(v(grad([&](const Array& x) { return jnp::sum(g(x) * w); })(arange_f(4))) ==
+          std::vector<double>{10, 10, 10, 10});
+    auto h = shard_map([](const Array& x, const Array& y) { return lax::psum(x, "i") * y; }, mesh_i(),
+                       {P("i"), P("i")}, P("i"), vma(on));
+    CHECK(v(h(arange_f(4), w)) == std::vector<double>{6, 12, 18, 24});
+    auto [gx, gy] = grad([&](const Array& x, const Array& y) { return jnp::sum(h(x, y)); }, argnums<0, 1>)(arange_f(4), w);
+    CHECK(v(gx) == std::vector<double>{10, 10, 10, 10});
+    CHECK(v(gy) == std::vector<double>{6, 6, 6, 6});
+  }
+}
+
+TEST_CASE("I: data-parallel mean loss needs one all-reduce for the weight gradient") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto loss = [&](const Array& w, const Array& x) {
+      return shard_map([](const Array& wb, const Array& xb) { return lax::pmean(jnp::sum(wb * xb), "i"); }, mesh_i(),
+                       {P(), P("i")}, P(), vma(on))(w, x);
+    };
+    CHECK(loss(Array(2.f), arange_f(8)).item<float>() == 14.f);
+    auto [gw, gx] = grad(loss, argnums<0, 1>)(Array(2.f), arange_f(8));
+    CHECK(gw.item<float>() == 7.f);
+    CHECK(v(gx) == std::vector<double>(8, 0.5));
+    if (on) {
+      auto b = bodies(make_jaxpr(grad(loss))(Array(2.f), arange_f(8)));
+      CHECK(count(b.back(), "psum_invariant") == 1);
+    }
+  }
+}
+
+TEST_CASE("J, K, L: replicated and closed-over parameters") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto j = shard_map([](const Array& w, const Array& x) { return w * x; }, mesh_i(), {P(), P("i")}, P("i"), vma(on));
+    auto [gw, gx] = grad([&](const Array& w, const Array& x) { return jnp::sum(j(w, x)); }, argnums<0, 1>)(
+        jnp::array(std::vector<float>{1, 2}), arange_f(8));
+    CHECK(v(gw) == std::vector<double>{12, 16});
+    CHECK(v(gx) == std::vector<double>{1, 2, 1, 2, 1, 2, 1, 2});
+    auto k = [&](const Array& w) {
+      return jnp::sum(shard_map([&](const Array& x) { return w * x; }, mesh_i(), P("i"), P("i"), vma(on))(arange_f(8)));
+    };
+    CHECK(grad(k)(Array(1.f)).item<float>() == 28.f);
+    auto l = [&](const Array& w, const Array& x) {
+      return jnp::sum(shard_map([&](const Array& xb) { return lax::psum(jnp::sum(jnp::square(w * xb)), "i"); }, mesh_i(),
+                                P("i"), P(), vma(on))(x));
+    };
+    CHECK(l(Array(3.f), arange_f(8)).item<float>() == 1260.f);
+    CHECK(grad(l)(Array(3.f), arange_f(8)).item<float>() == 840.f);
+  }
+}
+
+TEST_CASE("M, N, O: all_gather and psum_scatter transpose into each other") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto m = shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true}); }, mesh_i(), P("i"),
+                       P("i"), vma(on));
+    CHECK(v(grad([&](const Array& x) { return jnp::sum(m(x) * arange_f(16)); })(arange_f(4))) ==
+          std::vector<double>{24, 28, 32, 36});
+    auto o = shard_map([](const Array& x) { return lax::psum_scatter(x, "i", {.tiled = true}); }, mesh_i(), P("i"),
+                       P("i"), vma(on));
+    Array w = jnp::array(std::vector<float>{1, 2, 3, 4});
+    CHECK(v(grad([&](const Array& x) { return jnp::sum(o(x) * w); })(arange_f(16))) ==
+          v(jnp::tile(w, {4})));
+  }
+  auto n = shard_map([](const Array& a) { return lax::all_gather(a, "i", {.tiled = true, .to_invariant = true}); },
+                     mesh_i(), P("i"), P());
+  CHECK(v(n(arange_f(8))) == v(arange_f(8)));
+  CHECK(v(grad([&](const Array& a) { return jnp::sum(n(a)); })(arange_f(8))) == std::vector<double>(8, 1));
+}
+
+TEST_CASE("P, Q, R: ppermute, all_to_all and 2-D psum gradients") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto p = shard_map([](const Array& x) { return lax::ppermute(x, "i", {{0, 1}, {1, 2}, {2, 3}}); }, mesh_i(),
+                       P("i"), P("i"), vma(on));
+    Array x = jnp::array(std::vector<float>{1, 2, 3, 4});
+    CHECK(v(p(x)) == std::vector<double>{0, 1, 2, 3});
+    Array w = jnp::array(std::vector<float>{10, 20, 30, 40});
+    CHECK(v(grad([&](const Array& y) { return jnp::sum(p(y) * w); })(x)) == std::vector<double>{20, 30, 40, 0});
+    auto q = shard_map([](const Array& a) { return lax::all_to_all(a, "x", 1, 0, {.tiled = true}); },
+                       make_mesh({4}, {"x"}), P("x", None), P(None, "x"), vma(on));
+    Array a = arange_f(64).reshape({8, 8});
+    CHECK(v(q(a)) == v(a));
+    CHECK(v(grad([&](const Array& y) { return 2.f * jnp::sum(q(y)); })(a)) == std::vector<double>(64, 2));
+    auto r = shard_map([](const Array& y) { return lax::psum(y, "j"); }, make_mesh({2, 2}, {"i", "j"}), P("i", "j"),
+                       P("i", None), vma(on));
+    Array x4 = arange_f(16).reshape({4, 4});
+    CHECK(v(r(x4)) == std::vector<double>{2, 4, 10, 12, 18, 20, 26, 28});
+    CHECK(v(grad([&](const Array& y) { return jnp::sum(r(y) * arange_f(8).reshape({4, 2})); })(x4)) ==
+          std::vector<double>{0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7});
+  }
+}
+
+TEST_CASE("S, U: invariant over an unmentioned axis; closed-over scalar with no inputs") {
+  for (bool on : {true, false}) {
+    CAPTURE(on);
+    auto s = shard_map(
+        [](const Array& x, const Array& y) { return jnp::sin(x) + 3.f + std::tan(2.f) * jnp::cos(x) + y; },
+        make_mesh({2, 2}, {"x", "y"}), {P("x"), P(None)}, P("x"), vma(on));
+    Array x = arange_f(8) / 10.f, y = arange_f(4) / 10.f;
+    auto gy = grad([&](const Array& a, const Array& b) { return jnp::sum(s(a, b)); }, argnums<1>)(x, y);
+    check_all_close(gy, jnp::full({4}, Array(2.f)), 1e-6);
+    auto u = [&](const Array& z) {
+      return shard_map([&]() { return jnp::sin(z); }, mesh_i(), SpecTree{}, P(), vma(on))();
+    };
+    CHECK(grad(u)(Array(2.f)).item<float>() == doctest::Approx(std::cos(2.0)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("jvp, vmap and jit compose with shard_map") {
+  auto f = shard_map([](const Array& x) { return lax::psum(jnp::sin(x), "i"); }, mesh_i(), P("i"), P());
+  auto [y, t] = jvp(f, std::tuple{arange_f(4)}, std::tuple{jnp::ones({4})});
+  check_all_close(y, jnp::sum(jnp::sin(arange_f(4)), 0, true), 1e-5);
+  check_all_close(t, jnp::sum(jnp::cos(arange_f(4)), 0, true), 1e-5);
+  Array xs = arange_f(12).reshape({3, 4});
+  Array batched = vmap(f)(xs);
+  CHECK(batched.shape() == Shape{3, 1});
+  for (int b = 0; b < 3; ++b) check_all_close(batched[b], f(xs[b]), 1e-5);
+  check_all_close(jit(vmap(f))(xs), batched, 1e-5);
+  auto inner_jit = shard_map(jit([](const Array& x) { return lax::psum(x * x, "i"); }), mesh_i(), P("i"), P());
+  CHECK(v(inner_jit(arange_f(4))) == std::vector<double>{14});
+  CHECK(v(grad([&](const Array& x) { return jnp::sum(inner_jit(x)); })(arange_f(4))) == std::vector<double>{0, 2, 4, 6});
+}
