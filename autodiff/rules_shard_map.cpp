@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "autodiff/ad.h"
+#include "cjax/collectives.h"
 #include "autodiff/partial_eval.h"
 #include "cjax/lax.h"
 #include "core/collectives.h"
@@ -264,16 +265,43 @@ Xs shard_map_transpose(std::span<const Array> cts, std::span<const Array> args, 
 
 // ---- batching ----
 
-PartitionSpec with_leading_none(const PartitionSpec& s) {
-  std::vector<PartitionSpec::Entry> e{PartitionSpec::Entry(None)};
+PartitionSpec with_leading(const PartitionSpec& s, const std::string& axis) {
+  std::vector<PartitionSpec::Entry> e;
+  if (axis.empty()) e.emplace_back(None);
+  else e.emplace_back(axis);
   e.insert(e.end(), s.entries().begin(), s.entries().end());
   return PartitionSpec(std::move(e));
 }
 
+// vmap of a shard_map: the batch dimension leads every block, unsplit (or split over the
+// vmap's spmd_axis_name, which then must not appear in the specs).
 BatchOut shard_map_batch(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
                          const Params& p) {
   ShardMapInfo info = ShardMapInfo::from(p);
   auto body = info.body;
+  const std::string& spmd = axis.spmd_axis_name;
+  BatchAxis inner = axis;
+  inner.spmd_axis_name.clear();
+  if (!spmd.empty()) {
+    if (std::find(info.manual_axes.begin(), info.manual_axes.end(), spmd) == info.manual_axes.end())
+      throw SpecError(fmt::format("vmap spmd_axis_name '{}' is not a manual axis of the shard_map over {} (manual axes {})",
+                                  spmd, info.mesh.str(), AxisNames(info.manual_axes).str()));
+    for (const auto* specs : {&info.in_specs, &info.out_specs})
+      for (const PartitionSpec& s : *specs) {
+        auto m = s.mentioned_axes();
+        if (std::find(m.begin(), m.end(), spmd) != m.end())
+          throw SpecError(fmt::format("vmap spmd_axis_name cannot appear in shard_map in_specs or out_specs, but '{}' "
+                                      "appears in {}",
+                                      spmd, s.str()));
+      }
+    int64_t n = info.mesh.axis_size(spmd);
+    if (axis.size % n != 0)
+      throw SpecError(fmt::format("vmap with spmd_axis_name '{}' (size {}) needs a batch size divisible by it, got {}",
+                                  spmd, n, axis.size));
+    inner.size = axis.size / n;
+  }
+  std::vector<std::string> spmd_vma = spmd.empty() || !info.check_vma ? std::vector<std::string>{}
+                                                                       : std::vector<std::string>{spmd};
   Xs moved;
   std::vector<int> in_bdims;
   std::vector<AbstractValue> in_avals;
@@ -287,16 +315,17 @@ BatchOut shard_map_batch(std::span<const Array> args, std::span<const int> bdims
     } else {
       moved.push_back(move_bdim(args[i], bdims[i], 0, axis.size));
       in_bdims.push_back(0);
-      in_specs.push_back(with_leading_none(info.in_specs[i]));
-      a.shape.insert(a.shape.begin(), axis.size);
+      in_specs.push_back(with_leading(info.in_specs[i], spmd));
+      a.shape.insert(a.shape.begin(), inner.size);
+      a.vma = vma_union(a.vma, spmd_vma);
     }
     in_avals.push_back(a);
   }
   std::vector<PartitionSpec> out_specs;
-  for (const PartitionSpec& s : info.out_specs) out_specs.push_back(with_leading_none(s));
+  for (const PartitionSpec& s : info.out_specs) out_specs.push_back(with_leading(s, spmd));
   TracedCall call = trace_body(info, in_avals, [&](const Xs& xs) {
     Xs outs = vmap_flat([&](const Xs& a) { return eval_jaxpr(*body, {}, a); }, xs, in_bdims,
-                        [](size_t, int) { return 0; }, axis);
+                        [](size_t, int) { return 0; }, inner);
     return pvary_to_specs(std::move(outs), out_specs, info.check_vma);
   });
   Xs outs = bind_call(info, call, in_specs, out_specs, moved);

@@ -36,6 +36,8 @@ inline constexpr int kNotMapped = -1;
 struct BatchAxis {
   int64_t size = 0;
   std::string name;  // the vmap's axis_name ("" when unnamed)
+  // A mesh axis the batch dimension is split over inside shard_maps (vmap's spmd_axis_name).
+  std::string spmd_axis_name = "";
 };
 struct BatchOut {
   std::vector<Array> outs;

@@ -255,3 +255,18 @@ TEST_CASE("jvp, vmap and jit compose with shard_map") {
   CHECK(v(inner_jit(arange_f(4))) == std::vector<double>{14});
   CHECK(v(grad([&](const Array& x) { return jnp::sum(inner_jit(x)); })(arange_f(4))) == std::vector<double>{0, 2, 4, 6});
 }
+
+TEST_CASE("vmap with spmd_axis_name splits the batch over a mesh axis") {
+  Mesh mesh = make_mesh({2, 4}, {"y", "x"});
+  auto f = shard_map([](const Array& x) { return lax::psum(x, "x"); }, mesh, P("x"), P());
+  Array xs = arange_f(16).reshape({2, 8});
+  auto vf = vmap(f, 0, 0, {.spmd_axis_name = "y"});
+  Array got = vf(xs);
+  CHECK(got.shape() == Shape{2, 2});
+  for (int b = 0; b < 2; ++b) CHECK(v(got[b]) == v(f(xs[b])));
+  std::string text = make_jaxpr(vf)(xs).str();
+  CHECK(text.find("in_specs=(P('y', 'x'),)") != std::string::npos);
+  CHECK(text.find("out_specs=(P('y',),)") != std::string::npos);
+  auto bad = shard_map([](const Array& x) { return x; }, mesh, P("y"), P("y"));
+  CHECK_ERR(vmap(bad, 0, 0, {.spmd_axis_name = "y"})(xs), SpecError, "spmd_axis_name cannot appear");
+}

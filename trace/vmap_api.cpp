@@ -101,7 +101,7 @@ std::vector<Array> vmap(const FlatFn& f, const std::vector<Array>& args, const s
   }
   if (!size)
     throw ValueError("vmap must have at least one non-None value in in_axes (or set VmapOptions::axis_size)");
-  BatchAxis axis{*size, opts.axis_name};
+  BatchAxis axis{*size, opts.axis_name, opts.spmd_axis_name};
   auto out_axis = [&](size_t j, int rank) -> int {
     if (j >= out_axes.size()) throw Error("internal: vmap out_axes shorter than the outputs");
     if (!out_axes[j]) return kNotMapped;

@@ -52,6 +52,9 @@ class AxisSpec {
 struct VmapOptions {
   std::string axis_name = "";       // for collectives over the vmapped axis
   std::optional<int64_t> axis_size = std::nullopt;  // required when no input is mapped
+  // Inside a shard_map being vmapped, split the batch dimension over this mesh axis (JAX's
+  // spmd_axis_name): the specs gain it as their leading entry, P('x') -> P('y', 'x').
+  std::string spmd_axis_name = "";
 };
 
 namespace vmap_detail {
