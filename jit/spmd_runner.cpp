@@ -46,13 +46,17 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
   std::vector<std::vector<Array>> outs(n);
   std::vector<std::exception_ptr> errors(n);
+  // At run time values are concrete (their types carry no varying axes): the axes are bound for
+  // the collectives' kernels, with the type checks already done when the body was traced.
+  std::vector<ManualAxis> run_axes = axes;
+  for (ManualAxis& a : run_axes) a.check_vma = false;
   std::atomic<int64_t> first_failure{-1};
   std::vector<std::future<void>> done;
   done.reserve(n);
   for (size_t d = 0; d < n; ++d) {
     done.push_back(submit_to_device(mesh.devices()[d], [&, d] {
       try {
-        AxisEnvScope env(axes);
+        AxisEnvScope env(run_axes);
         SpmdScope spmd({&mesh, int64_t(d), comm.get()});
         outs[d] = exe->run(inputs[d]);
         inputs[d].clear();

@@ -78,3 +78,19 @@ TEST_CASE("staged shard_map prints its body with varying axes") {
   MESSAGE(text);
   CHECK(text.find("{V:x,y}") != std::string::npos);
 }
+
+TEST_CASE("nested shard_map: the inner one makes a further axis manual") {
+  Mesh mesh = make_mesh({2, 4}, {"x", "y"});
+  Array a = arange_f(8 * 4).reshape({8, 4});
+  auto inner = shard_map([](const Array& b) { return lax::psum(b, "y"); }, mesh, P(None, "y"), P(None, None),
+                         {.axis_names = {"y"}});
+  auto outer = shard_map([&](const Array& b) { return inner(b) * 2.f; }, mesh, P("x"), P("x"), {.axis_names = {"x"}});
+  std::vector<float> want;
+  std::vector<float> av = a.to_vector<float>();
+  for (int r = 0; r < 8; ++r) want.push_back(2.f * (av[r * 4] + av[r * 4 + 1] + av[r * 4 + 2] + av[r * 4 + 3]));
+  CHECK(outer(a).shape() == Shape{8, 1});
+  CHECK(outer(a).to_vector<float>() == want);
+  CHECK(jit(outer)(a).to_vector<float>() == want);
+  std::string text = make_jaxpr(outer)(a).str();
+  CHECK(text.find("manual_axes=frozenset({'y'})") != std::string::npos);
+}

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "cjax/collectives.h"
+#include "cjax/lax.h"
 #include "core/array_impl.h"
 #include "core/collectives.h"
 #include "trace/eval_jaxpr.h"
@@ -335,12 +336,48 @@ std::vector<AbstractValue> shard_map_abstract_eval(std::span<const Array> in, co
   return outs;
 }
 
+// A shard_map inside a body that already runs on every device (nesting, spec §1.9): each device
+// takes its own block of its operands along the inner manual axes, runs the body inline, and
+// rebuilds the outputs with tiled all_gathers over the axes each out_spec dimension names.
+std::vector<Array> nested_shard_map_impl(const ShardMapInfo& info, std::span<const Array> in,
+                                         std::span<const AbstractValue> out_avals) {
+  const SpmdContext& ctx = *current_spmd();
+  if (!(*ctx.mesh == info.mesh))
+    throw ShardingError(fmt::format("a nested shard_map must use the enclosing shard_map's mesh {}, got {}",
+                                    ctx.mesh->str(), info.mesh.str()));
+  std::vector<ManualAxis> frame = info.axis_frame();
+  for (ManualAxis& a : frame) a.check_vma = false;  // concrete values: types were checked when tracing
+  AxisEnvScope env(frame);
+  std::vector<Array> blocks;
+  for (size_t i = 0; i < in.size(); ++i) {
+    Array x = in[i];
+    const auto& entries = info.in_specs[i].entries();
+    for (size_t d = 0; d < entries.size(); ++d) {
+      if (entries[d].names.empty()) continue;
+      int64_t n = entry_size(info.mesh, entries[d]), size = x.shape()[d] / n;
+      int64_t k = axis_position(info.mesh, entries[d].names, ctx.device);
+      x = lax::slice_in_dim(x, k * size, (k + 1) * size, 1, int64_t(d));
+    }
+    blocks.push_back(x);
+  }
+  std::vector<Array> outs = eval_jaxpr(*info.body, {}, blocks);
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const auto& entries = info.out_specs[k].entries();
+    for (size_t d = 0; d < entries.size(); ++d)
+      if (!entries[d].names.empty())
+        outs[k] = bind1(g_all_gather, {outs[k]},
+                        {{"axes", axes_param(entries[d].names)},
+                         {"all_gather_dimension", int64_t(d)},
+                         {"axis_size", entry_size(info.mesh, entries[d])},
+                         {"tiled", true}});
+    (void)out_avals;
+  }
+  return outs;
+}
+
 std::vector<Array> shard_map_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   ShardMapInfo info = ShardMapInfo::from(p);
-  if (current_spmd())
-    throw ShardingError(
-        "a staged shard_map nested inside another staged shard_map body is not supported yet; call the inner "
-        "shard_map outside jit (eagerly) or merge the two into one shard_map over all the axes");
+  if (current_spmd()) return nested_shard_map_impl(info, in, out_avals);
   size_t n = size_t(info.mesh.size());
   std::vector<std::vector<Array>> per_device(n);
   for (size_t i = 0; i < in.size(); ++i) {
