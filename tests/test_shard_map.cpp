@@ -94,3 +94,33 @@ TEST_CASE("nested shard_map: the inner one makes a further axis manual") {
   std::string text = make_jaxpr(outer)(a).str();
   CHECK(text.find("manual_axes=frozenset({'y'})") != std::string::npos);
 }
+
+TEST_CASE("devices that run different collectives raise CollectiveError instead of hanging") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  // Only device 0 takes the branch with the psum: the others finish while it waits.
+  auto diverge = shard_map(
+      [](const Array& x) {
+        return lax::cond(
+            lax::axis_index("i") == 0, [](const Array& v) { return lax::psum(v, "i"); }, [](const Array& v) { return v; },
+            x);
+      },
+      mesh, P("i"), P("i"), {.check_vma = false});
+  CHECK_ERR(jit(diverge)(arange_f(4)), CollectiveError, "finished the shard_map body while");
+  CHECK_ERR(diverge(arange_f(4)), CollectiveError, "finished the shard_map body while");
+  // Device 0 is busy for a while before the psum: the others time out.
+  double saved = config::collective_timeout_seconds();
+  config::set_collective_timeout_seconds(0.05);
+  auto slow = shard_map(
+      [](const Array& x) {
+        Array y = lax::cond(
+            lax::axis_index("i") == 0,
+            [](const Array& v) {
+              return lax::fori_loop(0, 100000, [](const Array&, const Array& c) { return jnp::sin(c); }, v);
+            },
+            [](const Array& v) { return v; }, x);
+        return lax::psum(y, "i");
+      },
+      mesh, P("i"), P("i"), {.check_vma = false});
+  CHECK_ERR(jit(slow)(arange_f(4)), CollectiveError, "timed out after");
+  config::set_collective_timeout_seconds(saved);
+}
