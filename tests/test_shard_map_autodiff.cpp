@@ -263,7 +263,8 @@ TEST_CASE("vmap with spmd_axis_name splits the batch over a mesh axis") {
   auto vf = vmap(f, 0, 0, {.spmd_axis_name = "y"});
   Array got = vf(xs);
   CHECK(got.shape() == Shape{2, 2});
-  for (int b = 0; b < 2; ++b) CHECK(v(got[b]) == v(f(xs[b])));
+  std::vector<float> all = got.to_vector<float>();
+  for (int b = 0; b < 2; ++b) CHECK(std::vector<float>(all.begin() + 2 * b, all.begin() + 2 * b + 2) == f(xs[b]).to_vector<float>());
   std::string text = make_jaxpr(vf)(xs).str();
   CHECK(text.find("in_specs=(P('y', 'x'),)") != std::string::npos);
   CHECK(text.find("out_specs=(P('y',),)") != std::string::npos);

@@ -253,11 +253,22 @@ TEST_CASE("visualize_array_sharding") {
   CHECK_ERR(debug::visualize_array_sharding(idx_array({2, 2, 2}, f32)), ShardingError, "(2, 2, 2)");
 }
 
-TEST_CASE("eager ops refuse sharded inputs instead of computing on one shard") {
+TEST_CASE("eager ops on sharded inputs run per shard, or refuse instead of gathering silently") {
   Mesh m = make_mesh({8}, {"i"});
   Array x = device_put(idx_array({8}, f32), NamedSharding(m, P("i")));
-  CHECK_ERR(x + 1.0f, ShardingError, "'add'", "not supported yet", "P('i',)", "device_put it to one device");
-  CHECK_ERR(numpy::sum(x), ShardingError, "P('i',)", "shard_map/jit");
+  Array y = x + 1.0f;
+  CHECK(y.sharding().str() == "NamedSharding(mesh=Mesh('i': 8), spec=P('i',), memory_kind=device)");
+  CHECK(vals(y) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(vals(x * idx_array({8}, f32)) == std::vector<double>{0, 1, 4, 9, 16, 25, 36, 49});  // the other is split
+  CHECK(numpy::sum(x).item<float>() == 28.f);
+  CHECK(numpy::max(x).item<float>() == 7.f);
+  Mesh m2 = make_mesh({4, 2}, {"a", "b"});
+  Array z = device_put(idx_array({4, 4}, f32), NamedSharding(m2, P("a", "b")));
+  Array rows = numpy::sum(z, 1);
+  CHECK(rows.sharding().str() == "NamedSharding(mesh=Mesh('a': 4, 'b': 2), spec=P('a',), memory_kind=device)");
+  CHECK(vals(rows) == std::vector<double>{6, 22, 38, 54});
+  CHECK_ERR(x.reshape({2, 4}) + 0.f, ShardingError, "'reshape'", "P('i',)", "never gathers", "device_put");
+  CHECK_ERR(x + device_put(idx_array({8}, f32), NamedSharding(m2, P(axes("a", "b")))), ShardingError, "differs");
   // Fully replicated inputs compute on their first copy.
   Array r = device_put(idx_array({8}, f32), NamedSharding(m, P()));
   CHECK(vals(r + 1.0f) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8});

@@ -44,15 +44,20 @@ void raise_escaped_tracer(const Array& a, const PrimitiveDef& def) {
       a.aval().str(), def.name, tracer_origin(a)));
 }
 
+std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params);
+
 std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
                                                 const Params& params) {
+  bool sharded = false;
   for (const Array& a : inputs) {
     if (!a.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
     if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
     auto* c = static_cast<ConcreteArray*>(a.impl());
     if (c->buffers.empty()) raise_deleted(fmt::format("'{}'", def.name));
-    if (c->buffers.size() > 1) require_one_copy(a, fmt::format("'{}' input {}", def.name, &a - inputs.data()));
+    if (c->buffers.size() > 1 && !(c->sharding && is_fully_replicated(*c->sharding))) sharded = true;
   }
+  // shard_map takes sharded operands block by block; other primitives run per shard.
+  if (sharded && def.name != "shard_map") return process_sharded(def, inputs, params);
   std::vector<AbstractValue> out_avals = infer_avals(def, inputs, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
   return def.cpu_impl(inputs, out_avals, params);

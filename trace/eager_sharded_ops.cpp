@@ -1,0 +1,116 @@
+// Eager primitives on sharded arrays (issue 4 item 1, DESIGN.md §7 "Eager"): run per shard where
+// the shardings allow it, through an eager shard_map over the arrays' mesh, so the data never
+// leaves its devices:
+//  * elementwise primitives whose non-scalar operands share one NamedSharding (operands that are
+//    on one device or fully replicated are split into the same blocks first: each device gets its
+//    block, nothing is replicated);
+//  * reduce_sum / reduce_max / reduce_min over any axes: per-block reductions, then psum / pmax /
+//    pmin over the mesh axes that split reduced dimensions (a fixed member order, so results are
+//    deterministic); the result stays split over the dimensions it keeps.
+// Anything else raises ShardingError naming the primitive, the operand and its sharding, and the
+// explicit fix (device_put to replicate or to one device, or run it inside shard_map or jit).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cjax/collectives.h"
+#include "cjax/shard_map.h"
+#include "core/array_impl.h"
+#include "trace/trace.h"
+
+namespace cjax {
+namespace {
+
+const NamedSharding* split_sharding(const Array& x) {
+  auto* c = concrete(x);
+  if (!c || c->buffers.size() <= 1 || !c->sharding) return nullptr;
+  auto* ns = dynamic_cast<const NamedSharding*>(c->sharding.get());
+  return ns && !ns->is_fully_replicated() ? ns : nullptr;
+}
+
+[[noreturn]] void refuse(const PrimitiveDef& def, size_t i, const Array& x, std::string_view why) {
+  throw ShardingError(fmt::format(
+      "'{}' input {}: {} (an array of shape {} with sharding {}). Reshard explicitly: "
+      "device_put(x, NamedSharding(mesh, P())) replicates it, device_put(x, SingleDeviceSharding(device)) moves it "
+      "to one device; or compute it inside shard_map or jit",
+      def.name, i, why, shape_str(x.shape()), x.sharding().str()));
+}
+
+std::vector<Array> run_blockwise(const PrimitiveDef& def, const Params& params, const Mesh& mesh,
+                                 const std::vector<Array>& args, const std::vector<PartitionSpec>& in_specs,
+                                 std::vector<PartitionSpec> out_specs, const std::vector<Array>& scalars,
+                                 const std::vector<int>& scalar_pos,
+                                 const std::function<std::vector<Array>(std::vector<Array>)>& finish) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < args.size(); ++i) names.push_back("args[" + std::to_string(i) + "]");
+  shard_map_detail::FlatFn f = [&](const std::vector<Array>& blocks) {
+    std::vector<Array> ins;
+    size_t b = 0, s = 0;
+    for (size_t k = 0; k < scalar_pos.size(); ++k) ins.push_back(scalar_pos[k] >= 0 ? scalars[s++] : blocks[b++]);
+    return finish(cjax::bind(def, ins, params));
+  };
+  ShardMapOptions opts;
+  opts.name = def.name;
+  return shard_map_detail::shard_map(f, mesh, args, in_specs, names, out_specs, opts);
+}
+
+}  // namespace
+
+std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+  const NamedSharding* s = nullptr;
+  size_t first = 0;
+  for (size_t i = 0; i < inputs.size() && !s; ++i)
+    if ((s = split_sharding(inputs[i]))) first = i;
+  const Mesh& mesh = s->mesh();
+  const PartitionSpec& spec = s->spec();
+
+  if (def.kind == PrimKind::Elementwise) {
+    std::vector<Array> args, scalars;
+    std::vector<int> pos;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Array& x = inputs[i];
+      if (x.ndim() == 0) {
+        pos.push_back(int(scalars.size()));
+        scalars.push_back(x);
+        continue;
+      }
+      if (x.shape() != inputs[first].shape()) refuse(def, i, x, "operands of different shapes cannot run per shard");
+      const NamedSharding* xs = split_sharding(x);
+      if (xs && !(*xs == *s))
+        refuse(def, i, x, fmt::format("its sharding differs from input {}'s {}", first, s->str()));
+      pos.push_back(-1);
+      args.push_back(x);
+    }
+    std::vector<PartitionSpec> in_specs(args.size(), spec);
+    return run_blockwise(def, params, mesh, args, in_specs, {spec}, scalars, pos,
+                         [](std::vector<Array> o) { return o; });
+  }
+
+  if (def.name == "reduce_sum" || def.name == "reduce_max" || def.name == "reduce_min") {
+    const Array& x = inputs[0];
+    const auto& axes = params.ints("axes");
+    std::vector<std::string> reduced_mesh_axes;
+    std::vector<PartitionSpec::Entry> kept;
+    for (size_t d = 0; d < size_t(x.ndim()); ++d) {
+      PartitionSpec::Entry e = d < spec.size() ? spec.entries()[d] : PartitionSpec::Entry(None);
+      if (std::find(axes.begin(), axes.end(), int64_t(d)) != axes.end())
+        reduced_mesh_axes.insert(reduced_mesh_axes.end(), e.names.begin(), e.names.end());
+      else
+        kept.push_back(e);
+    }
+    while (!kept.empty() && kept.back().names.empty()) kept.pop_back();
+    PartitionSpec out_spec(kept);
+    std::string which = def.name;
+    return run_blockwise(def, params, mesh, {x}, {spec}, {out_spec}, {}, {-1}, [&](std::vector<Array> o) {
+      if (reduced_mesh_axes.empty()) return o;
+      AxisNames a(reduced_mesh_axes);
+      if (which == "reduce_sum") return std::vector<Array>{lax::psum(o[0], a)};
+      if (which == "reduce_max") return std::vector<Array>{lax::pmax(o[0], a)};
+      return std::vector<Array>{lax::pmin(o[0], a)};
+    });
+  }
+  refuse(def, first, inputs[first],
+         "this primitive has no per-shard rule yet, and cjax never gathers a sharded array silently");
+}
+
+}  // namespace cjax
