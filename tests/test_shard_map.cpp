@@ -124,3 +124,108 @@ TEST_CASE("devices that run different collectives raise CollectiveError instead 
   CHECK_ERR(jit(slow)(arange_f(4)), CollectiveError, "timed out after");
   config::set_collective_timeout_seconds(saved);
 }
+
+TEST_CASE("golden jaxprs of staged shard_maps with varying-axes types") {
+  Mesh mesh = make_mesh({4, 2}, {"x", "y"});
+  auto f = shard_map([](const Array& a, const Array& b) { return lax::psum(jnp::dot(a, b), "y"); }, mesh,
+                     {P("x", "y"), P("y", None)}, P("x", None));
+  Mesh mi = make_mesh({4}, {"i"});
+  auto b = shard_map([](const Array& x) { return x; }, mi, P(), P("i"));
+  auto bl = [&](const Array& x) { return jnp::sum(b(x)); };
+  auto c = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mi, P("i"), P("i"), {.check_vma = false});
+  auto k = [&](const Array& w) {
+    return shard_map([&](const Array& x) { return w * x; }, mi, P("i"), P("i"))(jnp::ones({8}));
+  };
+  // matmul_basic (examples §1)
+  CHECK(text(make_jaxpr(f)(jnp::ones({8, 16}), jnp::ones({16, 4}))) ==
+        "{ lambda ; a:f32[8,16] b:f32[16,4]. let\n"
+        "    c:f32[8,4] = shard_map[\n"
+        "      check_vma=True\n"
+        "      in_specs=(P('x', 'y'), P('y', None))\n"
+        "      jaxpr={ lambda ; d:f32[2,8]{V:x,y} e:f32[8,4]{V:y}. let\n"
+        "          f:f32[8,4]{V:x,y} = pvary[axes=('x',)] e\n"
+        "          g:f32[2,4]{V:x,y} = dot_general[\n"
+        "            dimension_numbers=(([1], [0]), ([], []))\n"
+        "            out_sharding=None\n"
+        "            precision=None\n"
+        "            preferred_element_type=float32\n"
+        "          ] d f\n"
+        "          h:f32[2,4]{V:x} = psum_invariant[axes=('y',)] g\n"
+        "        in (h,) }\n"
+        "      manual_axes=frozenset({'x', 'y'})\n"
+        "      mesh=Mesh('x': 4, 'y': 2)\n"
+        "      out_specs=(P('x', None),)\n"
+        "    ] a b\n"
+        "  in (c,) }");
+  // example B forward: the body is one pvary
+  CHECK(text(make_jaxpr(b)(jnp::ones({2}))) ==
+        "{ lambda ; a:f32[2]. let\n"
+        "    b:f32[8] = shard_map[\n"
+        "      check_vma=True\n"
+        "      in_specs=(P(),)\n"
+        "      jaxpr={ lambda ; c:f32[2]. let\n"
+        "          d:f32[2]{V:i} = pvary[axes=('i',)] c\n"
+        "        in (d,) }\n"
+        "      manual_axes=frozenset({'i'})\n"
+        "      mesh=Mesh('i': 4)\n"
+        "      out_specs=(P('i',),)\n"
+        "    ] a\n"
+        "  in (b,) }");
+  // example B grad: the transposed body is one psum_invariant
+  CHECK(text(make_jaxpr(grad(bl))(jnp::ones({2}))) ==
+        "{ lambda ; a:f32[2]. let\n"
+        "    b:f32[8] = shard_map[\n"
+        "      check_vma=True\n"
+        "      in_specs=(P(),)\n"
+        "      jaxpr={ lambda ; c:f32[2]. let\n"
+        "          d:f32[2]{V:i} = pvary[axes=('i',)] c\n"
+        "        in (d,) }\n"
+        "      manual_axes=frozenset({'i'})\n"
+        "      mesh=Mesh('i': 4)\n"
+        "      out_specs=(P('i',),)\n"
+        "    ] a\n"
+        "    _:f32[] = reduce_sum[axes=(0,) out_sharding=None] b\n"
+        "    e:f32[8] = broadcast_in_dim[\n"
+        "      broadcast_dimensions=()\n"
+        "      shape=(8,)\n"
+        "      sharding=None\n"
+        "    ] 1.0:f32[]\n"
+        "    f:f32[2] = shard_map[\n"
+        "      check_vma=True\n"
+        "      in_specs=(P('i',),)\n"
+        "      jaxpr={ lambda ; g:f32[2]{V:i}. let\n"
+        "          h:f32[2] = psum_invariant[axes=('i',)] g\n"
+        "        in (h,) }\n"
+        "      manual_axes=frozenset({'i'})\n"
+        "      mesh=Mesh('i': 4)\n"
+        "      out_specs=(P(),)\n"
+        "    ] e\n"
+        "  in (f,) }");
+  // check_vma=false: no {V:} types, plain psum
+  CHECK(text(make_jaxpr(c)(jnp::ones({4}))) ==
+        "{ lambda ; a:f32[4]. let\n"
+        "    b:f32[4] = shard_map[\n"
+        "      check_vma=False\n"
+        "      in_specs=(P('i',),)\n"
+        "      jaxpr={ lambda ; c:f32[1]. let d:f32[1] = psum[axes=('i',)] c in (d,) }\n"
+        "      manual_axes=frozenset({'i'})\n"
+        "      mesh=Mesh('i': 4)\n"
+        "      out_specs=(P('i',),)\n"
+        "    ] a\n"
+        "  in (b,) }");
+  // a closed-over value becomes a P() input
+  CHECK(text(make_jaxpr(k)(Array(2.f))) ==
+        "{ lambda a:f32[8]; b:f32[]. let\n"
+        "    c:f32[8] = shard_map[\n"
+        "      check_vma=True\n"
+        "      in_specs=(P(), P('i',))\n"
+        "      jaxpr={ lambda ; d:f32[] e:f32[2]{V:i}. let\n"
+        "          f:f32[]{V:i} = pvary[axes=('i',)] d\n"
+        "          g:f32[2]{V:i} = mul f e\n"
+        "        in (g,) }\n"
+        "      manual_axes=frozenset({'i'})\n"
+        "      mesh=Mesh('i': 4)\n"
+        "      out_specs=(P('i',),)\n"
+        "    ] b a\n"
+        "  in (c,) }");
+}

@@ -10,6 +10,8 @@
 #include <unordered_map>
 
 #include "core/array_impl.h"
+#include "core/collectives.h"
+#include "trace/shard_map.h"
 #include "core/gather_scatter.h"
 #include "core/linalg.h"
 
@@ -228,6 +230,109 @@ std::optional<ParamValue> read_fill_value(std::string_view text) {
 
 std::optional<ParamValue> read_text(std::string_view text) { return ParamValue(std::string(text)); }
 
+
+// ---- shard_map and collective parameters ----
+
+// The quoted names in `text`, in order: ('i', 'j') and frozenset({'i', 'j'}).
+std::vector<std::string> quoted_names(std::string_view text) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\'') continue;
+    size_t j = text.find('\'', i + 1);
+    if (j == std::string_view::npos) return {};
+    out.emplace_back(text.substr(i + 1, j - i - 1));
+    i = j;
+  }
+  return out;
+}
+
+std::optional<ParamValue> read_axes(std::string_view text) {
+  auto names = quoted_names(text);
+  if (names.empty() || text.front() != '(') return std::nullopt;
+  return ParamValue(axes_param(std::move(names)));
+}
+
+std::optional<ParamValue> read_manual_axes(std::string_view text) {
+  if (text.rfind("frozenset({", 0) != 0) return std::nullopt;
+  return ParamValue(std::shared_ptr<const ParamObject>(std::make_shared<ManualAxesParam>(quoted_names(text))));
+}
+
+// Mesh('x': 4, 'y': 2): the first devices, as make_mesh lays them out.
+std::optional<ParamValue> read_mesh(std::string_view text) {
+  if (text.rfind("Mesh(", 0) != 0) return std::nullopt;
+  Shape shape;
+  std::vector<std::string> names;
+  size_t i = 5;
+  while (i < text.size() && text[i] == '\'') {
+    size_t j = text.find('\'', i + 1);
+    if (j == std::string_view::npos || j + 2 >= text.size() || text[j + 1] != ':') return std::nullopt;
+    names.emplace_back(text.substr(i + 1, j - i - 1));
+    i = j + 2;
+    while (i < text.size() && text[i] == ' ') ++i;
+    int64_t n = 0;
+    auto [end, ec] = std::from_chars(text.data() + i, text.data() + text.size(), n);
+    if (ec != std::errc()) return std::nullopt;
+    shape.push_back(n);
+    i = size_t(end - text.data());
+    if (i < text.size() && text[i] == ',') i += 2;
+  }
+  if (i + 1 != text.size() || text[i] != ')') return std::nullopt;
+  return ParamValue(std::shared_ptr<const ParamObject>(std::make_shared<MeshParam>(make_mesh(shape, names))));
+}
+
+// (P('x', 'y'), P(('i', 'j'), None), P())
+std::optional<ParamValue> read_specs(std::string_view text) {
+  std::vector<PartitionSpec> specs;
+  size_t i = 0;
+  auto skip = [&] {
+    while (i < text.size() && (text[i] == ' ' || text[i] == ',')) ++i;
+  };
+  auto name = [&]() -> std::optional<std::string> {
+    if (i >= text.size() || text[i] != '\'') return std::nullopt;
+    size_t j = text.find('\'', i + 1);
+    if (j == std::string_view::npos) return std::nullopt;
+    std::string n(text.substr(i + 1, j - i - 1));
+    i = j + 1;
+    return n;
+  };
+  if (text.empty() || text[i++] != '(') return std::nullopt;
+  skip();
+  while (i < text.size() && text[i] != ')') {
+    if (text.substr(i, 2) != "P(") return std::nullopt;
+    i += 2;
+    std::vector<PartitionSpec::Entry> entries;
+    skip();
+    while (i < text.size() && text[i] != ')') {
+      if (text.substr(i, 4) == "None") {
+        entries.emplace_back(None);
+        i += 4;
+      } else if (text[i] == '(') {
+        ++i;
+        std::vector<std::string> names;
+        skip();
+        while (auto n = name()) {
+          names.push_back(*n);
+          skip();
+        }
+        if (i >= text.size() || text[i] != ')') return std::nullopt;
+        ++i;
+        entries.emplace_back(AxisTuple{names});
+      } else if (auto n = name()) {
+        entries.emplace_back(*n);
+      } else {
+        return std::nullopt;
+      }
+      skip();
+    }
+    if (i >= text.size()) return std::nullopt;
+    ++i;  // ')' of P
+    specs.emplace_back(std::move(entries));
+    skip();
+  }
+  if (i + 1 != text.size()) return std::nullopt;
+  return ParamValue(std::shared_ptr<const ParamObject>(std::make_shared<SpecsParam>(std::move(specs))));
+}
+
 struct StructuredParam {
   std::vector<std::string_view> primitives;  // empty: every primitive
   std::string_view param;
@@ -235,6 +340,9 @@ struct StructuredParam {
   ParamReader read;
 };
 
+const std::vector<std::string_view> kCollectives{"psum_invariant", "psum", "pmax", "pmin", "pvary", "all_gather",
+                                                  "all_gather_invariant", "reduce_scatter", "ppermute", "all_to_all",
+                                                  "axis_index", "pbroadcast"};
 const std::vector<std::string_view> kScatters{"scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max"};
 
 const std::vector<StructuredParam>& structured_params() {
@@ -261,6 +369,12 @@ const std::vector<StructuredParam>& structured_params() {
          read_scatter_dims},
         {gather_and_scatters, "mode", "GatherScatterMode.FILL_OR_DROP", read_mode},
         {{"gather"}, "fill_value", "None or 0.5", read_fill_value},
+        {kCollectives, "axes", "('i', 'j')", read_axes},
+        {{"ppermute"}, "perm", "((0, 1), (1, 2))", read_int_tuples},
+        {{"shard_map"}, "mesh", "Mesh('x': 4, 'y': 2)", read_mesh},
+        {{"shard_map"}, "in_specs", "(P('x', None), P())", read_specs},
+        {{"shard_map"}, "out_specs", "(P('x', None),)", read_specs},
+        {{"shard_map"}, "manual_axes", "frozenset({'x', 'y'})", read_manual_axes},
         // A call's `name` is text even where it equals a hoisted jaxpr's name (which comes from it).
         {{}, "name", "f", read_text},
     };
