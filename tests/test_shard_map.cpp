@@ -229,3 +229,75 @@ TEST_CASE("golden jaxprs of staged shard_maps with varying-axes types") {
         "    ] b a\n"
         "  in (c,) }");
 }
+
+TEST_CASE("errors of spec §1.7 and the out_specs check §2.4") {
+  Mesh m = make_mesh({4, 2}, {"i", "j"});
+  auto id = [](const Array& x) { return x; };
+  // 2: unknown axis; 8 (D4): an axis named twice is rejected at construction.
+  CHECK_ERR(shard_map(id, m, P("k"), P()), SpecError, "must refer to an axis marked as manual", "'k'");
+  CHECK_ERR(shard_map(id, m, P(), P("k")), SpecError, "out_specs", "'k'");
+  CHECK_ERR(shard_map(id, m, P("i", "i"), P()), SpecError, "duplicate entries for `i`");
+  CHECK_ERR(shard_map(id, m, P(axes("i", "j"), "i"), P()), SpecError, "duplicate entries for `i`");
+  // 3: specs not a tree prefix of the arguments.
+  auto two = [](const Array& x, const Array& y) { return x + y; };
+  CHECK_ERR(shard_map(two, m, {P("i")}, P("i"))(jnp::ones({8}), jnp::ones({8})), SpecError, "in_specs", "1 entries");
+  auto pairf = [](const std::vector<Array>& xs) { return xs[0]; };
+  CHECK_ERR(shard_map(pairf, m, {{P("i"), P("i"), P("i")}}, P("i"))(std::vector<Array>{jnp::ones({8}), jnp::ones({8})}),
+            SpecError, "in_specs[0]", "not a tree prefix");
+  // 4: spec longer than the argument's rank (with the scalar hint).
+  CHECK_ERR(shard_map(id, m, P("i", "j"), P())(jnp::arange(4)), SpecError, "too long", "int32[4]", "(and 1 < 2)");
+  CHECK_ERR(shard_map(id, m, P("i"), P())(Array(1.f)), SpecError, "too long", "use P() for it");
+  // 5: divisibility, one failure and several.
+  CHECK_ERR(shard_map(two, m, {P(), P("i")}, P())(jnp::ones({4}), jnp::ones({2, 2})), SpecError,
+            "not evenly divisible", "The mesh given has shape (4, 2) with corresponding axis names ('i', 'j').",
+            "args[1]", "maps array axis 0 (of size 2) to mesh axis 'i' (of size 4), but 4 does not evenly divide 2");
+  CHECK_ERR(shard_map(two, m, {P(axes("i", "j")), P("i")}, P())(jnp::ones({4}), jnp::ones({2})), SpecError,
+            "* the passed args[0]", "mesh axes ('i', 'j') (of total size 8)", "* the passed args[1]");
+  // 6: out spec longer than the output's rank.
+  CHECK_ERR(shard_map([](const Array& x) { return jnp::sum(x); }, m, P("i"), P("i"))(jnp::ones({8})), SpecError,
+            "out_specs entry which is too long", "scalar", "x[None]");
+  // 7 (§2.4): the replication check, eagerly and when staged.
+  Mesh mi = make_mesh({4}, {"i"});
+  auto varying = shard_map(id, mi, P("i"), P());
+  CHECK_ERR(varying(jnp::ones({8})), VmaError, "statically inferred", "require replication",
+            "out_specs[0] is P() which implies that the corresponding output value is replicated across mesh axis "
+            "'i', but could not infer replication over any axes");
+  CHECK_ERR(jit(varying)(jnp::ones({8})), VmaError, "require replication");
+  Mesh m3 = make_mesh({2, 2, 2}, {"x", "y", "z"});
+  auto f3 = shard_map(id, m3, P(axes("x", "y", "z")), P("x"));
+  CHECK_ERR(f3(jnp::ones({8})), VmaError, "The mesh given has shape (2, 2, 2) with corresponding axis names ('x', 'y', 'z').",
+            "only varying across mesh axes {x} and not {y,z}, but it was inferred to be possibly varying over {x,y,z}");
+  auto both = shard_map([](const Array& x) { return std::tuple{x, x}; }, m, P("i"), {P(), P()});
+  CHECK_ERR(both(jnp::ones({8})), VmaError, "* out_specs[0]", "* out_specs[1]");
+  // all_gather stays varying; psum and all_gather(to_invariant) are invariant; check_vma=false accepts.
+  CHECK_ERR(shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true}); }, m, P("i"), P())(
+                jnp::ones({8})),
+            VmaError, "require replication");
+  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P())(jnp::ones({8})).shape() == Shape{2});
+  CHECK(shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true, .to_invariant = true}); }, m,
+                  P("i"), P())(jnp::ones({8}))
+            .shape() == Shape{8});
+  CHECK(shard_map(id, m, P("i"), P(), {.check_vma = false})(jnp::ones({8})).shape() == Shape{2});
+  // 9, 11: collectives and pvary outside shard_map; 10: collective-specific messages.
+  CHECK_ERR(lax::psum(jnp::ones({2}), "i"), AxisNameError, "unbound axis name: i");
+  CHECK_ERR(lax::pvary(jnp::ones({2}), "i"), ValueError, "pvary should be called under shard_map.");
+  auto body = [&](std::function<Array(const Array&)> g, int64_t n) { return shard_map(g, mi, P("i"), P("i"))(jnp::ones({n})); };
+  CHECK_ERR(body([](const Array& x) { return lax::all_to_all(x, "i", 0, 0, {.tiled = true}); }, 24), ValueError,
+            "The size of all_to_all split_axis (6) has to be divisible by the size of the named axis i (4)");
+  CHECK_ERR(body([](const Array& x) { return lax::all_to_all(x, "i", 0, 0); }, 32), ValueError,
+            "all_to_all requires the size of the mapped axis i to equal x.shape[split_axis], but they are 4 and 8");
+  CHECK_ERR(body([](const Array& x) { return lax::psum_scatter(x, "i", {.tiled = true}); }, 24), ValueError,
+            "tiled reduce_scatter operand scatter dimension size 6 must be divisible by shard_count 4");
+  CHECK_ERR(body([](const Array& x) { return lax::psum_scatter(x, "i"); }, 12), ValueError,
+            "reduce_scatter operand scatter dimension size 3 must match shard count 4");
+  CHECK_ERR(body([](const Array& x) { return lax::ppermute(x, "i", {{0, 1}, {0, 2}}); }, 4), ValueError,
+            "ppermute sources and destinations must be unique, got ((0, 1), (0, 2)).");
+  // Partially manual: only "i" is manual; naming "j" or reducing over it is an error.
+  CHECK_ERR(shard_map(id, m, P("j"), P("j"), {.axis_names = {"i"}}), SpecError, "marked as manual", "'j'");
+  CHECK_ERR(shard_map([](const Array& x) { return lax::psum(x, "j"); }, m, P("i"), P("i"), {.axis_names = {"i"}})(
+                jnp::ones({8})),
+            AxisNameError, "unbound axis name: j");
+  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P(), {.axis_names = {"i"}})(
+            arange_f(8))
+            .to_vector<float>() == std::vector<float>{12, 16});
+}

@@ -417,6 +417,11 @@ std::vector<Array> bind_shard_map(const ShardMapInfo& info, std::span<const Arra
 namespace shard_map_detail {
 namespace {
 
+// JAX's str(ShapedArray) in messages: int32[2,2].
+std::string long_type(const AbstractValue& a) {
+  return fmt::format("{}[{}]", dtype_name(a.dtype), fmt::join(a.shape, ","));
+}
+
 void check_inputs(const std::string& fn, const Mesh& mesh, const std::vector<Array>& args,
                   const std::vector<PartitionSpec>& specs, const std::vector<std::string>& names) {
   for (size_t i = 0; i < args.size(); ++i) {
@@ -431,7 +436,7 @@ void check_inputs(const std::string& fn, const Mesh& mesh, const std::vector<Arr
           "the passed {} has shape {}, which has rank {} (and {} < {})\n\nEntries in in_specs must be of length no "
           "greater than the number of axes in the corresponding input value.\n\nEither revise the spec to be "
           "shorter, or modify '{}' so that its inputs have sufficient rank.{}",
-          fn, names[i], s.str(), s.size(), names[i], args[i].aval().str(), rank, rank, s.size(), fn, hint));
+          fn, names[i], s.str(), s.size(), names[i], long_type(args[i].aval()), rank, rank, s.size(), fn, hint));
     }
   }
   std::vector<std::string> bullets;
@@ -448,7 +453,7 @@ void check_inputs(const std::string& fn, const Mesh& mesh, const std::vector<Arr
       bullets.push_back(fmt::format(
           "the passed {} of shape {} corresponds to in_specs entry {}, which maps array axis {} (of size {}) to {}, "
           "but {} does not evenly divide {}",
-          names[i], args[i].aval().str(), s.str(), d, size, axes, k, size));
+          names[i], long_type(args[i].aval()), s.str(), d, size, axes, k, size));
     }
   }
   if (bullets.empty()) return;
