@@ -2,6 +2,8 @@
 // flat entry points behind cjax/control_flow.h. Rules: autodiff/rules_control_flow.cpp and
 // core/control_flow_batching.cpp.
 #include "core/control_flow.h"
+#include "core/collectives.h"
+#include "core/spmd.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -315,6 +317,38 @@ void check_carry(const char* api, const std::vector<Array>& init, const std::vec
   }
 }
 
+
+// ---- varying manual axes inside shard_map (spec/shard_map.md §2.2, decisions D1 and D3) ----
+
+// `outs[k]` made to vary over `want[k]` (pvary over the missing axes).
+std::vector<Array> pvary_to(std::vector<Array> outs, const std::vector<std::vector<std::string>>& want) {
+  for (size_t k = 0; k < outs.size() && k < want.size(); ++k) {
+    std::vector<std::string> missing = vma_minus(want[k], outs[k].aval().vma);
+    if (!missing.empty()) outs[k] = bind1(g_pvary, {outs[k]}, pvary_params(missing));
+  }
+  return outs;
+}
+
+// D3: a carry whose body output varies over more axes than its input starts varying over them
+// (the initial carry is pvary'd); the body's carry outputs are made to vary like the inputs.
+bool widen_carry(std::vector<Array>& init, const std::vector<AbstractValue>& out) {
+  bool changed = false;
+  for (size_t i = 0; i < init.size() && i < out.size(); ++i) {
+    std::vector<std::string> missing = vma_minus(out[i].vma, init[i].aval().vma);
+    if (missing.empty()) continue;
+    init[i] = bind1(g_pvary, {init[i]}, pvary_params(missing));
+    changed = true;
+  }
+  return changed;
+}
+FlatFn carry_like_inputs(const FlatFn& body, size_t ncarry) {
+  return [body, ncarry](const std::vector<Array>& xs) {
+    std::vector<std::vector<std::string>> want;
+    for (size_t i = 0; i < ncarry; ++i) want.push_back(xs[i].aval().vma);
+    return pvary_to(body(xs), want);
+  };
+}
+
 std::vector<AbstractValue> slice_avals(const std::vector<AbstractValue>& a, size_t lo, size_t hi) {
   return std::vector<AbstractValue>(a.begin() + std::ptrdiff_t(lo), a.begin() + std::ptrdiff_t(hi));
 }
@@ -358,25 +392,48 @@ std::vector<Array> cond_flat(const Array& pred, const std::vector<FlatFn>& branc
   }
   std::vector<std::string> whats;
   for (const std::string& n : names) whats.push_back(std::string(api) + " " + n);
-  TracedBranches tb = trace_branches(branches, avals_of(operands), whats);
+  // D1: the branch taken varies where the predicate does, so the operands enter the branches
+  // varying over the predicate's axes (their cotangents then sum over those axes)...
+  std::vector<Array> ops_in = pvary_to(operands, std::vector<std::vector<std::string>>(operands.size(), index.aval().vma));
+  TracedBranches tb = trace_branches(branches, avals_of(ops_in), whats);
+  // ... and every output varies over the axes any branch's output or the predicate varies over; branch
+  // outputs are pvary'd up to that (JAX ignores the predicate, which is unsound: spec §2.5).
+  std::vector<std::vector<std::string>> want(tb.jaxprs[0]->outvars().size(), index.aval().vma);
+  bool uneven = false;
+  for (const auto& j : tb.jaxprs) {
+    auto outs = j->out_avals();
+    for (size_t k = 0; k < outs.size() && k < want.size(); ++k) want[k] = vma_union(want[k], outs[k].vma);
+  }
+  for (const auto& j : tb.jaxprs) {
+    auto outs = j->out_avals();
+    for (size_t k = 0; k < outs.size() && k < want.size(); ++k) uneven = uneven || outs[k].vma != want[k];
+  }
+  if (uneven) {
+    std::vector<FlatFn> wrapped;
+    for (const FlatFn& fn : branches)
+      wrapped.push_back([fn, &want](const std::vector<Array>& xs) { return pvary_to(fn(xs), want); });
+    tb = trace_branches(wrapped, avals_of(ops_in), whats);
+  }
   for (size_t b = 1; b < branches.size(); ++b) {
     check_same_structure(api, trees[0], trees[b], names[0].c_str(), names[b].c_str());
     check_same_avals(api, names[0], names[b], tb.jaxprs[0]->out_avals(), tb.jaxprs[b]->out_avals(), trees[0],
                      "make both branches return the same shapes and dtypes (cast with astype)");
   }
   std::vector<Array> ops = tb.consts;
-  ops.insert(ops.end(), operands.begin(), operands.end());
+  ops.insert(ops.end(), ops_in.begin(), ops_in.end());
   return bind_cond(index, tb.jaxprs, ops);
 }
 
 std::vector<Array> while_flat(const FlatFn& cond_fn, const FlatFn& body_fn, const std::vector<Array>& init_in) {
   std::vector<Array> init = init_in;
   TracedCall c, b;
-  for (int pass = 0; pass < 2; ++pass) {
+  FlatFn body = carry_like_inputs(body_fn, init.size());
+  for (int pass = 0; pass < 8; ++pass) {
     c = trace_to_call(cond_fn, avals_of(init));
-    b = trace_to_call(body_fn, avals_of(init));
+    b = trace_to_call(body, avals_of(init));
     auto out = slice_avals(b.jaxpr->out_avals(), 0, b.jaxpr->outvars().size());
-    if (pass == 1 || !promote_weak_carry(init, out)) break;
+    bool changed = pass < 1 && promote_weak_carry(init, out);
+    if (!widen_carry(init, out) && !changed) break;
   }
   auto cond_out = c.jaxpr->out_avals();
   if (cond_out.size() != 1 || cond_out[0].ndim() != 0 || cond_out[0].dtype != DType::bool_)
@@ -459,11 +516,14 @@ std::vector<Array> scan_flat(const FlatFn& body, const std::vector<Array>& init_
   std::vector<Array> init = init_in;
   size_t ncarry = init.size();
   TracedCall b;
-  for (int pass = 0; pass < 2; ++pass) {
+  FlatFn typed_body = carry_like_inputs(body, ncarry);
+  for (int pass = 0; pass < 8; ++pass) {
     std::vector<AbstractValue> in_avals = avals_of(init);
     in_avals.insert(in_avals.end(), x_avals.begin(), x_avals.end());
-    b = trace_to_call(body, in_avals);
-    if (pass == 1 || !promote_weak_carry(init, slice_avals(b.jaxpr->out_avals(), 0, ncarry))) break;
+    b = trace_to_call(typed_body, in_avals);
+    auto out = slice_avals(b.jaxpr->out_avals(), 0, ncarry);
+    bool changed = pass < 1 && promote_weak_carry(init, out);
+    if (!widen_carry(init, out) && !changed) break;
   }
   check_carry("lax::scan f", init, slice_avals(b.jaxpr->out_avals(), 0, ncarry));
   std::vector<Array> args = b.consts;

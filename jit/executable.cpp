@@ -37,6 +37,7 @@ Executable::Executable(const ClosedJaxpr& traced) : optimized_(optimize(*traced)
     }
     for (const Var& v : e.outputs) {
       in.out_avals.push_back(v.aval());
+      in.out_avals.back().vma.clear();  // run-time values are per device: varying axes are a trace-time type
       in.outputs.push_back(new_slot(v));
     }
     program_.push_back(std::move(in));

@@ -271,3 +271,49 @@ TEST_CASE("vmap with spmd_axis_name splits the batch over a mesh axis") {
   auto bad = shard_map([](const Array& x) { return x; }, mesh, P("y"), P("y"));
   CHECK_ERR(vmap(bad, 0, 0, {.spmd_axis_name = "y"})(xs), SpecError, "spmd_axis_name cannot appear");
 }
+
+TEST_CASE("T (D1): cond with a varying predicate makes its outputs vary") {
+  Mesh m = make_mesh({2}, {"i"});
+  auto body = [](const Array& x) {
+    Array y = lax::cond(
+        lax::axis_index("i") == 0, [](const Array& a) { return 2.f * a; }, [](const Array& a) { return 3.f * a; }, x);
+    return jnp::expand_dims(y, 0);
+  };
+  auto f = shard_map(body, m, P(), P("i"));
+  CHECK(v(f(Array(2.f))) == std::vector<double>{4, 6});
+  CHECK(v(jit(f)(Array(2.f))) == std::vector<double>{4, 6});
+  CHECK(grad([&](const Array& x) { return jnp::sum(f(x)); })(Array(2.f)).item<float>() == 5.f);
+  CHECK(jit(grad([&](const Array& x) { return jnp::sum(f(x)); }))(Array(2.f)).item<float>() == 5.f);
+  // The predicate varies, so the unexpanded result cannot be declared replicated.
+  auto scalar = shard_map(
+      [](const Array& x) {
+        return lax::cond(lax::axis_index("i") == 0, [](const Array& a) { return 2.f * a; },
+                         [](const Array& a) { return 3.f * a; }, x);
+      },
+      m, P(), P());
+  CHECK_ERR(scalar(Array(2.f)), VmaError, "require replication");
+  CHECK_ERR(jit(scalar)(Array(2.f)), VmaError, "require replication");
+}
+
+TEST_CASE("D3: a loop carry that starts invariant and becomes varying") {
+  Mesh m = make_mesh({4}, {"i"});
+  auto f = shard_map(
+      [](const Array& x) {
+        Array c = lax::fori_loop(0, 3, [](const Array&, const Array& c) { return c + lax::axis_index("i"); },
+                                 jnp::zeros({}, i32));
+        Array s = lax::scan([](const Array& c, const Array& xi) { return std::pair{c + xi * lax::axis_index("i").astype(f32), c}; },
+                            Array(0.f), x)
+                      .first;
+        return jnp::stack({c.astype(f32), s});
+      },
+      m, P(), P("i"));
+  std::vector<double> want;
+  for (int d = 0; d < 4; ++d) {
+    want.push_back(3 * d);
+    want.push_back(d * (0 + 1 + 2));
+  }
+  CHECK(v(f(arange_f(3))) == want);
+  CHECK(v(jit(f)(arange_f(3))) == want);
+  auto g = grad([&](const Array& x) { return jnp::sum(f(x)); })(arange_f(3));
+  CHECK(v(g) == std::vector<double>{6, 6, 6});  // d/dx_k of sum_d d*x_k = 0+1+2+3
+}

@@ -58,7 +58,8 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   }
   // shard_map takes sharded operands block by block; other primitives run per shard.
   if (sharded && def.name != "shard_map") return process_sharded(def, inputs, params);
-  std::vector<AbstractValue> out_avals = infer_avals(def, inputs, params);
+  // Concrete values carry no varying axes (those are types of traced shard_map bodies).
+  std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
   return def.cpu_impl(inputs, out_avals, params);
 }
