@@ -87,8 +87,13 @@ std::vector<Array> Executable::run(std::span<const Array> args) const {
     in.clear();
     for (size_t k = 0; k < instr.inputs.size(); ++k)
       in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
-    std::vector<Array> outs = instr.def->cpu_impl ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
-                                                  : cjax::bind(*instr.def, in, instr.params);
+    // Kernels read one buffer: an intermediate sharded by a shard_map goes through the eager
+    // per-shard path (or its ShardingError) rather than being read from its first shard.
+    bool sharded = false;
+    for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
+    std::vector<Array> outs = instr.def->cpu_impl && !sharded
+                                  ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
+                                  : cjax::bind(*instr.def, in, instr.params);
     for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
     for (int s : instr.release) slots[size_t(s)] = Array();
   }
