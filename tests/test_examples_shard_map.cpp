@@ -1,0 +1,102 @@
+// spec/examples.md §1–4 asserted: the programs of samples/examples_shard_map.h (shared with the
+// samples shard_map_basics and mlp_strategies) give the values their JAX originals give.
+#include "../samples/examples_shard_map.h"
+#include "test_util.h"
+
+using namespace cjax;
+using namespace cjax::examples;
+using namespace cjax::testing;
+
+TEST_CASE("§1 matmul_basic and matmul_reduce_scatter") {
+  MatmulBasic m = matmul_basic();
+  CHECK(m.a_block == Shape{2, 8});
+  CHECK(m.b_block == Shape{8, 32});
+  std::vector<float> want = jnp::dot(m.a, m.b).to_vector<float>();
+  CHECK(m.c.to_vector<float>() == want);
+  CHECK(debug::visualize_array_sharding(m.c) ==
+        "┌─────────┐\n│ CPU 0,1 │\n├─────────┤\n│ CPU 2,3 │\n├─────────┤\n│ CPU 4,5 │\n├─────────┤\n│ CPU 6,7 │\n"
+        "└─────────┘\n");
+  Array rs = matmul_reduce_scatter(m.a, m.b);
+  CHECK(rs.to_vector<float>() == want);
+  CHECK(rs.sharding().str() == "NamedSharding(mesh=Mesh('i': 4, 'j': 2), spec=P('i', 'j'), memory_kind=device)");
+}
+
+TEST_CASE("§1 slicing and tiling") {
+  Tiling t = slicing_and_tiling();
+  CHECK(t.f1_block == Shape{3, 12});
+  CHECK(t.f1_out == Shape{12, 24});
+  CHECK(t.f3_out == Shape{12, 6});
+  CHECK(t.f4_out == Shape{3, 12});
+  CHECK(t.f5_out == Shape{3, 6});
+  CHECK(tile_constant(P("i", "j")).to_vector<float>() == std::vector<float>(8, 3.f));
+  CHECK(tile_constant(P("i", "j")).shape() == Shape{4, 2});
+  CHECK(tile_constant(P("i", None)).shape() == Shape{4, 1});
+  CHECK(tile_constant(P(None, None)).shape() == Shape{1, 1});
+}
+
+TEST_CASE("§2 collectives") {
+  Array v = tutorial_vector();
+  Mesh m = mesh_i4();
+  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P())(v).to_vector<float>() ==
+        std::vector<float>{22, 20, 12, 17});
+  Mesh m2 = make_mesh({2, 2}, {"i", "j"});
+  Array x = arange_f(16).reshape({4, 4});
+  CHECK(shard_map([](const Array& b) { return lax::psum(b, "i"); }, m2, P("i", "j"), P(None, "j"))(x).to_vector<float>() ==
+        std::vector<float>{8, 10, 12, 14, 16, 18, 20, 22});
+  CHECK(shard_map([](const Array& b) { return lax::psum(b, {"i", "j"}); }, m2, P("i", "j"), P(None, None))(x)
+            .to_vector<float>() == std::vector<float>{20, 24, 36, 40});
+  Array g = jnp::array(std::vector<float>{3, 9, 5, 2});
+  std::vector<float> rep;
+  for (int k = 0; k < 4; ++k) rep.insert(rep.end(), {3, 9, 5, 2});
+  CHECK(shard_map([](const Array& b) { return lax::all_gather(b, "i", {.tiled = true}); }, m, P("i"), P("i"))(g)
+            .to_vector<float>() == rep);
+  Array untiled = shard_map([](const Array& b) { return lax::all_gather(b, "i"); }, m, P("i"), P("i"))(g);
+  CHECK(untiled.shape() == Shape{16, 1});
+  CHECK(untiled.to_vector<float>() == rep);
+  CHECK(shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.tiled = true}); }, m, P("i"), P("i"))(v)
+            .to_vector<float>() == std::vector<float>{22, 20, 12, 17});
+  CHECK(ring_psum_scatter(v).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
+  CHECK(shard_map([](const Array& b) { return lax::ppermute(b, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, m, P("i"),
+                  P("i"))(jnp::arange(8))
+            .to_vector<int>() == std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5});
+  CHECK(shard_map([](const Array& b) { return lax::all_to_all(b, "i", 0, 0, {.tiled = true}); }, m, P("i"), P("i"))(v)
+            .to_vector<float>() == std::vector<float>{3, 5, 5, 9, 1, 9, 3, 7, 4, 2, 5, 1, 1, 6, 8, 2});
+}
+
+TEST_CASE("§3 the six distributed matmuls, eager and under jit") {
+  Array lhs = random::normal(random::key(1), {8, 8}), rhs = random::normal(random::key(2), {8, 4});
+  Array want = jnp::dot(lhs, rhs);
+  for (MatmulVariant var : kMatmulVariants) {
+    CAPTURE(variant_name(var));
+    check_all_close(distributed_matmul(var, lhs, rhs), want, 1e-3);
+    check_all_close(jit([var](const Array& l, const Array& r) { return distributed_matmul(var, l, r); })(lhs, rhs), want,
+                    1e-3);
+  }
+}
+
+TEST_CASE("§4 MLP strategies match the single-device loss and gradients") {
+  auto [params, batch] = mlp_init();
+  CHECK(params.size() == 6);
+  CHECK(params[0].first.shape() == Shape{784, 128});
+  CHECK(batch.inputs.shape() == Shape{32, 784});
+  float ref = jit(mlp_loss)(params, batch).item<float>();
+  Params ref_grad = jit(grad(mlp_loss))(params, batch);
+  auto check = [&](const char* name, auto loss) {
+    CAPTURE(name);
+    float l = jit(loss)(params, batch).template item<float>();
+    CHECK(l == doctest::Approx(ref).epsilon(1e-5));
+    Params g = jit(grad(loss))(params, batch);
+    REQUIRE(g.size() == ref_grad.size());
+    for (size_t k = 0; k < g.size(); ++k) {
+      check_all_close(g[k].first, ref_grad[k].first, 1e-2);
+      check_all_close(g[k].second, ref_grad[k].second, 1e-2);
+    }
+  };
+  check("DP", loss_dp);
+  check("FSDP", loss_fsdp);
+  check("TP", loss_tp);
+  check("FSDP+TP", loss_fsdp_tp);
+  // Eagerly too (no jit): the same numbers.
+  CHECK(loss_dp(params, batch).item<float>() == doctest::Approx(ref).epsilon(1e-5));
+  check_all_close(grad(loss_fsdp)(params, batch)[2].first, ref_grad[2].first, 1e-2);
+}
