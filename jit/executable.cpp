@@ -60,13 +60,6 @@ Executable::Executable(const ClosedJaxpr& traced) : optimized_(optimize(*traced)
     if (s >= 0) last_use[size_t(s)] = int(program_.size());
   for (size_t s = 0; s < num_slots_; ++s)
     if (last_use[s] >= 0 && last_use[s] < int(program_.size())) program_[size_t(last_use[s])].release.push_back(int(s));
-  // A sharded argument is fine where only shard_map equations read it (they take it block by
-  // block) or it is returned as is; other kernels need one buffer (sharded jit comes later).
-  sharded_ok_.assign(in_slots_.size(), true);
-  for (size_t i = 0; i < in_slots_.size(); ++i)
-    for (const Instr& instr : program_)
-      for (int s : instr.inputs)
-        if (s == in_slots_[i] && instr.def->name != "shard_map") sharded_ok_[i] = false;
 }
 
 std::vector<Array> Executable::run(std::span<const Array> args) const {
@@ -78,7 +71,6 @@ std::vector<Array> Executable::run(std::span<const Array> args) const {
     ConcreteArray* c = concrete(args[i]);
     if (!c) throw Error("internal: Executable::run on a non-concrete argument");
     if (c->buffers.empty()) raise_deleted(fmt::format("jit argument {}", i));
-    if (c->buffers.size() > 1 && !sharded_ok_[i]) require_one_copy(args[i], fmt::format("jit argument {}", i));
     slots[size_t(in_slots_[i])] = args[i];
   }
   TraceScope scope(eval_trace());

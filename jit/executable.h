@@ -39,7 +39,6 @@ class Executable {
   std::vector<int> out_slots_;           // -1: literal output
   std::vector<Array> out_literals_;
   std::vector<AbstractValue> in_avals_;
-  std::vector<bool> sharded_ok_;  // per argument: only shard_map equations read it
   size_t num_slots_ = 0;
 };
 

@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -G Ninja >/dev/null
-cmake --build build -j "$(nproc)" --target quickstart
-exec ./build/samples/quickstart "$@"
+cmake --build build -j "$(nproc)" --target mlp_strategies
+exec ./build/samples/mlp_strategies "$@"
