@@ -255,6 +255,7 @@ Xs shard_map_transpose(std::span<const Array> cts, std::span<const Array> args, 
     }
     return pvary_to_specs(std::move(out), out_specs, info.check_vma);
   });
+  mark_transposed_body(call.jaxpr);
   Xs call_args;
   for (size_t i : nonlin) call_args.push_back(args[i]);
   for (size_t k : nz) call_args.push_back(cts[k]);

@@ -8,10 +8,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
+#include "cjax/collective_recorder.h"
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
@@ -349,6 +352,60 @@ PrimitiveDef make_pbroadcast() {
   return def;
 }
 
+
+}  // namespace
+
+// ---- collective recorder (cjax/collective_recorder.h) ----
+namespace {
+std::atomic<bool> g_recording{false};
+std::mutex g_record_mu;
+std::vector<debug::CollectiveRecord> g_records;
+
+void record(const PrimitiveDef& def, const Params& p, std::span<const Array> in, std::span<const AbstractValue> outs,
+            const SpmdContext& ctx) {
+  if (!g_recording.load(std::memory_order_relaxed) || ctx.device != 0) return;
+  debug::CollectiveRecord r;
+  r.kind = def.name;
+  r.axes = collective_axes(p);
+  if (!in.empty()) {
+    r.in_shape = in[0].shape();
+    r.dtype = in[0].dtype();
+    r.bytes = in[0].size() * int64_t(itemsize(in[0].dtype()));
+  } else {
+    r.dtype = outs[0].dtype;
+  }
+  r.out_shape = outs[0].shape;
+  r.phase = ctx.backward ? debug::Phase::Backward : debug::Phase::Forward;
+  r.communicates = &def != &g_pvary && &def != &g_axis_index;
+  std::lock_guard lk(g_record_mu);
+  g_records.push_back(std::move(r));
+}
+}  // namespace
+
+namespace debug {
+CollectiveRecorder::CollectiveRecorder() {
+  if (g_recording.exchange(true))
+    throw ValueError("a CollectiveRecorder is already recording; use one at a time");
+  clear();
+}
+CollectiveRecorder::~CollectiveRecorder() { g_recording.store(false); }
+std::vector<CollectiveRecord> CollectiveRecorder::records() const {
+  std::lock_guard lk(g_record_mu);
+  return g_records;
+}
+void CollectiveRecorder::clear() {
+  std::lock_guard lk(g_record_mu);
+  g_records.clear();
+}
+std::string CollectiveRecord::str() const {
+  auto type = [&](const Shape& s) { return fmt::format("{}[{}]", dtype_short_name(dtype), fmt::join(s, ",")); };
+  return fmt::format("{} {} over {} {} -> {} ({} bytes{})", phase == Phase::Backward ? "backward" : "forward", kind,
+                     AxisNames(axes).str(), type(in_shape), type(out_shape), bytes,
+                     communicates ? "" : ", no communication");
+}
+}  // namespace debug
+
+namespace {
 // ---- SPMD kernels ----
 
 std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> in, std::span<const AbstractValue> out_avals,
@@ -359,6 +416,7 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
         "'{}' ran outside a shard_map body: collectives exchange blocks between the devices of a shard_map; call it "
         "inside shard_map",
         def.name));
+  record(def, p, in, out_avals, *ctx);
   const auto& axes = collective_axes(p);
   int64_t pos = 0;
   std::vector<int64_t> members = axis_group(*ctx->mesh, axes, ctx->device, &pos);

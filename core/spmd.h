@@ -78,6 +78,7 @@ struct SpmdContext {
   const Mesh* mesh = nullptr;
   int64_t device = 0;  // flat index into mesh->devices()
   Communicator* comm = nullptr;
+  bool backward = false;  // the body is the transpose of a shard_map (collective recorder phase)
 };
 class SpmdScope {
  public:

@@ -14,6 +14,7 @@
 #include "core/spmd.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
+#include "trace/shard_map.h"
 
 namespace cjax {
 namespace {
@@ -44,6 +45,7 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   std::shared_ptr<const Executable> exe = executable_for(body, axes);
   size_t n = size_t(mesh.size());
   std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
+  bool backward = is_transposed_body(body.get());
   std::vector<std::vector<Array>> outs(n);
   std::vector<std::exception_ptr> errors(n);
   // At run time values are concrete (their types carry no varying axes): the axes are bound for
@@ -57,7 +59,7 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
     done.push_back(submit_to_device(mesh.devices()[d], [&, d] {
       try {
         AxisEnvScope env(run_axes);
-        SpmdScope spmd({&mesh, int64_t(d), comm.get()});
+        SpmdScope spmd({&mesh, int64_t(d), comm.get(), backward});
         outs[d] = exe->run(inputs[d]);
         inputs[d].clear();
         communicator_device_done(*comm, int64_t(d));

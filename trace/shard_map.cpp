@@ -8,7 +8,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
@@ -248,6 +250,25 @@ bool contains_collective(const Params& params) {
         if (walk(*j)) return true;
   }
   return false;
+}
+
+namespace {
+std::mutex g_transposed_mu;
+std::unordered_map<const Jaxpr*, std::weak_ptr<const Jaxpr>> g_transposed;
+}  // namespace
+
+void mark_transposed_body(const std::shared_ptr<const Jaxpr>& body) {
+  std::lock_guard lk(g_transposed_mu);
+  if (g_transposed.size() > 4096)
+    std::erase_if(g_transposed, [](const auto& kv) { return kv.second.expired(); });
+  g_transposed[body.get()] = body;
+}
+bool is_transposed_body(const Jaxpr* body) {
+  std::lock_guard lk(g_transposed_mu);
+  auto it = g_transposed.find(body);
+  if (it == g_transposed.end()) return false;
+  auto live = it->second.lock();
+  return live && live.get() == body;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -71,6 +71,10 @@ bool contains_collective(const Params& params);
 void check_out_vma(const std::string& fn, const Mesh& mesh, const std::vector<std::string>& manual_axes,
                    const std::vector<PartitionSpec>& out_specs, const std::vector<AbstractValue>& out_avals);
 
+// Bodies built by the shard_map transpose rule (the backward pass), for the collective recorder.
+void mark_transposed_body(const std::shared_ptr<const Jaxpr>& body);
+bool is_transposed_body(const Jaxpr* body);
+
 // Eager shard_map: runs `f` under a ShardMapTrace (trace/shard_map_trace.cpp).
 std::vector<Array> eager_shard_map(const shard_map_detail::FlatFn& f, const Mesh& mesh, const std::vector<Array>& args,
                                    const std::vector<PartitionSpec>& in_specs, std::vector<PartitionSpec>& out_specs,

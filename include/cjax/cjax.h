@@ -19,3 +19,4 @@
 #include "cjax/sharding.h"
 #include "cjax/collectives.h"
 #include "cjax/shard_map.h"
+#include "cjax/collective_recorder.h"
