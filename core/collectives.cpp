@@ -468,10 +468,11 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
     int64_t d = p.i("all_gather_dimension");
     return p.get<bool>("tiled") ? lax::concatenate(std::vector<Array>(group.begin(), group.end()), d) : stack_along(group, d);
   }
-  if (&def == &g_reduce_scatter) {
-    Array sum = combine_members(Combine::Sum, group);
+  if (&def == &g_reduce_scatter) {  // sum only this member's chunk of every operand
     int64_t d = p.i("scatter_dimension");
-    Array piece = chunk(sum, d, k, n);
+    std::vector<Array> parts;
+    for (const Array& x : group) parts.push_back(chunk(x, d, k, n));
+    Array piece = combine_members(Combine::Sum, parts);
     return p.get<bool>("tiled") ? piece : lax::squeeze(piece, {d});
   }
   if (&def == &g_ppermute) {
