@@ -20,3 +20,4 @@
 #include "cjax/collectives.h"
 #include "cjax/shard_map.h"
 #include "cjax/collective_recorder.h"
+#include "cjax/debug_print.h"
