@@ -39,6 +39,18 @@ Array loss_fsdp(const Mlp& p, const Array& x, const Array& t) {
       mesh4("fsdp"), {{P("fsdp", None), P(None, "fsdp")}, P("fsdp"), P("fsdp")}, P())(p, x, t);
 }
 
+struct Problem {
+  Mlp p{random::normal(random::key(1), {8, 32}), random::normal(random::key(2), {32, 8})};
+  Array x = random::normal(random::key(3), {16, 8}), t = random::normal(random::key(4), {16, 8});
+  // The gradient computed by `g` equals the single-device one.
+  template <class G> void check_grad(const G& g) const {
+    Mlp dw = g(p, x, t);
+    auto ref = grad([](const Mlp& w, const Array& xx, const Array& tt) { return local_loss(xx, tt, w.w1, w.w2); })(p, x, t);
+    check_all_close(dw.w1, ref.w1, 1e-5);
+    check_all_close(dw.w2, ref.w2, 1e-5);
+  }
+};
+
 // "phase kind axes in->out" of the collectives that move data.
 std::vector<std::string> moving(const std::vector<debug::CollectiveRecord>& rs) {
   std::vector<std::string> out;
@@ -51,24 +63,21 @@ std::vector<std::string> moving(const std::vector<debug::CollectiveRecord>& rs) 
 }  // namespace
 
 TEST_CASE("DP: one all-reduce of the loss forward, one per weight backward") {
-  Mlp p{random::normal(random::key(1), {8, 32}), random::normal(random::key(2), {32, 8})};
-  Array x = random::normal(random::key(3), {16, 8}), t = random::normal(random::key(4), {16, 8});
+  Problem pr;
+  auto [p, x, t] = std::tuple{pr.p, pr.x, pr.t};
   auto g = grad(loss_dp);
   std::vector<std::string> want{"fwd psum_invariant data ()->()", "bwd psum_invariant data (32, 8)->(32, 8)",
                                 "bwd psum_invariant data (8, 32)->(8, 32)"};
   CHECK(moving(debug::collectives(make_jaxpr(g)(p, x, t))) == want);
   debug::CollectiveRecorder rec;
-  Mlp dw = jit(g)(p, x, t);
+  pr.check_grad(jit(g));
   CHECK(moving(rec.records()) == want);
-  auto ref = grad([](const Mlp& w, const Array& xx, const Array& tt) { return local_loss(xx, tt, w.w1, w.w2); })(p, x, t);
-  check_all_close(dw.w1, ref.w1, 1e-5);
-  check_all_close(dw.w2, ref.w2, 1e-5);
   CHECK(rec.records().front().str() == "forward psum_invariant over ('data',) f32[] -> f32[] (4 bytes)");
 }
 
 TEST_CASE("FSDP: all_gathers forward, reduce_scatters backward") {
-  Mlp p{random::normal(random::key(1), {8, 32}), random::normal(random::key(2), {32, 8})};
-  Array x = random::normal(random::key(3), {16, 8}), t = random::normal(random::key(4), {16, 8});
+  Problem pr;
+  auto [p, x, t] = std::tuple{pr.p, pr.x, pr.t};
   auto g = grad(loss_fsdp);
   std::vector<std::string> got = moving(debug::collectives(make_jaxpr(g)(p, x, t)));
   std::vector<std::string> want{"fwd all_gather fsdp (2, 32)->(8, 32)", "fwd all_gather fsdp (32, 2)->(32, 8)",
@@ -76,11 +85,8 @@ TEST_CASE("FSDP: all_gathers forward, reduce_scatters backward") {
                                 "bwd reduce_scatter fsdp (8, 32)->(2, 32)"};
   CHECK(got == want);
   debug::CollectiveRecorder rec;
-  Mlp dw = jit(g)(p, x, t);
+  pr.check_grad(jit(g));
   CHECK(moving(rec.records()) == want);
-  auto ref = grad([](const Mlp& w, const Array& xx, const Array& tt) { return local_loss(xx, tt, w.w1, w.w2); })(p, x, t);
-  check_all_close(dw.w1, ref.w1, 1e-5);
-  check_all_close(dw.w2, ref.w2, 1e-5);
   // No pvary moves data; all are listed.
   int casts = 0;
   for (const auto& r : debug::collectives(make_jaxpr(g)(p, x, t))) casts += r.kind == "pvary" && !r.communicates;

@@ -86,6 +86,11 @@ std::string mesh_shape_text(const Mesh& mesh) {
   return fmt::format("The mesh given has shape {} with corresponding axis names {}.", tup(mesh.shape()), tup(names));
 }
 
+// JAX's layout of several failures: one is written plainly, several as "* " bullets.
+std::string bulleted(const std::vector<std::string>& items) {
+  return items.size() == 1 ? items[0] : "* " + fmt::format("{}", fmt::join(items, "\n\n* "));
+}
+
 int64_t entry_size(const Mesh& mesh, const PartitionSpec::Entry& e) {
   int64_t n = 1;
   for (const std::string& a : e.names) n *= mesh.axis_size(a);
@@ -319,7 +324,7 @@ void check_out_vma(const std::string& fn, const Mesh& mesh, const std::vector<st
     bullets.push_back(fmt::format("out_specs[{}] is {}", i, line));
   }
   if (bullets.empty()) return;
-  std::string body = bullets.size() == 1 ? bullets[0] : "* " + fmt::format("{}", fmt::join(bullets, "\n\n* "));
+  std::string body = bulleted(bullets);
   throw VmaError(fmt::format(
       "shard_map applied to the function '{}' was given out_specs which require replication which can't be "
       "statically inferred given the mesh:\n\n{}\n\n{}\n\nCheck if these output values are meant to be replicated "
@@ -478,7 +483,7 @@ void check_inputs(const std::string& fn, const Mesh& mesh, const std::vector<Arr
     }
   }
   if (bullets.empty()) return;
-  std::string body = bullets.size() == 1 ? bullets[0] : "* " + fmt::format("{}", fmt::join(bullets, "\n\n* "));
+  std::string body = bulleted(bullets);
   throw SpecError(fmt::format(
       "shard_map applied to the function '{}' was given argument arrays with axis sizes that are not evenly "
       "divisible by the corresponding mesh axis sizes:\n\n{}\n\n{}\n\nArray arguments' axis sizes must be evenly "
