@@ -314,4 +314,67 @@ inline Array loss_fsdp_tp(const Params& params, const Batch& batch) {
       mesh, {P(axes("feats", "batch")), P("batch", "feats")}, P())(params, batch);
 }
 
+// Pipeline parallel (GPipe), as in JAX's tutorial: 2 stages, microbatches of 8, the 4 inner layers
+// stacked and split over the stages; the first and last layers are replicated.
+struct PipelineParams {
+  Layer first, inner, last;  // inner: W (4, 128, 128), b (4, 128)
+};
+CJAX_TREE(PipelineParams, first, inner, last)
+
+inline PipelineParams stack_for_pipeline(const Params& p) {
+  std::vector<Array> ws, bs;
+  for (size_t k = 1; k + 1 < p.size(); ++k) {
+    ws.push_back(p[k].first);
+    bs.push_back(p[k].second);
+  }
+  return {p.front(), {jnp::stack(ws, 0), jnp::stack(bs, 0)}, p.back()};
+}
+
+namespace pipeline {
+constexpr int64_t S = 2, B = 8, L = 4;  // stages, microbatch size, pipelined layers
+inline int64_t pymod(int64_t a, int64_t m) { return ((a % m) + m) % m; }  // Python's %
+inline Array shift(const Array& x, int d) {
+  std::vector<std::pair<int, int>> perm;
+  for (int k = 0; k < S; ++k) perm.push_back({k, int(pymod(k + d, S))});
+  return lax::ppermute(x, "stages", perm);
+}
+
+// inputs: (K, B, F) microbatches of this stage. The tutorial fills the idle pipeline slots with
+// NaN; their NaN products with zero cotangents make the gradients NaN (IEEE: NaN * 0 = NaN), so
+// `fill` = 0 gives the same loss with usable gradients.
+inline Array spmd_pipeline(const Layer& stage_params, Array inputs, float fill) {
+  int64_t K = inputs.shape()[0], F = inputs.shape()[2], M = K * S;
+  Array stage = lax::axis_index("stages");
+  Array outputs = jnp::full_like(inputs, Array(fill));
+  Array state = jnp::full({L / S, B, F}, Array(fill));
+  auto layer = [](const Layer& wb, const Array& x) { return nn::relu(jnp::dot(x, wb.first) + wb.second); };
+  for (int64_t i = 0; i < M + L - 1; ++i) {
+    state = state.at(0).set(jnp::where(stage == 0, inputs[int(pymod(i, K))], state[0]));
+    state = vmap(layer)(stage_params, state);
+    int64_t o = pymod(i - L + 1, K);
+    outputs = outputs.at(int(o)).set(jnp::where(stage == int(S - 1), state[-1], outputs[int(o)]));
+    // shift
+    state = jnp::roll(state, 1, 0).at(0).set(shift(state[-1], +1));
+    if (pymod(i, K) == pymod(-1, K)) inputs = shift(inputs, +1);
+    if (pymod(i - L + 1, K) == pymod(-1, K)) outputs = shift(outputs, -1);
+  }
+  return shift(outputs, +1);
+}
+}  // namespace pipeline
+
+inline Array loss_pp(const PipelineParams& params, const Batch& batch, float fill = std::nanf("")) {
+  using namespace pipeline;
+  Mesh mesh = make_mesh({S}, {"stages"});
+  return shard_map(
+      [fill](const PipelineParams& p, const Batch& b) {
+        int64_t K = b.inputs.shape()[0] / B;
+        Array x = b.inputs.reshape({K, B, -1});
+        x = nn::relu(jnp::dot(x, p.first.first) + p.first.second);
+        x = spmd_pipeline(p.inner, x, fill);
+        Array pred = (jnp::dot(x, p.last.first) + p.last.second).reshape({K * B, -1});
+        return lax::pmean(jnp::mean(jnp::sum(jnp::square(pred - b.targets), -1)), "stages");
+      },
+      mesh, {{P(), P("stages"), P()}, P("stages")}, P())(params, batch);
+}
+
 }  // namespace cjax::examples
