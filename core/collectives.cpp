@@ -422,7 +422,7 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
   std::vector<int64_t> members = axis_group(*ctx->mesh, axes, ctx->device, &pos);
   if (&def == &g_axis_index) return {make_scalar(double(pos), DType::int32)};
   std::string what = what_of(def, p, in[0]);
-  if (is_reduction(def)) {
+  if (is_reduction(def) && in[0].size() * int64_t(members.size()) > (1 << 14)) {
     // Member k combines chunk k of every member's operand and writes it into every member's
     // output: each element is computed once, in member order, whatever the thread timing.
     Array out = make_uninitialized(local_aval(out_avals[0]), concrete(in[0])->device());
@@ -438,6 +438,7 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
     ctx->comm->barrier(ctx->device, what);
     return {out};
   }
+  // Small reductions: every member combines the whole group itself (one rendezvous, no barrier).
   auto all = ctx->comm->exchange(ctx->device, {in[0]}, what);
   std::vector<Array> group;
   for (int64_t m : members) group.push_back(all[size_t(m)][0]);

@@ -1,5 +1,7 @@
 // shard_map basics (spec/examples.md §1, spec/shard_map.md §1): slicing, assembly, eager and
 // staged execution, printing per device, collectives' values and the errors of §1.7 and §2.4.
+#include <algorithm>
+
 #include "test_util.h"
 
 using namespace cjax;
@@ -300,4 +302,21 @@ TEST_CASE("errors of spec §1.7 and the out_specs check §2.4") {
   CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P(), {.axis_names = {"i"}})(
             arange_f(8))
             .to_vector<float>() == std::vector<float>{12, 16});
+}
+
+TEST_CASE("large reductions take the chunked path and agree bit for bit with the small one") {
+  Mesh mesh = make_mesh({8}, {"i"});
+  Array x = random::normal(random::key(7), {8 * 4096});
+  auto sum = jit(shard_map([](const Array& b) { return lax::psum(b, "i"); }, mesh, P("i"), P()));
+  auto mx = jit(shard_map([](const Array& b) { return lax::pmax(b, "i"); }, mesh, P("i"), P()));
+  std::vector<float> xs = x.to_vector<float>(), want_sum(4096, 0.f), want_max(4096, -1e30f);
+  for (int d = 0; d < 8; ++d)
+    for (int k = 0; k < 4096; ++k) {
+      want_sum[size_t(k)] += xs[size_t(d * 4096 + k)];
+      want_max[size_t(k)] = std::max(want_max[size_t(k)], xs[size_t(d * 4096 + k)]);
+    }
+  CHECK(sum(x).to_vector<float>() == want_sum);  // member order, like the loop above
+  CHECK(mx(x).to_vector<float>() == want_max);
+  auto eager = shard_map([](const Array& b) { return lax::psum(b, "i"); }, mesh, P("i"), P());
+  CHECK(eager(x).to_vector<float>() == want_sum);
 }
