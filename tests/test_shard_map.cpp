@@ -320,3 +320,14 @@ TEST_CASE("large reductions take the chunked path and agree bit for bit with the
   auto eager = shard_map([](const Array& b) { return lax::psum(b, "i"); }, mesh, P("i"), P());
   CHECK(eager(x).to_vector<float>() == want_sum);
 }
+
+TEST_CASE("D2: psum over varying and invariant axes together is total") {
+  Mesh mesh = make_mesh({2, 2}, {"i", "j"});
+  // x varies over i only; psum over (i, j) = size_j * sum over i.
+  auto f = shard_map([](const Array& x) { return lax::psum(x, {"i", "j"}); }, mesh, P("i"), P());
+  CHECK(f(arange_f(4)).to_vector<float>() == std::vector<float>{2 * (0 + 2), 2 * (1 + 3)});
+  CHECK(jit(f)(arange_f(4)).to_vector<float>() == std::vector<float>{4, 8});
+  std::string text = make_jaxpr(f)(arange_f(4)).str();
+  CHECK(text.find("pvary[axes=('j',)]") != std::string::npos);
+  CHECK(text.find("psum_invariant[axes=('i', 'j')]") != std::string::npos);
+}
