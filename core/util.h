@@ -2,12 +2,19 @@
 #pragma once
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <string_view>
 #include <vector>
 
 #include "cjax/array.h"
 
 namespace cjax {
+
+// An on/off environment switch: set to anything but "" or "0" means on.
+inline bool env_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e && std::string_view(e) != "0";
+}
 
 // Normalises a possibly negative axis for an array of rank `ndim`; raises ValueError naming
 // the function, the axis and the rank otherwise.

@@ -2,16 +2,97 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <unordered_map>
 
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
+#include "core/parallel.h"
+#include "core/util.h"
 #include "jit/passes.h"
 #include "trace/trace.h"
 
 namespace cjax {
+namespace {
 
-Executable::Executable(const ClosedJaxpr& traced) : optimized_(optimize(*traced)), consts_(traced.consts) {
+std::atomic<int> g_fusion{-1};  // -1: read CJAX_DISABLE_FUSION
+
+// CJAX_NO_IN_PLACE=1 turns off writing outputs over dying inputs (for debugging).
+bool fusion_in_place() {
+  static const bool on = !env_flag("CJAX_NO_IN_PLACE");
+  return on;
+}
+
+bool check_fusion() {
+  static const bool on = env_flag("CJAX_CHECK_FUSION");
+  return on;
+}
+
+// CJAX_DUMP=<dir>: where compilations write their jaxpr, fusion plan and LLVM IR ("" = off).
+std::string dump_dir() {
+  const char* d = std::getenv("CJAX_DUMP");
+  return d ? d : "";
+}
+
+void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p) << text;
+}
+
+// Is `in` read at (row, col) -> row * C + col, the layout the kernel writes full outputs in?
+bool same_layout_as_output(const KernelSpec& spec, const KernelInput& in) {
+  if (spec.cols > 1 && in.col_stride != 1) return false;
+  int64_t expect = spec.cols;
+  for (size_t d = spec.outer.size(); d-- > 0;) {
+    if (in.outer_strides[d] != expect) return false;
+    expect *= spec.outer[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+void set_fusion_enabled(bool enabled) { g_fusion = enabled ? 1 : 0; }
+bool fusion_enabled() {
+  int v = g_fusion.load();
+  if (v >= 0) return v == 1;
+  return !env_flag("CJAX_DISABLE_FUSION");
+}
+
+Executable::Executable(const ClosedJaxpr& traced, std::string name)
+    : name_(std::move(name)), optimized_(optimize(*traced)), consts_(traced.consts) {
+  const Jaxpr& j = *optimized_;
+  if (fusion_enabled()) {
+    plan_ = plan_fusion(j);
+  } else {
+    for (const JaxprEqn& e : j.eqns()) plan_.steps.push_back({-1, e});
+  }
+  lower_to_program();
+  std::string dir = dump_dir();
+  std::string ir;
+  if (!plan_.kernels.empty()) {
+    std::vector<const KernelSpec*> specs;
+    for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
+    compiled_ = compile_kernels(specs, dir.empty() ? nullptr : &ir);
+  }
+  if (!dir.empty()) {
+    static std::atomic<int> counter{0};
+    std::filesystem::create_directories(dir);
+    std::string base = fmt::format("{}/{:04d}.{}", dir, counter++, name_);
+    write_file(base + ".jaxpr.txt", j.pretty_print());
+    std::string fusion = plan_.describe() + "\n";
+    for (const FusedKernel& k : plan_.kernels) fusion += k.spec.name + ": " + k.spec.canonical() + "\n";
+    write_file(base + ".fusion.txt", fusion);
+    if (!ir.empty()) write_file(base + ".ll", ir);
+  }
+}
+
+void Executable::lower_to_program() {
   const Jaxpr& j = *optimized_;
   std::unordered_map<const void*, int> slot;
   auto new_slot = [&](const Var& v) {
@@ -19,26 +100,43 @@ Executable::Executable(const ClosedJaxpr& traced) : optimized_(optimize(*traced)
     slot[v.id()] = s;
     return s;
   };
+  auto run_time_aval = [](const Var& v) {
+    AbstractValue a = v.aval();
+    a.vma.clear();  // run-time values are per device: varying axes are a trace-time type
+    return a;
+  };
   for (const Var& v : j.constvars()) new_slot(v);
-  for (const Var& v : j.invars()) {
-    in_slots_.push_back(new_slot(v));
-    in_avals_.push_back(v.aval());
-  }
-  for (const JaxprEqn& e : j.eqns()) {
-    Instr in{e.primitive, {}, {}, {}, {}, {}, e.params};
-    for (const Atom& a : e.inputs) {
-      if (auto* v = std::get_if<Var>(&a)) {
-        in.inputs.push_back(slot.at(v->id()));
+  for (const Var& v : j.invars()) in_slots_.push_back(new_slot(v));
+  for (const PlanStep& step : plan_.steps) {
+    Instr in;
+    if (step.kernel >= 0) {
+      const FusedKernel& k = plan_.kernels[size_t(step.kernel)];
+      in.kernel = step.kernel;
+      for (const Var& v : k.inputs) {
+        in.inputs.push_back(slot.at(v.id()));
         in.literals.emplace_back();
-      } else {
-        in.inputs.push_back(-1);
-        in.literals.push_back(std::get<Literal>(a).value());
       }
-    }
-    for (const Var& v : e.outputs) {
-      in.out_avals.push_back(v.aval());
-      in.out_avals.back().vma.clear();  // run-time values are per device: varying axes are a trace-time type
-      in.outputs.push_back(new_slot(v));
+      for (const Var& v : k.outputs) {
+        in.out_avals.push_back(run_time_aval(v));
+        in.outputs.push_back(new_slot(v));
+      }
+    } else {
+      const JaxprEqn& e = step.eqn;
+      in.def = e.primitive;
+      in.params = e.params;
+      for (const Atom& a : e.inputs) {
+        if (auto* v = std::get_if<Var>(&a)) {
+          in.inputs.push_back(slot.at(v->id()));
+          in.literals.emplace_back();
+        } else {
+          in.inputs.push_back(-1);
+          in.literals.push_back(std::get<Literal>(a).value());
+        }
+      }
+      for (const Var& v : e.outputs) {
+        in.out_avals.push_back(run_time_aval(v));
+        in.outputs.push_back(new_slot(v));
+      }
     }
     program_.push_back(std::move(in));
   }
@@ -60,12 +158,131 @@ Executable::Executable(const ClosedJaxpr& traced) : optimized_(optimize(*traced)
     if (s >= 0) last_use[size_t(s)] = int(program_.size());
   for (size_t s = 0; s < num_slots_; ++s)
     if (last_use[s] >= 0 && last_use[s] < int(program_.size())) program_[size_t(last_use[s])].release.push_back(int(s));
+  // In-place candidates: a full output may take the buffer of an input read with the same layout
+  // and type that dies here (checked again at run time: nothing else may hold that buffer).
+  // Only single-pass kernels: a later pass would read an input the first pass overwrote.
+  for (size_t i = 0; i < program_.size(); ++i) {
+    Instr& in = program_[i];
+    if (in.kernel < 0) continue;
+    const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
+    in.reuse.assign(spec.outputs.size(), -1);
+    if (!fusion_in_place()) continue;
+    if (spec.num_passes != 1) continue;
+    std::vector<bool> taken(in.inputs.size(), false);
+    for (size_t o = 0; o < spec.outputs.size(); ++o) {
+      if (!spec.outputs[o].full) continue;
+      for (size_t k = 0; k < in.inputs.size(); ++k) {
+        int s = in.inputs[k];
+        bool dies = std::count(in.release.begin(), in.release.end(), s) > 0;
+        bool once = std::count(in.inputs.begin(), in.inputs.end(), s) == 1;
+        if (taken[k] || !dies || !once || spec.inputs[k].dtype != spec.outputs[o].dtype ||
+            !same_layout_as_output(spec, spec.inputs[k]))
+          continue;
+        taken[k] = true;
+        in.reuse[o] = int(k);
+        plan_.kernels[size_t(in.kernel)].spec.outputs[o].in_place_of = int(k);
+        break;
+      }
+    }
+  }
 }
 
-std::vector<Array> Executable::run(std::span<const Array> args) const {
+void Executable::run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const {
+  // Sharded operands (an intermediate a shard_map left split over devices): the member equations
+  // run one by one through the eager per-shard path, until sharded jit partitions programs.
+  const FusedKernel& k = plan_.kernels[size_t(in.kernel)];
+  std::unordered_map<const void*, Array> env;
+  for (size_t i = 0; i < k.inputs.size(); ++i) env[k.inputs[i].id()] = slots[size_t(in.inputs[i])];
+  for (const JaxprEqn& e : k.eqns) {
+    std::vector<Array> ins;
+    for (const Atom& a : e.inputs)
+      ins.push_back(std::holds_alternative<Var>(a) ? env.at(std::get<Var>(a).id()) : std::get<Literal>(a).value());
+    std::vector<Array> outs = cjax::bind(*e.primitive, ins, e.params);
+    for (size_t o = 0; o < outs.size(); ++o) env[e.outputs[o].id()] = std::move(outs[o]);
+  }
+  for (size_t o = 0; o < k.outputs.size(); ++o) slots[size_t(in.outputs[o])] = env.at(k.outputs[o].id());
+}
+
+void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const {
+  const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
+  std::vector<Array> reference;
+  if (check_fusion()) {  // on copies, before the kernel, which may write over a dying input
+    reference.resize(slots.size());
+    for (int s : in.inputs) {
+      const Array& x = slots[size_t(s)];
+      ConcreteArray* c = concrete(x);
+      reference[size_t(s)] = c->buffers.size() == 1 ? make_from_host(c->buffer()->data(), x.aval(), c->device()) : x;
+    }
+    run_kernel_unfused(in, reference);
+  }
+  std::vector<void*> bufs;
+  bufs.reserve(in.inputs.size() + in.outputs.size());
+  Device dev = default_device();
+  bool have_dev = false;
+  for (int s : in.inputs) {
+    ConcreteArray* c = concrete(slots[size_t(s)]);
+    if (c->buffers.empty()) raise_deleted(fmt::format("jit '{}'", name_));
+    if (c->buffers.size() > 1) return run_kernel_unfused(in, slots);
+    bufs.push_back(c->buffer()->data());
+    if (!have_dev) dev = c->device();
+    have_dev = true;
+  }
+  std::vector<Array> outs;
+  for (size_t o = 0; o < in.outputs.size(); ++o) {
+    if (int r = in.reuse[o]; r >= 0) {
+      // The kernel writes this output through input r's pointer. Take that buffer when nothing
+      // else holds it; else give the kernel a fresh copy of the input to work on.
+      int s = in.inputs[size_t(r)];
+      const Array& a = slots[size_t(s)];
+      ConcreteArray* c = concrete(a);
+      if (c->buffer().use_count() == 1 && (a.impl_ptr().use_count() == 1 || donated[size_t(s)])) {
+        outs.emplace_back(std::make_shared<ConcreteArray>(in.out_avals[o], c->buffer()));
+      } else {
+        outs.push_back(make_uninitialized(in.out_avals[o], dev));
+        std::memcpy(raw_ptr(outs.back()), bufs[size_t(r)], c->buffer()->nbytes());
+        bufs[size_t(r)] = raw_ptr(outs.back());
+      }
+      continue;
+    }
+    outs.push_back(make_uninitialized(in.out_avals[o], dev));
+  }
+  for (const Array& o : outs) bufs.push_back(raw_ptr(o));
+  KernelFn fn = compiled_.fns[size_t(in.kernel)];
+  int64_t rows = spec.rows(), cols = spec.cols;
+  if (rows > 0 && (cols > 0 || spec.has_reduction)) {
+    size_t scratch_doubles = size_t(spec.num_scratch) * size_t(cols);
+    auto call = [&](int64_t rb, int64_t re, int64_t cb, int64_t ce) {
+      thread_local std::vector<double> scratch;
+      if (scratch.size() < scratch_doubles) scratch.resize(scratch_doubles);
+      fn(bufs.data(), scratch.data(), rb, re, cb, ce);
+    };
+    constexpr int64_t kGrain = int64_t(1) << 14;  // elements per task
+    if (!spec.has_reduction && rows < 4 * num_threads() && cols >= 2 * kGrain)
+      parallel_for(cols, kGrain, [&](int64_t b, int64_t e) { call(0, rows, b, e); });
+    else
+      parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                   [&](int64_t b, int64_t e) { call(b, e, 0, cols); });
+  }
+  if (check_fusion()) {
+    // CJAX_CHECK_FUSION=1: the member equations again, one by one, compared with the kernel.
+    const FusedKernel& k = plan_.kernels[size_t(in.kernel)];
+    for (size_t o = 0; o < outs.size(); ++o) {
+      std::vector<double> got = outs[o].to_vector<double>(), want = reference[size_t(in.outputs[o])].to_vector<double>();
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= 1e-5 * (1 + std::fabs(want[i]))) && !(std::isnan(got[i]) && std::isnan(want[i])))
+          throw Error(fmt::format("CJAX_CHECK_FUSION: kernel {} of jit '{}' output {} element {} is {}, its equations give "
+                                  "{}\n{}\n{}",
+                                  spec.name, name_, o, i, got[i], want[i], plan_.describe(), k.spec.canonical()));
+    }
+  }
+  for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
+}
+
+std::vector<Array> Executable::run(std::span<const Array> args, std::span<const size_t> donated_args) const {
   if (args.size() != in_slots_.size())
     throw ValueError(fmt::format("jit: the compiled function takes {} arrays, got {}", in_slots_.size(), args.size()));
   std::vector<Array> slots(num_slots_);
+  std::vector<bool> donated(num_slots_, false);
   for (size_t i = 0; i < consts_.size(); ++i) slots[i] = consts_[i];
   for (size_t i = 0; i < args.size(); ++i) {
     ConcreteArray* c = concrete(args[i]);
@@ -73,20 +290,25 @@ std::vector<Array> Executable::run(std::span<const Array> args) const {
     if (c->buffers.empty()) raise_deleted(fmt::format("jit argument {}", i));
     slots[size_t(in_slots_[i])] = args[i];
   }
+  for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;
   TraceScope scope(eval_trace());
   std::vector<Array> in;
   for (const Instr& instr : program_) {
-    in.clear();
-    for (size_t k = 0; k < instr.inputs.size(); ++k)
-      in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
-    // Kernels read one buffer: an intermediate sharded by a shard_map goes through the eager
-    // per-shard path (or its ShardingError) rather than being read from its first shard.
-    bool sharded = false;
-    for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
-    std::vector<Array> outs = instr.def->cpu_impl && !sharded
-                                  ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
-                                  : cjax::bind(*instr.def, in, instr.params);
-    for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
+    if (instr.kernel >= 0) {
+      run_kernel(instr, slots, donated);
+    } else {
+      in.clear();
+      for (size_t k = 0; k < instr.inputs.size(); ++k)
+        in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+      // Kernels read one buffer: an intermediate sharded by a shard_map goes through the eager
+      // per-shard path (or its ShardingError) rather than being read from its first shard.
+      bool sharded = false;
+      for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
+      std::vector<Array> outs = instr.def->cpu_impl && !sharded
+                                    ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
+                                    : cjax::bind(*instr.def, in, instr.params);
+      for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
+    }
     for (int s : instr.release) slots[size_t(s)] = Array();
   }
   std::vector<Array> result;

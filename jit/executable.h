@@ -1,46 +1,78 @@
-// Executable: what jit runs for one signature. In this layer it interprets the optimized jaxpr
-// (jit/passes.h) with the eager kernels: the jaxpr is lowered once into a flat list of
-// instructions over numbered value slots (inputs, literals and output types resolved ahead of
-// time, each slot released after its last use), so a call does no lookups, no abstract
-// evaluation and keeps no dead intermediate alive. The compiler replaces this backend behind
-// the same interface.
+// Executable: what jit runs for one signature (DESIGN.md §7).
+//
+// Construction: passes (jit/passes.h) -> fusion plan (jit/fusion.h) -> one LLVM module with
+// every fused kernel of the program (jit/codegen.h; cached in memory and on disk). The plan is
+// lowered once into a flat list of instructions over numbered value slots (inputs, literals and
+// output types resolved ahead of time, each slot released after its last use), so a call does
+// no lookups and no abstract evaluation and keeps no dead intermediate alive. An instruction is
+// either a fused kernel, run over the intra-op thread pool (rows, or columns for elementwise
+// kernels with few rows), or one equation run by its library kernel (BLAS, gather, sort,
+// collectives, control flow).
+//
+// Memory: a kernel writes its output into the buffer of an input that dies at that instruction
+// (or was donated) when the two have the same type and index map; other buffers come from the
+// device's caching allocator, so steady-state steps allocate nothing new.
+//
+// CJAX_DUMP=<dir> writes, per compilation, the jaxpr after passes, the fusion plan, each
+// kernel's KernelSpec and the LLVM IR before and after optimization.
 #pragma once
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "cjax/make_jaxpr.h"
+#include "jit/codegen.h"
+#include "jit/fusion.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {
 
 class Executable {
  public:
-  explicit Executable(const ClosedJaxpr& traced);
-  // Runs on concrete inputs (one per invar of the traced jaxpr) on the caller's thread.
-  std::vector<Array> run(std::span<const Array> args) const;
+  // `name` labels dumps and profiles (the jit function's name).
+  explicit Executable(const ClosedJaxpr& traced, std::string name = "jit");
+  // Runs on concrete inputs (one per invar of the traced jaxpr) on the caller's thread. The
+  // buffers of `donated` arguments may be reused for outputs.
+  std::vector<Array> run(std::span<const Array> args, std::span<const size_t> donated = {}) const;
   const Jaxpr& jaxpr() const { return *optimized_; }
+  const FusionPlan& plan() const { return plan_; }
+  const CompiledKernels& compiled() const { return compiled_; }
+  const std::string& name() const { return name_; }
 
  private:
   struct Instr {
-    const PrimitiveDef* def;
-    std::vector<int> inputs;          // slot per input (-1: a literal from `literals`)
-    std::vector<Array> literals;      // by input position
+    const PrimitiveDef* def = nullptr;  // library step
+    int kernel = -1;                    // fused kernel step
+    std::vector<int> inputs;            // slot per input (-1: a literal from `literals`)
+    std::vector<Array> literals;        // by input position
     std::vector<AbstractValue> out_avals;
-    std::vector<int> outputs;         // slot per output (-1: unused)
-    std::vector<int> release;         // slots dead after this instruction
+    std::vector<int> outputs;           // slot per output (-1: unused)
+    std::vector<int> release;           // slots dead after this instruction
+    std::vector<int> reuse;             // kernels: per output, the input whose buffer it may take (-1: none)
     Params params;
   };
+  void lower_to_program();
+  void run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  void run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const;
+
+  std::string name_;
   std::shared_ptr<const Jaxpr> optimized_;
+  FusionPlan plan_;
+  CompiledKernels compiled_;
   std::vector<Array> consts_;
   std::vector<Instr> program_;
   std::vector<int> in_slots_;
   std::vector<int> out_slots_;           // -1: literal output
   std::vector<Array> out_literals_;
-  std::vector<AbstractValue> in_avals_;
   size_t num_slots_ = 0;
 };
+
+// Fusion and code generation on (default) or off (CJAX_DISABLE_FUSION=1: every equation runs its
+// library kernel; for debugging and side-by-side benchmarks).
+void set_fusion_enabled(bool enabled);
+bool fusion_enabled();
 
 // Marks a donated array deleted: its buffers are released and later uses raise ValueError.
 void delete_array(const Array& a, std::string_view donated_to);

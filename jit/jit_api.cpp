@@ -12,6 +12,7 @@
 
 #include "cjax/jit.h"
 #include "core/array_impl.h"
+#include "core/util.h"
 #include "jit/executable.h"
 #include "jit/jit_primitive.h"
 #include "trace/trace.h"
@@ -27,8 +28,7 @@ void set_disable_jit(bool disabled) { g_disable_jit = disabled ? 1 : 0; }
 bool disable_jit() {
   int v = g_disable_jit.load();
   if (v >= 0) return v == 1;
-  const char* e = std::getenv("CJAX_DISABLE_JIT");
-  return e && std::string(e) != "0" && std::string(e) != "";
+  return env_flag("CJAX_DISABLE_JIT");
 }
 void set_explain_cache_misses(bool enabled) { g_explain = enabled; }
 bool explain_cache_misses() { return g_explain; }
@@ -172,7 +172,7 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
     TraceScope root(eval_trace());
     traced = jaxpr_detail::trace_flat(flat_fn, in_avals, "jit '" + cache.opts.name + "'", arg_names);
   }
-  auto c = std::make_shared<Compiled>(Compiled{std::move(sig), traced, Executable(traced), take_result()});
+  auto c = std::make_shared<Compiled>(Compiled{std::move(sig), traced, Executable(traced, cache.opts.name), take_result()});
   std::lock_guard lock(cache.mu);
   ++cache.traces;
   cache.entries.emplace(h, c);
@@ -182,7 +182,7 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
 std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
                         const std::vector<size_t>& donated_leaves) {
   if (current_trace() != eval_trace()) return bind_jit(c.traced, cache.opts.name, leaves);
-  std::vector<Array> outs = c.executable.run(leaves);
+  std::vector<Array> outs = c.executable.run(leaves, donated_leaves);
   for (size_t k : donated_leaves) delete_array(leaves[k], cache.opts.name);
   return outs;
 }

@@ -1,3 +1,4 @@
+#include "core/util.h"
 #include "trace/jaxpr_trace.h"
 
 #include <fmt/format.h>
@@ -65,10 +66,7 @@ bool check_jaxprs_enabled() {
 #ifndef NDEBUG
   return true;
 #else
-  static const bool on = [] {
-    const char* e = std::getenv("CJAX_CHECK_JAXPRS");
-    return e && std::string(e) != "0" && std::string(e) != "";
-  }();
+  static const bool on = env_flag("CJAX_CHECK_JAXPRS");
   return on;
 #endif
 }

@@ -1,0 +1,567 @@
+// KernelSpec -> LLVM IR -> machine code (jit/codegen.h) for the host CPU.
+//
+// Each kernel becomes an internal body function whose buffer pointers are `noalias` parameters
+// (so the loop vectorizer needs no run-time alias checks) and an exported wrapper with the
+// uniform calling convention of kernel_spec.h. The inner column loop is a plain counted loop of
+// scalar code: LLVM's loop vectorizer widens it to the host's vectors (16 floats with AVX-512),
+// with FMA contraction allowed and reductions reassociated. Transcendental functions are our own
+// inline approximations (llvm_math.h), so they vectorize too; the few without one (tan, asin, ...
+// in some types) call libm per element and that loop stays scalar.
+#include <fmt/format.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <unordered_map>
+
+#include "backends/cpu/llvm_jit.h"
+#include "backends/cpu/llvm_math.h"
+#include "cjax/errors.h"
+#include "jit/codegen.h"
+
+namespace cjax {
+namespace {
+
+using llvm::IRBuilder;
+using llvm::Type;
+using llvm::Value;
+using Op = KernelNode::Op;
+
+bool is_float_like(DType d) { return is_floating(d); }
+bool is_unsigned_like(DType d) { return d == DType::bool_ || is_unsigned_integer(d); }
+
+class KernelEmitter {
+ public:
+  KernelEmitter(llvm::Module& m, const KernelSpec& spec)
+      : ctx_(m.getContext()), m_(m), b_(ctx_), spec_(spec) {
+    llvm::FastMathFlags fmf;
+    fmf.setAllowContract(true);
+    b_.setFastMathFlags(fmf);
+  }
+
+  void emit() {
+    size_t nbuf = spec_.inputs.size() + spec_.outputs.size();
+    Type* ptr = b_.getPtrTy();
+    Type* i64 = b_.getInt64Ty();
+    std::vector<Type*> body_params(nbuf + 1, ptr);
+    for (int i = 0; i < 4; ++i) body_params.push_back(i64);
+    auto* body_ty = llvm::FunctionType::get(b_.getVoidTy(), body_params, false);
+    body_ = llvm::Function::Create(body_ty, llvm::Function::InternalLinkage, spec_.name + "_body", m_);
+    cpu::set_host_attributes(*body_);
+    for (size_t i = 0; i <= nbuf; ++i) body_->addParamAttr(unsigned(i), llvm::Attribute::NoAlias);
+    emit_body(nbuf);
+
+    auto* wrap_ty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, ptr, i64, i64, i64, i64}, false);
+    auto* wrap = llvm::Function::Create(wrap_ty, llvm::Function::ExternalLinkage, spec_.name, m_);
+    cpu::set_host_attributes(*wrap);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", wrap));
+    std::vector<Value*> args;
+    for (size_t i = 0; i < nbuf; ++i)
+      args.push_back(b_.CreateLoad(ptr, b_.CreateConstInBoundsGEP1_64(ptr, wrap->getArg(0), i)));
+    for (unsigned i = 1; i < 6; ++i) args.push_back(wrap->getArg(i));
+    b_.CreateCall(body_, args);
+    b_.CreateRetVoid();
+  }
+
+ private:
+  llvm::LLVMContext& ctx_;
+  llvm::Module& m_;
+  IRBuilder<> b_;
+  const KernelSpec& spec_;
+  llvm::Function* body_ = nullptr;
+  std::vector<Value*> in_ptr_, out_ptr_, in_off_;
+  Value* scratch_ = nullptr;
+  Value* row_ = nullptr;
+  Value* col_ = nullptr;
+  std::unordered_map<int, Value*> row_vals_;   // row-level nodes, this row
+  std::unordered_map<int, Value*> full_vals_;  // full-level nodes, this pass and column
+
+  // ---- types ----
+  Type* storage_type(DType d) {
+    switch (d) {
+      case DType::bool_: case DType::int8: case DType::uint8: return b_.getInt8Ty();
+      case DType::int16: case DType::bfloat16: case DType::float16: return b_.getInt16Ty();
+      case DType::int32: case DType::uint32: return b_.getInt32Ty();
+      case DType::int64: return b_.getInt64Ty();
+      case DType::float32: return b_.getFloatTy();
+      case DType::float64: return b_.getDoubleTy();
+    }
+    return nullptr;
+  }
+  Type* compute_type(DType d) {
+    if (d == DType::bool_) return b_.getInt1Ty();
+    if (d == DType::bfloat16 || d == DType::float16) return b_.getFloatTy();
+    return storage_type(d);
+  }
+  Value* from_storage(Value* v, DType d) {
+    switch (d) {
+      case DType::bool_: return b_.CreateICmpNE(v, b_.getInt8(0));
+      case DType::bfloat16:
+        return b_.CreateBitCast(b_.CreateShl(b_.CreateZExt(v, b_.getInt32Ty()), 16), b_.getFloatTy());
+      case DType::float16: return b_.CreateFPExt(b_.CreateBitCast(v, b_.getHalfTy()), b_.getFloatTy());
+      default: return v;
+    }
+  }
+  Value* to_storage(Value* v, DType d) {
+    switch (d) {
+      case DType::bool_: return b_.CreateZExt(v, b_.getInt8Ty());
+      case DType::bfloat16: {  // round to nearest even; NaN stays a quiet NaN (bfloat16_t::from_float)
+        Value* u = b_.CreateBitCast(v, b_.getInt32Ty());
+        Value* lsb = b_.CreateAnd(b_.CreateLShr(u, 16), b_.getInt32(1));
+        Value* rounded = b_.CreateLShr(b_.CreateAdd(u, b_.CreateAdd(b_.getInt32(0x7fff), lsb)), 16);
+        Value* nan = b_.CreateOr(b_.CreateLShr(u, 16), b_.getInt32(0x40));
+        Value* is_nan = b_.CreateICmpUGT(b_.CreateAnd(u, b_.getInt32(0x7fffffff)), b_.getInt32(0x7f800000));
+        return b_.CreateTrunc(b_.CreateSelect(is_nan, nan, rounded), b_.getInt16Ty());
+      }
+      case DType::float16: return b_.CreateBitCast(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getInt16Ty());
+      default: return v;
+    }
+  }
+  // bf16/f16 results are rounded after every op, as the eager kernels do.
+  Value* round_to(Value* v, DType d) {
+    if (d != DType::bfloat16 && d != DType::float16) return v;
+    return from_storage(to_storage(v, d), d);
+  }
+
+  Value* intrinsic(llvm::Intrinsic::ID id, std::initializer_list<Value*> args) {
+    return b_.CreateIntrinsic(id, {(*args.begin())->getType()}, llvm::ArrayRef<Value*>(args.begin(), args.size()));
+  }
+  Value* libm(std::string_view base, llvm::ArrayRef<Value*> args) {
+    Type* t = args[0]->getType();
+    std::string name(base);
+    if (t->isFloatTy()) name += 'f';
+    std::vector<Type*> params(args.size(), t);
+    llvm::FunctionCallee f = m_.getOrInsertFunction(name, llvm::FunctionType::get(t, params, false));
+    return b_.CreateCall(f, args);
+  }
+  Value* fconst(Type* t, double v) { return llvm::ConstantFP::get(t, v); }
+  Value* iconst(Type* t, int64_t v) { return llvm::ConstantInt::get(t, uint64_t(v), true); }
+
+  // ---- scalar ops (semantics of core/scalar_fns.h) ----
+  Value* fmax(Value* x, Value* y) { return intrinsic(llvm::Intrinsic::maximum, {x, y}); }
+  Value* fmin(Value* x, Value* y) { return intrinsic(llvm::Intrinsic::minimum, {x, y}); }
+  Value* max_of(Value* x, Value* y, DType d) {
+    if (is_float_like(d)) return fmax(x, y);
+    if (d == DType::bool_) return b_.CreateOr(x, y);
+    return intrinsic(is_unsigned_like(d) ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, {x, y});
+  }
+  Value* min_of(Value* x, Value* y, DType d) {
+    if (is_float_like(d)) return fmin(x, y);
+    if (d == DType::bool_) return b_.CreateAnd(x, y);
+    return intrinsic(is_unsigned_like(d) ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, {x, y});
+  }
+
+  Value* transcendental(ScalarOp op, std::vector<Value*> a) {
+    if (Value* v = cpu::emit_math_approx(b_, op, a)) return v;
+    switch (op) {
+      case ScalarOp::Logistic: {
+        Value* one = fconst(a[0]->getType(), 1.0);
+        return b_.CreateFDiv(one, b_.CreateFAdd(one, libm("exp", {b_.CreateFNeg(a[0])})));
+      }
+      case ScalarOp::Exp: return libm("exp", a);
+      case ScalarOp::Exp2: return libm("exp2", a);
+      case ScalarOp::Log: return libm("log", a);
+      case ScalarOp::Log1p: return libm("log1p", a);
+      case ScalarOp::Expm1: return libm("expm1", a);
+      case ScalarOp::Tanh: return libm("tanh", a);
+      case ScalarOp::Sin: return libm("sin", a);
+      case ScalarOp::Cos: return libm("cos", a);
+      case ScalarOp::Tan: return libm("tan", a);
+      case ScalarOp::Asin: return libm("asin", a);
+      case ScalarOp::Acos: return libm("acos", a);
+      case ScalarOp::Atan: return libm("atan", a);
+      case ScalarOp::Sinh: return libm("sinh", a);
+      case ScalarOp::Cosh: return libm("cosh", a);
+      case ScalarOp::Asinh: return libm("asinh", a);
+      case ScalarOp::Acosh: return libm("acosh", a);
+      case ScalarOp::Atanh: return libm("atanh", a);
+      case ScalarOp::Cbrt: return libm("cbrt", a);
+      case ScalarOp::Erf: return libm("erf", a);
+      case ScalarOp::Erfc: return libm("erfc", a);
+      case ScalarOp::Pow: return libm("pow", a);
+      case ScalarOp::Atan2: return libm("atan2", a);
+      case ScalarOp::Nextafter: return libm("nextafter", a);
+      default: throw Error(fmt::format("internal: no code generation for {}", scalar_op_info(op).name));
+    }
+  }
+
+  Value* scalar(ScalarOp op, DType d, std::vector<Value*> a) {
+    Type* t = a[0]->getType();
+    bool fl = is_float_like(d), un = is_unsigned_like(d), bl = d == DType::bool_;
+    Value* x = a[0];
+    Value* y = a.size() > 1 ? a[1] : nullptr;
+    Value* zero = fl ? fconst(t, 0) : iconst(t, 0);
+    switch (op) {
+      case ScalarOp::Neg: return bl ? x : fl ? b_.CreateFNeg(x) : b_.CreateSub(zero, x);
+      case ScalarOp::Sign: {
+        if (bl) return x;
+        if (fl) {
+          Value* s = b_.CreateSelect(b_.CreateFCmpOGT(x, zero), fconst(t, 1),
+                                     b_.CreateSelect(b_.CreateFCmpOLT(x, zero), fconst(t, -1), zero));
+          return b_.CreateSelect(b_.CreateFCmpUNO(x, x), x, s);
+        }
+        if (un) return b_.CreateZExt(b_.CreateICmpUGT(x, zero), t);
+        return b_.CreateSelect(b_.CreateICmpSGT(x, zero), iconst(t, 1),
+                               b_.CreateSelect(b_.CreateICmpSLT(x, zero), iconst(t, -1), zero));
+      }
+      case ScalarOp::Abs:
+        if (fl) return intrinsic(llvm::Intrinsic::fabs, {x});
+        if (un) return x;
+        return b_.CreateIntrinsic(llvm::Intrinsic::abs, {t}, {x, b_.getFalse()});
+      case ScalarOp::Floor: return intrinsic(llvm::Intrinsic::floor, {x});
+      case ScalarOp::Ceil: return intrinsic(llvm::Intrinsic::ceil, {x});
+      case ScalarOp::Round: return intrinsic(llvm::Intrinsic::roundeven, {x});
+      case ScalarOp::IsFinite:
+        return b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, {x}), fconst(t, HUGE_VAL));
+      case ScalarOp::Sqrt: return intrinsic(llvm::Intrinsic::sqrt, {x});
+      case ScalarOp::Rsqrt: return b_.CreateFDiv(fconst(t, 1), intrinsic(llvm::Intrinsic::sqrt, {x}));
+      case ScalarOp::Not: return b_.CreateNot(x);
+      case ScalarOp::Square: return fl ? b_.CreateFMul(x, x) : b_.CreateMul(x, x);
+      case ScalarOp::Add: return fl ? b_.CreateFAdd(x, y) : bl ? b_.CreateOr(x, y) : b_.CreateAdd(x, y);
+      case ScalarOp::Sub: return fl ? b_.CreateFSub(x, y) : bl ? b_.CreateXor(x, y) : b_.CreateSub(x, y);
+      case ScalarOp::Mul: return fl ? b_.CreateFMul(x, y) : bl ? b_.CreateAnd(x, y) : b_.CreateMul(x, y);
+      case ScalarOp::Div: {
+        if (fl) return b_.CreateFDiv(x, y);
+        // XLA: x / 0 = -1 (all ones); INT_MIN / -1 = INT_MIN.
+        Value* by_zero = b_.CreateICmpEQ(y, zero);
+        if (un) return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateUDiv(x, b_.CreateSelect(by_zero, iconst(t, 1), y)));
+        Value* ovf = b_.CreateAnd(b_.CreateICmpEQ(x, llvm::ConstantInt::get(t, llvm::APInt::getSignedMinValue(t->getIntegerBitWidth()))),
+                                  b_.CreateICmpEQ(y, iconst(t, -1)));
+        Value* safe = b_.CreateSelect(b_.CreateOr(by_zero, ovf), iconst(t, 1), y);
+        return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateSelect(ovf, x, b_.CreateSDiv(x, safe)));
+      }
+      case ScalarOp::Rem: {
+        if (fl) return b_.CreateFRem(x, y);
+        Value* by_zero = b_.CreateICmpEQ(y, zero);
+        if (un) return b_.CreateSelect(by_zero, x, b_.CreateURem(x, b_.CreateSelect(by_zero, iconst(t, 1), y)));
+        Value* m1 = b_.CreateICmpEQ(y, iconst(t, -1));
+        Value* safe = b_.CreateSelect(b_.CreateOr(by_zero, m1), iconst(t, 1), y);
+        return b_.CreateSelect(by_zero, x, b_.CreateSelect(m1, zero, b_.CreateSRem(x, safe)));
+      }
+      case ScalarOp::Max: return max_of(x, y, d);
+      case ScalarOp::Min: return min_of(x, y, d);
+      case ScalarOp::And: return b_.CreateAnd(x, y);
+      case ScalarOp::Or: return b_.CreateOr(x, y);
+      case ScalarOp::Xor: return b_.CreateXor(x, y);
+      case ScalarOp::ShiftLeft:
+      case ScalarOp::ShiftRightLogical:
+      case ScalarOp::ShiftRightArithmetic: {
+        unsigned bits = t->getIntegerBitWidth();
+        Value* out_of_range = b_.CreateICmpUGE(y, iconst(t, bits));  // negative counts are huge unsigned
+        if (op == ScalarOp::ShiftLeft) return b_.CreateSelect(out_of_range, zero, b_.CreateShl(x, y));
+        if (op == ScalarOp::ShiftRightLogical) return b_.CreateSelect(out_of_range, zero, b_.CreateLShr(x, y));
+        return b_.CreateSelect(out_of_range, b_.CreateAShr(x, iconst(t, bits - 1)), b_.CreateAShr(x, y));
+      }
+      case ScalarOp::Eq: return fl ? b_.CreateFCmpOEQ(x, y) : b_.CreateICmpEQ(x, y);
+      case ScalarOp::Ne: return fl ? b_.CreateFCmpUNE(x, y) : b_.CreateICmpNE(x, y);
+      case ScalarOp::Lt: return fl ? b_.CreateFCmpOLT(x, y) : un ? b_.CreateICmpULT(x, y) : b_.CreateICmpSLT(x, y);
+      case ScalarOp::Le: return fl ? b_.CreateFCmpOLE(x, y) : un ? b_.CreateICmpULE(x, y) : b_.CreateICmpSLE(x, y);
+      case ScalarOp::Gt: return fl ? b_.CreateFCmpOGT(x, y) : un ? b_.CreateICmpUGT(x, y) : b_.CreateICmpSGT(x, y);
+      case ScalarOp::Ge: return fl ? b_.CreateFCmpOGE(x, y) : un ? b_.CreateICmpUGE(x, y) : b_.CreateICmpSGE(x, y);
+      case ScalarOp::Clamp: return min_of(max_of(a[1], a[0], d), a[2], d);  // clamp(lo, x, hi)
+      default: return transcendental(op, std::move(a));
+    }
+  }
+
+  Value* convert(Value* v, DType from, DType to) {
+    Type* dst = compute_type(to);
+    Type* src = v->getType();
+    if (src == dst) return v;
+    bool ffrom = is_float_like(from), fto = is_float_like(to);
+    if (ffrom && fto) return src->getPrimitiveSizeInBits() < dst->getPrimitiveSizeInBits() ? b_.CreateFPExt(v, dst) : b_.CreateFPTrunc(v, dst);
+    if (to == DType::bool_) return ffrom ? b_.CreateFCmpUNE(v, fconst(src, 0)) : b_.CreateICmpNE(v, iconst(src, 0));
+    if (ffrom)  // NaN -> 0, saturating (XLA's CPU semantics, as the eager kernel)
+      return b_.CreateIntrinsic(is_unsigned_integer(to) ? llvm::Intrinsic::fptoui_sat : llvm::Intrinsic::fptosi_sat,
+                                {dst, src}, {v});
+    if (fto) return is_unsigned_like(from) ? b_.CreateUIToFP(v, dst) : b_.CreateSIToFP(v, dst);
+    return b_.CreateIntCast(v, dst, !is_unsigned_like(from));
+  }
+
+  Value* integer_pow(Value* x, int64_t y, DType d) {
+    bool fl = is_float_like(d);
+    Type* t = x->getType();
+    uint64_t e = uint64_t(y < 0 ? -y : y);
+    Value* acc = nullptr;
+    Value* base = x;
+    while (e) {
+      if (e & 1) acc = acc ? (fl ? b_.CreateFMul(acc, base) : b_.CreateMul(acc, base)) : base;
+      e >>= 1;
+      if (e) base = fl ? b_.CreateFMul(base, base) : b_.CreateMul(base, base);
+    }
+    if (!acc) acc = fl ? fconst(t, 1) : iconst(t, 1);
+    if (y < 0 && fl) acc = b_.CreateFDiv(fconst(t, 1), acc);
+    return acc;
+  }
+
+  Value* constant(const KernelNode& n) {
+    Type* t = compute_type(n.dtype);
+    if (n.dtype == DType::bool_) return b_.getInt1(n.fvalue != 0 || n.ivalue != 0);
+    if (is_float_like(n.dtype)) return fconst(t, n.fvalue);
+    return iconst(t, n.ivalue);
+  }
+
+  Value* reduce_init(const KernelNode& n) {
+    Type* t = compute_type(n.dtype);
+    bool fl = is_float_like(n.dtype);
+    unsigned bits = fl ? 0 : t->getIntegerBitWidth();
+    bool un = is_unsigned_like(n.dtype);
+    switch (n.reduce) {
+      case KernelReduce::Sum: return fl ? fconst(t, 0) : iconst(t, 0);
+      case KernelReduce::Prod: return fl ? fconst(t, 1) : iconst(t, 1);
+      case KernelReduce::Max:
+        if (fl) return fconst(t, -HUGE_VAL);
+        return llvm::ConstantInt::get(t, un ? llvm::APInt::getMinValue(bits) : llvm::APInt::getSignedMinValue(bits));
+      case KernelReduce::Min:
+        if (fl) return fconst(t, HUGE_VAL);
+        return llvm::ConstantInt::get(t, un ? llvm::APInt::getMaxValue(bits) : llvm::APInt::getSignedMaxValue(bits));
+    }
+    return nullptr;
+  }
+  Value* reduce_step(const KernelNode& n, Value* acc, Value* x) {
+    bool fl = is_float_like(n.dtype), bl = n.dtype == DType::bool_;
+    llvm::IRBuilderBase::FastMathFlagGuard guard(b_);
+    llvm::FastMathFlags fmf;
+    fmf.setAllowContract(true);
+    fmf.setAllowReassoc(true);  // lets the vectorizer keep one partial sum per lane
+    b_.setFastMathFlags(fmf);
+    switch (n.reduce) {
+      case KernelReduce::Sum: return fl ? b_.CreateFAdd(acc, x) : bl ? b_.CreateOr(acc, x) : b_.CreateAdd(acc, x);
+      case KernelReduce::Prod: return fl ? b_.CreateFMul(acc, x) : bl ? b_.CreateAnd(acc, x) : b_.CreateMul(acc, x);
+      case KernelReduce::Max: return max_of(acc, x, n.dtype);
+      case KernelReduce::Min: return min_of(acc, x, n.dtype);
+    }
+    return nullptr;
+  }
+
+  // ---- node evaluation ----
+  Value* node_value(int i, int pass) {
+    const KernelNode& n = spec_.nodes[size_t(i)];
+    if (n.row_level) return row_vals_.at(i);
+    if (auto it = full_vals_.find(i); it != full_vals_.end()) return it->second;
+    Value* v;
+    if (n.op == Op::Load) {
+      const KernelInput& in = spec_.inputs[size_t(n.input)];
+      Value* p = b_.CreateInBoundsGEP(storage_type(in.dtype), in_ptr_[size_t(n.input)],
+                                      b_.CreateAdd(in_off_[size_t(n.input)], col_));
+      v = from_storage(b_.CreateLoad(storage_type(in.dtype), p), in.dtype);
+    } else if (n.pass < pass) {
+      v = b_.CreateLoad(compute_type(n.dtype), scratch_ptr(i));
+    } else {
+      v = compute(i, pass);
+    }
+    full_vals_[i] = v;
+    return v;
+  }
+  Value* scratch_ptr(int i) {
+    int slot = spec_.scratch_slot[size_t(i)];
+    Value* base = b_.CreateInBoundsGEP(b_.getInt8Ty(), scratch_, b_.getInt64(uint64_t(slot) * uint64_t(spec_.cols) * 8));
+    return b_.CreateInBoundsGEP(compute_type(spec_.nodes[size_t(i)].dtype), base, col_);
+  }
+  Value* compute(int i, int pass) {
+    const KernelNode& n = spec_.nodes[size_t(i)];
+    std::vector<Value*> a;
+    for (int k : n.args) a.push_back(node_value(k, pass));
+    auto arg_dtype = [&](size_t k) { return spec_.nodes[size_t(n.args[k])].dtype; };
+    switch (n.op) {
+      case Op::Const: return constant(n);
+      case Op::Scalar: return round_to(scalar(n.scalar_op, arg_dtype(0), a), n.dtype);
+      case Op::Convert: return round_to(convert(a[0], arg_dtype(0), n.dtype), n.dtype);
+      case Op::IntegerPow: return round_to(integer_pow(a[0], n.ivalue, n.dtype), n.dtype);
+      case Op::Select: {
+        if (arg_dtype(0) == DType::bool_) return b_.CreateSelect(a[0], a[2], a[1]);
+        size_t ncases = a.size() - 1;
+        Value* r = a[1];
+        for (size_t k = 1; k < ncases; ++k) {
+          // Out-of-range predicates clamp to the first/last case, as the eager kernel.
+          Value* hit = k + 1 == ncases ? b_.CreateICmpSGE(a[0], iconst(a[0]->getType(), int64_t(k)))
+                                       : b_.CreateICmpEQ(a[0], iconst(a[0]->getType(), int64_t(k)));
+          r = b_.CreateSelect(hit, a[k + 1], r);
+        }
+        return r;
+      }
+      default: throw Error("internal: unexpected kernel node");
+    }
+  }
+
+  // Row-level nodes become available between passes; compute those available at `pass`.
+  void emit_row_nodes(int pass) {
+    for (size_t i = 0; i < spec_.nodes.size(); ++i) {
+      const KernelNode& n = spec_.nodes[i];
+      if (!n.row_level || n.op == Op::Reduce || n.pass != pass || row_vals_.count(int(i))) continue;
+      Value* v;
+      if (n.op == Op::Load) {
+        const KernelInput& in = spec_.inputs[size_t(n.input)];
+        v = from_storage(b_.CreateLoad(storage_type(in.dtype),
+                                       b_.CreateInBoundsGEP(storage_type(in.dtype), in_ptr_[size_t(n.input)], in_off_[size_t(n.input)])),
+                         in.dtype);
+      } else {
+        full_vals_.clear();
+        // Row nodes only read row nodes: compute() takes them from row_vals_.
+        v = compute(int(i), pass);
+      }
+      row_vals_[int(i)] = v;
+    }
+  }
+
+  // for (iv = begin; iv < end; ++iv) { body(iv) } with loop-carried values; returns their final values.
+  std::vector<Value*> counted_loop(Value* begin, Value* end, std::vector<Value*> init, const char* name,
+                                   const std::function<std::vector<Value*>(Value*, const std::vector<Value*>&)>& body) {
+    llvm::Function* f = b_.GetInsertBlock()->getParent();
+    llvm::BasicBlock* pre = b_.GetInsertBlock();
+    auto* loop = llvm::BasicBlock::Create(ctx_, std::string(name) + ".loop", f);
+    auto* exit = llvm::BasicBlock::Create(ctx_, std::string(name) + ".exit", f);
+    b_.CreateCondBr(b_.CreateICmpSLT(begin, end), loop, exit);
+    b_.SetInsertPoint(loop);
+    llvm::PHINode* iv = b_.CreatePHI(b_.getInt64Ty(), 2, name);
+    iv->addIncoming(begin, pre);
+    std::vector<llvm::PHINode*> carried;
+    std::vector<Value*> cur;
+    for (Value* v : init) {
+      carried.push_back(b_.CreatePHI(v->getType(), 2));
+      carried.back()->addIncoming(v, pre);
+      cur.push_back(carried.back());
+    }
+    std::vector<Value*> next = body(iv, cur);
+    Value* iv_next = b_.CreateAdd(iv, b_.getInt64(1), "", true, true);
+    llvm::BasicBlock* latch = b_.GetInsertBlock();
+    iv->addIncoming(iv_next, latch);
+    for (size_t k = 0; k < carried.size(); ++k) carried[k]->addIncoming(next[k], latch);
+    b_.CreateCondBr(b_.CreateICmpSLT(iv_next, end), loop, exit);
+    b_.SetInsertPoint(exit);
+    std::vector<Value*> out;
+    for (size_t k = 0; k < carried.size(); ++k) {
+      llvm::PHINode* phi = b_.CreatePHI(init[k]->getType(), 2);
+      phi->addIncoming(init[k], pre);
+      phi->addIncoming(next[k], latch);
+      out.push_back(phi);
+    }
+    return out;
+  }
+
+  void emit_body(size_t nbuf) {
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", body_));
+    size_t nin = spec_.inputs.size();
+    for (size_t i = 0; i < nin; ++i) in_ptr_.push_back(body_->getArg(unsigned(i)));
+    for (size_t i = nin; i < nbuf; ++i) {
+      int alias = spec_.outputs[i - nin].in_place_of;
+      out_ptr_.push_back(alias >= 0 ? in_ptr_[size_t(alias)] : body_->getArg(unsigned(i)));
+    }
+    scratch_ = body_->getArg(unsigned(nbuf));
+    Value* rb = body_->getArg(unsigned(nbuf + 1));
+    Value* re = body_->getArg(unsigned(nbuf + 2));
+    Value* cb = body_->getArg(unsigned(nbuf + 3));
+    Value* ce = body_->getArg(unsigned(nbuf + 4));
+    const int64_t C = spec_.cols;
+
+    counted_loop(rb, re, {}, "row", [&](Value* row, const std::vector<Value*>&) {
+      row_ = row;
+      row_vals_.clear();
+      // Offsets of this row in each input.
+      in_off_.clear();
+      std::vector<Value*> idx(spec_.outer.size());
+      int64_t inner = 1;
+      for (size_t d = spec_.outer.size(); d-- > 0;) {
+        Value* q = inner == 1 ? row : b_.CreateUDiv(row, b_.getInt64(uint64_t(inner)));
+        idx[d] = d == 0 ? q : b_.CreateURem(q, b_.getInt64(uint64_t(spec_.outer[d])));
+        inner *= spec_.outer[d];
+      }
+      for (const KernelInput& in : spec_.inputs) {
+        Value* off = b_.getInt64(0);
+        for (size_t d = 0; d < idx.size(); ++d)
+          if (in.outer_strides[d] != 0) off = b_.CreateAdd(off, b_.CreateMul(idx[d], b_.getInt64(uint64_t(in.outer_strides[d]))));
+        in_off_.push_back(off);
+      }
+      Value* row_base = b_.CreateMul(row, b_.getInt64(uint64_t(C)));
+      for (int pass = 0; pass < spec_.num_passes; ++pass) {
+        emit_row_nodes(pass);
+        std::vector<int> reduces;
+        std::vector<Value*> init;
+        for (size_t i = 0; i < spec_.nodes.size(); ++i)
+          if (spec_.nodes[i].op == Op::Reduce && spec_.nodes[i].pass == pass) {
+            reduces.push_back(int(i));
+            init.push_back(reduce_init(spec_.nodes[i]));
+          }
+        std::vector<Value*> acc = counted_loop(cb, ce, init, "col", [&](Value* c, const std::vector<Value*>& cur) {
+          col_ = c;
+          full_vals_.clear();
+          for (size_t i = 0; i < spec_.nodes.size(); ++i) {
+            const KernelNode& n = spec_.nodes[i];
+            if (n.row_level || n.pass != pass || n.op == Op::Load) continue;
+            Value* v = node_value(int(i), pass);
+            if (spec_.scratch_slot[i] >= 0) b_.CreateStore(v, scratch_ptr(int(i)));
+          }
+          std::vector<Value*> next;
+          for (size_t k = 0; k < reduces.size(); ++k) {
+            const KernelNode& n = spec_.nodes[size_t(reduces[k])];
+            next.push_back(reduce_step(n, cur[k], node_value(n.args[0], pass)));
+          }
+          for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+            const KernelOutput& out = spec_.outputs[o];
+            const KernelNode& n = spec_.nodes[size_t(out.node)];
+            int avail = n.op == Op::Reduce ? n.pass + 1 : n.pass;
+            if (!out.full || avail != pass) continue;
+            Value* v = n.row_level ? row_vals_.at(out.node) : node_value(out.node, pass);
+            Value* p = b_.CreateInBoundsGEP(storage_type(out.dtype), out_ptr_[o], b_.CreateAdd(row_base, c));
+            b_.CreateStore(to_storage(v, out.dtype), p);
+          }
+          return next;
+        });
+        for (size_t k = 0; k < reduces.size(); ++k)
+          row_vals_[reduces[k]] = round_to(acc[k], spec_.nodes[size_t(reduces[k])].dtype);
+      }
+      emit_row_nodes(spec_.num_passes);
+      for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+        const KernelOutput& out = spec_.outputs[o];
+        if (out.full) continue;
+        Value* p = b_.CreateInBoundsGEP(storage_type(out.dtype), out_ptr_[o], row);
+        b_.CreateStore(to_storage(row_vals_.at(out.node), out.dtype), p);
+      }
+      return std::vector<Value*>{};
+    });
+    b_.CreateRetVoid();
+  }
+};
+
+}  // namespace
+
+CompiledKernels compile_kernels(std::span<const KernelSpec* const> specs, std::string* ir_out) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string key;
+  for (const KernelSpec* s : specs) key += s->name + "\n" + s->canonical();
+  CompiledKernels out;
+  std::unique_ptr<llvm::MemoryBuffer> object = ir_out ? nullptr : cpu::cached_object(key);
+  out.from_cache = object != nullptr;
+  if (!object) {
+    llvm::LLVMContext ctx;
+    auto m = std::make_unique<llvm::Module>("cjax_kernels", ctx);
+    cpu::configure_for_host(*m);
+    for (const KernelSpec* s : specs) KernelEmitter(*m, *s).emit();
+    std::string err;
+    llvm::raw_string_ostream es(err);
+    if (llvm::verifyModule(*m, &es)) throw Error(fmt::format("internal: generated LLVM IR is invalid: {}", es.str()));
+    if (ir_out) {
+      llvm::raw_string_ostream os(*ir_out);
+      os << "; ---- before optimization ----\n" << *m;
+    }
+    object = cpu::compile_to_object(*m);
+    if (ir_out) {
+      llvm::raw_string_ostream os(*ir_out);
+      os << "; ---- after optimization ----\n" << *m;
+    }
+    cpu::store_object(key, *object);
+  }
+  std::shared_ptr<cpu::JitCode> code = cpu::link_object(std::move(object));
+  for (const KernelSpec* s : specs) out.fns.push_back(reinterpret_cast<KernelFn>(code->lookup(s->name)));
+  out.code = code;
+  out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace cjax

@@ -1,0 +1,59 @@
+// The process-wide LLVM ORC JIT of the CPU backend and the kernel object cache.
+//
+// Generated kernels are compiled for the host CPU (all of its features: AVX-512 on Zen 4) at O3
+// with FMA contraction, then linked into one LLJIT. One jit compilation = one llvm::Module = one
+// object file = one JitCode; the code lives as long as its JitCode.
+//
+// The object cache keys object files by a caller-given string (the canonical kernel specs of the
+// module) extended with the host target and the LLVM/cjax versions. It lives in memory and on
+// disk under $CJAX_CACHE_DIR (default: $XDG_CACHE_HOME/cjax or ~/.cache/cjax; CJAX_CACHE_DIR=""
+// turns the disk cache off). Files are written to a temporary name and renamed, so concurrent
+// processes never read a partial file; each file stores its full key, so a hash collision is a
+// miss, never wrong code.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace llvm {
+class Module;
+class Function;
+class MemoryBuffer;
+class LLVMContext;
+}  // namespace llvm
+
+namespace cjax::cpu {
+
+// Linked machine code; unlinked when the last reference goes.
+class JitCode {
+ public:
+  virtual ~JitCode() = default;
+  // Address of a function defined by the module; raises Error if absent.
+  virtual void* lookup(std::string_view symbol) const = 0;
+};
+
+// "x86_64-pc-linux-gnu znver4 +avx512f,..." plus versions: part of every cache key.
+const std::string& host_target_id();
+// Sets the host triple and data layout on a new module.
+void configure_for_host(llvm::Module& m);
+// Sets target-cpu / target-features / vector-width attributes so the vectorizer sees the host.
+void set_host_attributes(llvm::Function& f);
+
+// Runs the O3 pipeline for the host and returns the object file.
+std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m);
+// Links an object file (from compile_to_object or the cache).
+std::shared_ptr<JitCode> link_object(std::unique_ptr<llvm::MemoryBuffer> object);
+
+// The object cache. `key` is the caller's canonical description of the module's contents.
+std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key);
+void store_object(const std::string& key, const llvm::MemoryBuffer& object);
+
+struct KernelCacheStats {
+  int64_t memory_hits = 0, disk_hits = 0, misses = 0, disk_writes = 0;
+};
+KernelCacheStats kernel_cache_stats();
+// Drops the in-memory cache (tests use it to exercise the disk cache within one process).
+void clear_memory_kernel_cache();
+
+}  // namespace cjax::cpu
