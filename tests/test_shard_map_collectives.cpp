@@ -2,6 +2,7 @@
 // pmax/pmin and pbroadcast (values, types, derivatives), the tree overloads of
 // cjax/collectives.h, collectives over several axes in both name orders, the untiled forms of
 // psum_scatter and all_to_all, and vmap / jvp of shard_maps whose bodies move data.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -369,4 +370,58 @@ TEST_CASE("jvp of shard_maps with all_gather and ppermute: the collective applie
   CHECK(io.shape() == Shape{16, 2});
   check_all_close(it, jnp::tile((2.f * x * t).reshape({4, 2}), {4, 1}), 1e-6);
   check_all_close(io, jnp::tile((x * x).reshape({4, 2}), {4, 1}), 1e-6);
+}
+
+TEST_CASE("transposes over two axes in both orders: the vjp and jvp Jacobians agree") {
+  Mesh m = mesh_ij();
+  // Column by column, jvp pushes tangents through each collective (its JVP is the collective
+  // itself); row by row, vjp pulls cotangents through the transposes. A wrong group order or
+  // transpose parameter makes the two Jacobians differ.
+  auto check = [&](const char* name, std::function<Array(const Array&)> body, const Array& x,
+                   PartitionSpec in = P(axes("i", "j")), PartitionSpec out = P(axes("i", "j"))) {
+    CAPTURE(name);
+    auto f = shard_map(body, m, in, out);
+    auto [y, f_vjp] = vjp(f, x);
+    int64_t n = x.size(), k = y.size();
+    auto basis = [](int64_t size, int64_t at) {
+      std::vector<float> e(size_t(size), 0.f);
+      e[size_t(at)] = 1.f;
+      return jnp::array(e);
+    };
+    std::vector<float> fwd(size_t(n * k)), rev(size_t(n * k));
+    for (int64_t j = 0; j < n; ++j) {
+      std::vector<float> col = fv(jvp(f, std::tuple{x}, std::tuple{basis(n, j)}).second);
+      for (int64_t r = 0; r < k; ++r) fwd[size_t(r * n + j)] = col[size_t(r)];
+    }
+    for (int64_t r = 0; r < k; ++r) {
+      std::vector<float> row = fv(std::get<0>(f_vjp(basis(k, r))));
+      std::copy(row.begin(), row.end(), rev.begin() + r * n);
+    }
+    CHECK(rev == fwd);
+    CHECK(std::count(fwd.begin(), fwd.end(), 0.f) < int64_t(fwd.size()));
+  };
+  Array x8 = arange_f(8) + 1.f, x16 = arange_f(16) + 1.f;
+  for (AxisNames names : {AxisNames{"i", "j"}, AxisNames{"j", "i"}}) {
+    CAPTURE(names.str());
+    check("all_gather tiled", [names](const Array& b) { return lax::all_gather(b * b, names, {.tiled = true}); }, x8);
+    check("all_gather untiled",
+          [names](const Array& b) { return lax::all_gather(b, names, {.axis = 1}).reshape({-1}); }, x8);
+    check("all_gather invariant",
+          [names](const Array& b) { return lax::all_gather(b, names, {.tiled = true, .to_invariant = true}); }, x8,
+          P(axes("i", "j")), P());
+    check("psum_scatter tiled", [names](const Array& b) { return lax::psum_scatter(b, names, {.tiled = true}); }, x16);
+    check("psum_scatter untiled", [names](const Array& b) { return lax::psum_scatter(b, names).reshape({1}); }, x16);
+    check("all_to_all tiled", [names](const Array& b) { return lax::all_to_all(b, names, 0, 0, {.tiled = true}); },
+          x16);
+    check("all_to_all untiled",
+          [names](const Array& b) { return lax::all_to_all(b.reshape({4, 1}), names, 0, 1).reshape({-1}); }, x16);
+    check("pbroadcast", [names](const Array& b) { return lax::pbroadcast(b, names, 2); }, x8);
+    check("psum of one axis", [names](const Array& b) { return lax::psum(b, names.names[0]); }, x8);
+    check("pmean", [names](const Array& b) { return lax::pmean(b * b, names); }, x8, P(axes("i", "j")), P());
+  }
+  check("ppermute over (i, j)", [](const Array& b) { return lax::ppermute(b, {"i", "j"}, {{0, 2}, {2, 3}, {3, 1}}); },
+        x8);
+  // Partly replicated: x varies over i only, the collective runs over (j, i).
+  check("all_gather of an i-varying value over (j, i)",
+        [](const Array& b) { return lax::all_gather(b, {"j", "i"}, {.tiled = true}); }, x8, P("i"));
 }
