@@ -48,20 +48,31 @@ inline Array matmul_reduce_scatter(const Array& a, const Array& b) {
 }
 
 // f1..f5 of the slicing-and-tiling section: the block shape seen inside and the result shape.
+// f2 takes x tiled twice along columns (jnp.tile(x, (1, 2))) with in_specs P(i, j): every
+// device gets the same (3,12) block as f1 and the result is the same (12,24) array.
 struct Tiling {
-  Shape f1_block, f1_out, f3_out, f4_out, f5_out;
+  Shape f1_block, f1_out, f2_block, f2_out, f3_out, f4_out, f5_out;
+  Array f1_y, f2_y;
 };
 inline Tiling slicing_and_tiling() {
   Mesh mesh = make_mesh({4, 2}, {"i", "j"});
   Array x = jnp::arange(144).reshape({12, 12});
   Tiling t;
-  t.f1_out = shard_map(
-                 [&](const Array& xb) {
-                   t.f1_block = xb.shape();
-                   return xb;
-                 },
-                 mesh, P("i", None), P("i", "j"))(x)
-                 .shape();
+  t.f1_y = shard_map(
+      [&](const Array& xb) {
+        t.f1_block = xb.shape();
+        return xb;
+      },
+      mesh, P("i", None), P("i", "j"))(x);
+  t.f1_out = t.f1_y.shape();
+  Array x_ = jnp::tile(x, {1, mesh.shape()[1]});  // (12, 24)
+  t.f2_y = shard_map(
+      [&](const Array& xb) {
+        t.f2_block = xb.shape();
+        return xb;
+      },
+      mesh, P("i", "j"), P("i", "j"))(x_);
+  t.f2_out = t.f2_y.shape();
   const Array& y = x;
   t.f3_out = shard_map([](const Array& v) { return lax::psum(v, "j"); }, mesh, P("i", "j"), P("i", None))(y).shape();
   t.f4_out = shard_map([](const Array& v) { return lax::psum(v, "i"); }, mesh, P("i", "j"), P(None, "j"))(y).shape();

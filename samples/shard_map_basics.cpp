@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   std::cout << "\n== slicing and tiling ==\n";
   Tiling t = slicing_and_tiling();
   std::cout << "f1 block " << shape_str(t.f1_block) << " -> " << shape_str(t.f1_out) << "\n";
+  std::cout << "f2 block " << shape_str(t.f2_block) << " -> " << shape_str(t.f2_out)
+            << ", same as f1: " << (t.f1_y.to_vector<int>() == t.f2_y.to_vector<int>()) << "\n";
   std::cout << "f3 " << shape_str(t.f3_out) << ", f4 " << shape_str(t.f4_out) << ", f5 " << shape_str(t.f5_out) << "\n";
   std::cout << "P('i','j'):\n" << tile_constant(P("i", "j")) << "\nP('i', None):\n" << tile_constant(P("i", None))
             << "\nP(None, None):\n" << tile_constant(P(None, None)) << "\n";
@@ -42,6 +44,20 @@ int main(int argc, char** argv) {
   std::cout << "\n== collectives ==\n";
   Array v = tutorial_vector();
   std::cout << "psum: " << shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i4(), P("i"), P())(v) << "\n";
+  Mesh m2 = make_mesh({2, 2}, {"i", "j"});
+  Array x44 = jnp::arange(16).reshape({4, 4});
+  std::cout << "psum over i, out P(None, j):\n"
+            << shard_map([](const Array& x) { return lax::psum(x, "i"); }, m2, P("i", "j"), P(None, "j"))(x44) << "\n";
+  std::cout << "psum over (i, j), out P(None, None):\n"
+            << shard_map([](const Array& x) { return lax::psum(x, {"i", "j"}); }, m2, P("i", "j"), P(None, None))(x44)
+            << "\n";
+  Array g = jnp::array(std::vector<float>{3, 9, 5, 2});
+  std::cout << "all_gather tiled: "
+            << shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true}); }, mesh_i4(), P("i"),
+                         P("i"))(g)
+            << "\n";
+  std::cout << "all_gather untiled:\n"
+            << shard_map([](const Array& x) { return lax::all_gather(x, "i"); }, mesh_i4(), P("i"), P("i"))(g) << "\n";
   std::cout << "psum_scatter: "
             << shard_map([](const Array& x) { return lax::psum_scatter(x, "i", {.tiled = true}); }, mesh_i4(), P("i"),
                          P("i"))(v)

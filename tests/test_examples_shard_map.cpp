@@ -25,6 +25,11 @@ TEST_CASE("§1 slicing and tiling") {
   Tiling t = slicing_and_tiling();
   CHECK(t.f1_block == Shape{3, 12});
   CHECK(t.f1_out == Shape{12, 24});
+  CHECK(t.f2_block == Shape{3, 12});
+  CHECK(t.f2_out == Shape{12, 24});
+  std::vector<int> tiled = jnp::tile(jnp::arange(144).reshape({12, 12}), {1, 2}).to_vector<int>();
+  CHECK(t.f1_y.to_vector<int>() == tiled);
+  CHECK(t.f2_y.to_vector<int>() == tiled);
   CHECK(t.f3_out == Shape{12, 6});
   CHECK(t.f4_out == Shape{3, 12});
   CHECK(t.f5_out == Shape{3, 6});

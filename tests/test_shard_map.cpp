@@ -331,3 +331,184 @@ TEST_CASE("D2: psum over varying and invariant axes together is total") {
   CHECK(text.find("pvary[axes=('j',)]") != std::string::npos);
   CHECK(text.find("psum_invariant[axes=('i', 'j')]") != std::string::npos);
 }
+
+TEST_CASE("static arguments with a None in_spec are passed through untouched") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  std::vector<Shape> seen;
+  auto f = shard_map(
+      [&](const Array& x, int k, const std::string& tag) {
+        seen.push_back(x.shape());
+        return tag == "neg" ? x * float(-k) : x * float(k);
+      },
+      mesh, {P("i"), None, None}, P("i"));
+  CHECK(f(arange_f(8), 3, std::string("pos")).to_vector<float>() == std::vector<float>{0, 3, 6, 9, 12, 15, 18, 21});
+  CHECK(f(arange_f(8), 2, std::string("neg")).to_vector<float>() ==
+        std::vector<float>{0, -2, -4, -6, -8, -10, -12, -14});
+  CHECK(seen.back() == Shape{2});
+  auto g = [&](const Array& x, int k) { return f(x, k, std::string("pos")); };
+  CHECK(jit(g)(arange_f(8), 5).to_vector<float>() == std::vector<float>{0, 5, 10, 15, 20, 25, 30, 35});
+  CHECK(jit(g)(arange_f(8), 1).to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(grad([&](const Array& x) { return jnp::sum(f(x, 4, std::string("neg"))); })(arange_f(8)).to_vector<float>() ==
+        std::vector<float>(8, -4.f));
+  // A static argument needs None: a P for it is an error naming the entry.
+  auto bad = shard_map([](const Array& x, int k) { return x * float(k); }, mesh, {P("i"), P()}, P("i"));
+  CHECK_ERR(bad(arange_f(8), 2), SpecError, "in_specs[1]", "static", "None");
+}
+
+TEST_CASE("out_specs can transpose blocks (spec §1.5)") {
+  Mesh mesh = make_mesh({2, 2}, {"x", "y"});
+  Array x = jnp::arange(16).reshape({4, 4});
+  auto f = shard_map([](const Array& b) { return b; }, mesh, P("x", "y"), P("y", "x"));
+  std::vector<int> want{0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15};
+  CHECK(f(x).to_vector<int>() == want);
+  CHECK(jit(f)(x).to_vector<int>() == want);
+  CHECK(f(x).sharding().str() == "NamedSharding(mesh=Mesh('x': 2, 'y': 2), spec=P('y', 'x'), memory_kind=device)");
+  // Its gradient transposes the blocks back.
+  Array w = jnp::arange(16).reshape({4, 4}).astype(f32);
+  Array g = grad([&](const Array& a) { return jnp::sum(f(a) * w); })(x.astype(f32));
+  std::vector<float> gw;
+  for (int v : std::vector<int>{0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15}) gw.push_back(float(v));
+  // The element at position p of f's output is x[want[p]], so d/dx[want[p]] = w[p]: g[want[p]] = p.
+  std::vector<float> expect(16);
+  for (size_t p = 0; p < 16; ++p) expect[size_t(want[p])] = float(p);
+  CHECK(g.to_vector<float>() == expect);
+}
+
+TEST_CASE("a tuple entry splits row-major in the order written, and prints per 2-D coordinate") {
+  Mesh mesh = make_mesh({2, 2}, {"x", "y"});
+  Array x = arange_f(8);
+  std::string xy, yx;
+  auto fxy = shard_map(
+      [&](const Array& b) {
+        xy = to_string(b);
+        return b;
+      },
+      mesh, P(axes("x", "y")), P(axes("x", "y")));
+  auto fyx = shard_map(
+      [&](const Array& b) {
+        yx = to_string(b);
+        return b;
+      },
+      mesh, P(axes("y", "x")), P(axes("y", "x")));
+  CHECK(fxy(x).to_vector<float>() == x.to_vector<float>());
+  CHECK(fyx(x).to_vector<float>() == x.to_vector<float>());
+  CHECK(xy ==
+        "On cpu:0 at mesh coordinates (x, y) = (0, 0):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (x, y) = (0, 1):\n[2. 3.]\n\n"
+        "On cpu:2 at mesh coordinates (x, y) = (1, 0):\n[4. 5.]\n\nOn cpu:3 at mesh coordinates (x, y) = (1, 1):\n[6. 7.]");
+  CHECK(yx ==
+        "On cpu:0 at mesh coordinates (x, y) = (0, 0):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (x, y) = (0, 1):\n[4. 5.]\n\n"
+        "On cpu:2 at mesh coordinates (x, y) = (1, 0):\n[2. 3.]\n\nOn cpu:3 at mesh coordinates (x, y) = (1, 1):\n[6. 7.]");
+  // Sliced one way, assembled the other: device (x, y) holds block 2x+y and is placed at 2y+x.
+  auto swap = shard_map([](const Array& b) { return b; }, mesh, P(axes("x", "y")), P(axes("y", "x")));
+  CHECK(swap(x).to_vector<float>() == std::vector<float>{0, 1, 4, 5, 2, 3, 6, 7});
+  CHECK(jit(swap)(x).to_vector<float>() == std::vector<float>{0, 1, 4, 5, 2, 3, 6, 7});
+}
+
+TEST_CASE("C++ control flow on body values: invariant is concrete, varying is a ConcretizationError") {
+  Mesh mesh = make_mesh({2, 2}, {"x", "y"});
+  auto f = shard_map(
+      [](const Array& b) {
+        Array total = lax::psum(jnp::sum(b), {"x", "y"});
+        if (total > 0.f) return b * 2.f;
+        return b * 3.f;
+      },
+      mesh, P(axes("x", "y")), P(axes("x", "y")));
+  CHECK(f(arange_f(8)).to_vector<float>() == std::vector<float>{0, 2, 4, 6, 8, 10, 12, 14});
+  CHECK(f(-arange_f(8) - 1.f).to_vector<float>() == std::vector<float>{-3, -6, -9, -12, -15, -18, -21, -24});
+  auto read = shard_map([](const Array& b) { return b * lax::psum(jnp::sum(b), {"x", "y"}).item<float>(); }, mesh,
+                        P(axes("x", "y")), P(axes("x", "y")));
+  CHECK(read(arange_f(8)).to_vector<float>() == std::vector<float>{0, 28, 56, 84, 112, 140, 168, 196});
+  // Varying over y only (the psum removed x): not one value.
+  auto partial = shard_map(
+      [](const Array& b) {
+        if (lax::psum(jnp::sum(b), "x") > 0.f) return b;
+        return -b;
+      },
+      mesh, P(axes("x", "y")), P(axes("x", "y")));
+  CHECK_ERR(partial(arange_f(8)), ConcretizationError, "varies over mesh axes {y}");
+  auto varying = shard_map(
+      [](const Array& b) {
+        if (jnp::sum(b) > 0.f) return b;
+        return -b;
+      },
+      mesh, P(axes("x", "y")), P(axes("x", "y")));
+  CHECK_ERR(varying(arange_f(8)), ConcretizationError, "varies over mesh axes {x,y}");
+  // With check_vma=false nothing is known to be invariant.
+  auto unchecked = shard_map(
+      [](const Array& b) {
+        if (lax::psum(jnp::sum(b), {"x", "y"}) > 0.f) return b;
+        return -b;
+      },
+      mesh, P(axes("x", "y")), P(axes("x", "y")), {.check_vma = false});
+  CHECK_ERR(unchecked(arange_f(8)), ConcretizationError, "check_vma=false");
+}
+
+TEST_CASE("more errors: out_specs tree prefix, mesh and axis_names, pvary, mismatched collectives") {
+  Mesh m = make_mesh({4, 2}, {"i", "j"});
+  Mesh mi = make_mesh({4}, {"i"});
+  auto id = [](const Array& x) { return x; };
+  // out_specs not a tree prefix of the outputs.
+  auto pair = shard_map([](const Array& x) { return std::tuple{x, x}; }, mi, P("i"), {P("i"), P("i"), P("i")});
+  CHECK_ERR(pair(jnp::ones({8})), SpecError, "out_specs", "not a tree prefix");
+  CHECK_ERR(jit(pair)(jnp::ones({8})), SpecError, "out_specs", "not a tree prefix");
+  auto nested = shard_map([](const Array& x) { return std::tuple{x, std::vector<Array>{x, x}}; }, mi, P("i"),
+                          {P("i"), {P("i")}});
+  CHECK_ERR(nested(jnp::ones({8})), SpecError, "out_specs[1]", "not a tree prefix");
+  // An empty mesh; axis_names that are not mesh axes.
+  CHECK_ERR(shard_map(id, Mesh(), P(), P()), SpecError, "shard_map requires a non-empty mesh");
+  CHECK_ERR(shard_map(id, m, P(), P(), {.axis_names = {"i", "k"}}), SpecError,
+            "shard_map requires axis_names=frozenset({'i', 'k'}) to be a subset of mesh.axis_names=frozenset({'i', "
+            "'j'})");
+  // pvary over an axis the value already varies over.
+  auto twice = shard_map([](const Array& x) { return lax::pvary(x, "i"); }, mi, P("i"), P("i"));
+  CHECK_ERR(twice(jnp::ones({8})), VmaError, "pvary is an invariant->varying cast", "axis 'i'");
+  CHECK_ERR(jit(twice)(jnp::ones({8})), VmaError, "pvary is an invariant->varying cast", "axis 'i'");
+  auto partly = shard_map([](const Array& x) { return lax::pvary(x, {"j", "i"}); }, m, P("i"), P("i", "j"));
+  CHECK_ERR(partly(jnp::ones({8, 2})), VmaError, "axis 'i'");
+  CHECK(shard_map([](const Array& x) { return lax::pvary(x, "j"); }, m, P("i"), P("i", "j"))(jnp::ones({8, 2}))
+            .shape() == Shape{8, 4});
+  // Devices that reach different collectives (device 0 a psum, the others a pmax).
+  auto mismatch = shard_map(
+      [](const Array& x) {
+        return lax::cond(
+            lax::axis_index("i") == 0, [](const Array& v) { return lax::psum(v, "i"); },
+            [](const Array& v) { return lax::pmax(v, "i"); }, x);
+      },
+      mi, P("i"), P("i"), {.check_vma = false});
+  CHECK_ERR(jit(mismatch)(arange_f(4)), CollectiveError, "arrived at different collectives", "device 0: psum",
+            "device 1: pmax");
+  CHECK_ERR(mismatch(arange_f(4)), CollectiveError, "arrived at different collectives");
+  // The communicator is usable again afterwards.
+  auto ok = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mi, P("i"), P());
+  CHECK(jit(ok)(arange_f(4)).to_vector<float>() == std::vector<float>{6});
+}
+
+TEST_CASE("an eager shard_map times out at a collective that a slow device reaches late") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  double saved = config::collective_timeout_seconds();
+  config::set_collective_timeout_seconds(0.01);
+  // Eagerly, a cond whose branches hold collectives runs as one SPMD program: device 0 loops
+  // (about 0.2 s) before its psum while the others wait.
+  auto slow = shard_map(
+      [](const Array& x) {
+        return lax::cond(
+            lax::axis_index("i") == 0,
+            [](const Array& v) {
+              return lax::psum(lax::fori_loop(0, 300000, [](const Array&, const Array& c) { return jnp::sin(c); }, v),
+                               "i");
+            },
+            [](const Array& v) { return lax::psum(v, "i"); }, x);
+      },
+      mesh, P("i"), P("i"), {.check_vma = false});
+  CHECK_ERR(slow(arange_f(4)), CollectiveError, "timed out after 0.01 s", "psum");
+  config::set_collective_timeout_seconds(saved);
+  // After the failure, eager collectives run again.
+  auto sum = shard_map(
+      [](const Array& x) {
+        return lax::cond(
+            lax::axis_index("i") == 0, [](const Array& v) { return lax::psum(v, "i"); },
+            [](const Array& v) { return lax::psum(v, "i"); }, x);
+      },
+      mesh, P("i"), P("i"), {.check_vma = false});
+  CHECK(sum(arange_f(4)).to_vector<float>() == std::vector<float>{6, 6, 6, 6});
+}

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "test_util.h"
+#include "core/collectives.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
 
@@ -20,17 +21,13 @@ std::vector<double> v(const Array& a) {
 }
 Mesh mesh_i(int n = 4) { return make_mesh({n}, {"i"}); }
 
-// Primitive counts of the body of every shard_map equation of `j`, in order (not recursing
-// into the bodies' own sub-jaxprs).
-std::vector<std::map<std::string, int>> bodies(const ClosedJaxpr& j) {
-  std::vector<std::map<std::string, int>> out;
+// The body of every shard_map equation of `j`, in order (not recursing into the bodies' own
+// sub-jaxprs).
+std::vector<std::shared_ptr<const Jaxpr>> body_jaxprs(const ClosedJaxpr& j) {
+  std::vector<std::shared_ptr<const Jaxpr>> out;
   std::function<void(const Jaxpr&)> walk = [&](const Jaxpr& jp) {
     for (const JaxprEqn& e : jp.eqns()) {
-      if (e.primitive == &g_shard_map) {
-        std::map<std::string, int> counts;
-        for (const JaxprEqn& b : ShardMapInfo::from(e.params).body->eqns()) counts[b.primitive->name]++;
-        out.push_back(counts);
-      }
+      if (e.primitive == &g_shard_map) out.push_back(ShardMapInfo::from(e.params).body);
       for (const auto& [name, val] : e.params.items())
         if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val))
           if (auto* jp2 = dynamic_cast<const JaxprParam*>(obj->get()); jp2 && e.primitive != &g_shard_map)
@@ -39,6 +36,26 @@ std::vector<std::map<std::string, int>> bodies(const ClosedJaxpr& j) {
   };
   walk(*j.jaxpr);
   return out;
+}
+// Primitive counts of those bodies.
+std::vector<std::map<std::string, int>> bodies(const ClosedJaxpr& j) {
+  std::vector<std::map<std::string, int>> out;
+  for (const auto& body : body_jaxprs(j)) {
+    std::map<std::string, int> counts;
+    for (const JaxprEqn& b : body->eqns()) counts[b.primitive->name]++;
+    out.push_back(counts);
+  }
+  return out;
+}
+// The parameters of the only `prim` equation of the last shard_map body of `j`.
+Params last_body_params(const ClosedJaxpr& j, const std::string& prim) {
+  auto all = body_jaxprs(j);
+  REQUIRE(!all.empty());
+  std::vector<Params> found;
+  for (const JaxprEqn& e : all.back()->eqns())
+    if (e.primitive->name == prim) found.push_back(e.params);
+  REQUIRE(found.size() == 1);
+  return found[0];
 }
 int count(const std::map<std::string, int>& m, const std::string& k) {
   auto it = m.find(k);
@@ -111,7 +128,26 @@ TEST_CASE("D: the cursed identity transposes to an empty body") {
     auto f = shard_map([](const Array& x) { return x; }, mesh_i(), P(), P(), vma(on));
     CHECK(f(Array(3.f)).item<float>() == 3.f);
     CHECK(grad(f)(Array(3.f)).item<float>() == 1.f);
-    if (on) CHECK(bodies(make_jaxpr(grad(f))(Array(3.f))).back().empty());
+    // check_vma=false (V): the transpose divides the P() cotangent by 4 and psums the P() input
+    // cotangent, psum(ct/4) = ct.
+    auto b = bodies(make_jaxpr(grad(f))(Array(3.f)));
+    REQUIRE(!b.empty());
+    if (on) CHECK(b.back().empty());
+    else CHECK(b.back() == std::map<std::string, int>{{"div", 1}, {"psum", 1}});
+    // Transposed twice (the vjp of ct -> vjp(f)(ct)): t(t(f)) == f, again without communication.
+    auto once = [&](const Array& ct) {
+      auto [y, f_vjp] = vjp(f, Array(3.f));
+      return std::get<0>(f_vjp(ct));
+    };
+    CHECK(once(Array(2.f)).item<float>() == 2.f);
+    CHECK(grad(once)(Array(2.f)).item<float>() == 1.f);
+    // With check_vma=false the program grows with every transposition (§3.1): two psums.
+    auto twice = bodies(make_jaxpr(grad(once))(Array(2.f)));
+    REQUIRE(twice.size() >= 2);
+    if (on)
+      for (const auto& body : twice) CHECK(body.empty());
+    else
+      CHECK(twice.back() == std::map<std::string, int>{{"div", 2}, {"psum", 2}});
   }
 }
 
@@ -188,18 +224,50 @@ TEST_CASE("M, N, O: all_gather and psum_scatter transpose into each other") {
     CAPTURE(on);
     auto m = shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true}); }, mesh_i(), P("i"),
                        P("i"), vma(on));
-    CHECK(v(grad([&](const Array& x) { return jnp::sum(m(x) * arange_f(16)); })(arange_f(4))) ==
-          std::vector<double>{24, 28, 32, 36});
+    auto m_loss = [&](const Array& x) { return jnp::sum(m(x) * arange_f(16)); };
+    CHECK(v(grad(m_loss)(arange_f(4))) == std::vector<double>{24, 28, 32, 36});
+    // M's transposed body is one psum_scatter (reduce_scatter) along the gathered axis.
+    ClosedJaxpr mj = make_jaxpr(grad(m_loss))(arange_f(4));
+    auto mb = bodies(mj).back();
+    CHECK(count(mb, "reduce_scatter") == 1);
+    CHECK(collectives(mb) == 1);
+    Params mp = last_body_params(mj, "reduce_scatter");
+    CHECK(mp.i("scatter_dimension") == 0);
+    CHECK(mp.get<bool>("tiled"));
+    CHECK(collective_axes(mp) == std::vector<std::string>{"i"});
     auto o = shard_map([](const Array& x) { return lax::psum_scatter(x, "i", {.tiled = true}); }, mesh_i(), P("i"),
                        P("i"), vma(on));
     Array w = jnp::array(std::vector<float>{1, 2, 3, 4});
-    CHECK(v(grad([&](const Array& x) { return jnp::sum(o(x) * w); })(arange_f(16))) ==
-          v(jnp::tile(w, {4})));
+    auto o_loss = [&](const Array& x) { return jnp::sum(o(x) * w); };
+    CHECK(v(grad(o_loss)(arange_f(16))) == v(jnp::tile(w, {4})));
+    // O's transposed body is one tiled all_gather along the scattered dimension.
+    ClosedJaxpr oj = make_jaxpr(grad(o_loss))(arange_f(16));
+    auto ob = bodies(oj).back();
+    CHECK(count(ob, "all_gather") == 1);
+    CHECK(collectives(ob) == 1);
+    Params op = last_body_params(oj, "all_gather");
+    CHECK(op.i("all_gather_dimension") == 0);
+    CHECK(op.get<bool>("tiled"));
+    // N: all_gather_invariant transposes to a local slice (check_vma=true); with check_vma=false
+    // it is a plain all_gather, so its transpose is a psum_scatter of the divided cotangent.
+    auto n = shard_map([](const Array& a) { return lax::all_gather(a, "i", {.tiled = true, .to_invariant = true}); },
+                       mesh_i(), P("i"), P(), vma(on));
+    auto n_loss = [&](const Array& a) { return jnp::sum(n(a)); };
+    CHECK(v(n(arange_f(8))) == v(arange_f(8)));
+    Array gn = grad(n_loss)(arange_f(8));
+    CHECK(v(gn) == std::vector<double>(8, 1));
+    CHECK(gn.sharding().str() == "NamedSharding(mesh=Mesh('i': 4), spec=P('i',), memory_kind=device)");
+    CHECK(v(jit(grad(n_loss))(arange_f(8))) == std::vector<double>(8, 1));
+    auto nb = bodies(make_jaxpr(grad(n_loss))(arange_f(8))).back();
+    if (on) {
+      CHECK(collectives(nb) == 0);
+      CHECK(count(nb, "dynamic_slice") == 1);
+      CHECK(count(nb, "axis_index") == 1);
+    } else {
+      CHECK(count(nb, "reduce_scatter") == 1);
+      CHECK(collectives(nb) == 1);
+    }
   }
-  auto n = shard_map([](const Array& a) { return lax::all_gather(a, "i", {.tiled = true, .to_invariant = true}); },
-                     mesh_i(), P("i"), P());
-  CHECK(v(n(arange_f(8))) == v(arange_f(8)));
-  CHECK(v(grad([&](const Array& a) { return jnp::sum(n(a)); })(arange_f(8))) == std::vector<double>(8, 1));
 }
 
 TEST_CASE("P, Q, R: ppermute, all_to_all and 2-D psum gradients") {
@@ -210,12 +278,26 @@ TEST_CASE("P, Q, R: ppermute, all_to_all and 2-D psum gradients") {
     Array x = jnp::array(std::vector<float>{1, 2, 3, 4});
     CHECK(v(p(x)) == std::vector<double>{0, 1, 2, 3});
     Array w = jnp::array(std::vector<float>{10, 20, 30, 40});
-    CHECK(v(grad([&](const Array& y) { return jnp::sum(p(y) * w); })(x)) == std::vector<double>{20, 30, 40, 0});
+    auto p_loss = [&](const Array& y) { return jnp::sum(p(y) * w); };
+    CHECK(v(grad(p_loss)(x)) == std::vector<double>{20, 30, 40, 0});
+    // P's transposed body is a ppermute with every pair swapped.
+    ClosedJaxpr pj = make_jaxpr(grad(p_loss))(x);
+    CHECK(collectives(bodies(pj).back()) == 1);
+    CHECK(last_body_params(pj, "ppermute").get<std::vector<std::vector<int64_t>>>("perm") ==
+          std::vector<std::vector<int64_t>>{{1, 0}, {2, 1}, {3, 2}});
     auto q = shard_map([](const Array& a) { return lax::all_to_all(a, "x", 1, 0, {.tiled = true}); },
                        make_mesh({4}, {"x"}), P("x", None), P(None, "x"), vma(on));
     Array a = arange_f(64).reshape({8, 8});
     CHECK(v(q(a)) == v(a));
-    CHECK(v(grad([&](const Array& y) { return 2.f * jnp::sum(q(y)); })(a)) == std::vector<double>(64, 2));
+    auto q_loss = [&](const Array& y) { return 2.f * jnp::sum(q(y)); };
+    CHECK(v(grad(q_loss)(a)) == std::vector<double>(64, 2));
+    // Q's transposed body is an all_to_all with split and concat axes swapped.
+    ClosedJaxpr qj = make_jaxpr(grad(q_loss))(a);
+    CHECK(collectives(bodies(qj).back()) == 1);
+    Params qp = last_body_params(qj, "all_to_all");
+    CHECK(qp.i("split_axis") == 0);
+    CHECK(qp.i("concat_axis") == 1);
+    CHECK(qp.get<bool>("tiled"));
     auto r = shard_map([](const Array& y) { return lax::psum(y, "j"); }, make_mesh({2, 2}, {"i", "j"}), P("i", "j"),
                        P("i", None), vma(on));
     Array x4 = arange_f(16).reshape({4, 4});
@@ -232,6 +314,10 @@ TEST_CASE("S, U: invariant over an unmentioned axis; closed-over scalar with no 
         [](const Array& x, const Array& y) { return jnp::sin(x) + 3.f + std::tan(2.f) * jnp::cos(x) + y; },
         make_mesh({2, 2}, {"x", "y"}), {P("x"), P(None)}, P("x"), vma(on));
     Array x = arange_f(8) / 10.f, y = arange_f(4) / 10.f;
+    std::vector<float> xs = x.to_vector<float>(), ys = y.to_vector<float>(), want;
+    for (size_t k = 0; k < 8; ++k)
+      want.push_back(std::sin(xs[k]) + 3.f + std::tan(2.f) * std::cos(xs[k]) + ys[k % 4]);
+    check_all_close(s(x, y), jnp::array(want), 1e-6);
     auto gy = grad([&](const Array& a, const Array& b) { return jnp::sum(s(a, b)); }, argnums<1>)(x, y);
     check_all_close(gy, jnp::full({4}, Array(2.f)), 1e-6);
     auto u = [&](const Array& z) {

@@ -7,6 +7,7 @@
 
 using namespace cjax;
 using namespace cjax::testing;
+namespace jnp = cjax::numpy;
 
 namespace {
 // (start, stop) per dimension of a shard index; (-1, -1) for a whole axis.
@@ -277,4 +278,76 @@ TEST_CASE("eager ops on sharded inputs run per shard, or refuse instead of gathe
   // Moving to one device makes eager ops work again.
   CHECK(vals(device_put(x, SingleDeviceSharding(default_device())) * 2.0f) ==
         std::vector<double>{0, 2, 4, 6, 8, 10, 12, 14});
+}
+
+TEST_CASE("with_sharding_constraint: device_put eagerly, a staged identity that reshards when run") {
+  Mesh m = make_mesh({4, 2}, {"i", "j"});
+  NamedSharding rows(m, P("i", None)), cols(m, P(None, "i"));
+  Array x = idx_array({8, 4}, f32);
+  std::vector<double> xv = vals(x);
+  // Eagerly: device_put, from one device or from another layout.
+  Array y = with_sharding_constraint(x, rows);
+  CHECK(y.sharding().str() == rows.str());
+  CHECK(vals(y) == xv);
+  Array z = with_sharding_constraint(y, cols);
+  CHECK(z.sharding().str() == cols.str());
+  CHECK(vals(z) == xv);
+  CHECK(with_sharding_constraint(z, cols).impl() == z.impl());  // already laid out so: no copy
+  // Staged: the identity with the sharding in its parameters.
+  auto f = [&](const Array& a) { return with_sharding_constraint(a * 2.f, cols); };
+  std::string jt = text(make_jaxpr(f)(x));
+  CHECK(jt.find("c:f32[8,4] = sharding_constraint[\n      sharding=NamedSharding(mesh=Mesh('i': 4, 'j': 2), spec=P(None, "
+                "'i'), memory_kind=device)\n    ] b") != std::string::npos);
+  // Under jit the result is laid out as constrained, whatever the input's layout.
+  std::vector<double> twice;
+  for (double v : xv) twice.push_back(2 * v);
+  for (const Array& in : {x, y}) {
+    Array r = jit(f)(in);
+    CHECK(vals(r) == twice);
+    CHECK(r.sharding().str() == cols.str());
+  }
+  // Trees.
+  auto [t0, t1] = with_sharding_constraint(std::pair{x, x + 1.f}, rows);
+  CHECK(t0.sharding().str() == rows.str());
+  CHECK(t1.sharding().str() == rows.str());
+  CHECK(vals(t1)[0] == xv[0] + 1);
+  // A spec that does not fit the shape.
+  CHECK_ERR(with_sharding_constraint(idx_array({6}, f32), NamedSharding(m, P("i"))), ShardingError, "6");
+  CHECK_ERR(make_jaxpr([&](const Array& a) { return with_sharding_constraint(a, NamedSharding(m, P("i"))); })(
+                idx_array({6}, f32)),
+            ShardingError, "6");
+  // Inside a shard_map body the mesh axes are manual.
+  CHECK_ERR(shard_map([&](const Array& b) { return with_sharding_constraint(b, rows); }, m, P("i"), P("i"))(x),
+            ShardingError, "inside a shard_map body");
+}
+
+TEST_CASE("with_sharding_constraint under grad, jvp and vmap") {
+  Mesh m = make_mesh({4}, {"i"});
+  NamedSharding s(m, P("i"));
+  Array x = idx_array({8}, f32);
+  auto f = [&](const Array& a) { return jnp::sum(with_sharding_constraint(a * a, s)); };
+  std::vector<double> want;
+  for (double v : vals(x)) want.push_back(2 * v);
+  CHECK(vals(grad(f)(x)) == want);
+  CHECK(vals(jit(grad(f))(x)) == want);
+  // The cotangent passes through the same constraint (the transpose is the constraint).
+  std::string gt = text(make_jaxpr(grad(f))(x));
+  size_t first = gt.find("sharding_constraint"), second = gt.find("sharding_constraint", first + 1);
+  CHECK(first != std::string::npos);
+  CHECK(second != std::string::npos);
+  // jvp: the tangent is constrained too.
+  auto g = [&](const Array& a) { return with_sharding_constraint(a * 3.f, s); };
+  auto [out, tan] = jvp(g, std::tuple{x}, std::tuple{jnp::ones({8})});
+  CHECK(out.sharding().str() == s.str());
+  CHECK(tan.sharding().str() == s.str());
+  CHECK(vals(tan) == std::vector<double>(8, 3));
+  // vmap: the batch dimension leads, unsplit.
+  Array xs = idx_array({3, 8}, f32);
+  std::string vt = text(make_jaxpr(vmap(g))(xs));
+  CHECK(vt.find("spec=P(None, 'i')") != std::string::npos);
+  Array vr = vmap(g)(xs);
+  CHECK(vr.sharding().str() == NamedSharding(m, P(None, "i")).str());
+  std::vector<double> w3;
+  for (double v : vals(xs)) w3.push_back(3 * v);
+  CHECK(vals(vr) == w3);
 }

@@ -7,7 +7,8 @@
 //  * reduce_sum / reduce_max / reduce_min over any axes: per-block reductions, then psum / pmax /
 //    pmin over the mesh axes that split reduced dimensions (a fixed member order, so results are
 //    deterministic); the result stays split over the dimensions it keeps.
-// Anything else raises ShardingError naming the primitive, the operand and its sharding, and the
+// sharding_constraint (with_sharding_constraint) reshards whatever the layout. Anything else
+// raises ShardingError naming the primitive, the operand and its sharding, and the
 // explicit fix (device_put to replicate or to one device, or run it inside shard_map or jit).
 #include <fmt/format.h>
 
@@ -57,6 +58,8 @@ std::vector<Array> run_blockwise(const PrimitiveDef& def, const Params& params, 
 }  // namespace
 
 std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+  if (def.name == "sharding_constraint")  // a reshard: its kernel takes any layout
+    return def.cpu_impl(inputs, def.abstract_eval(inputs, params), params);
   const NamedSharding* s = nullptr;
   size_t first = 0;
   for (size_t i = 0; i < inputs.size() && !s; ++i)

@@ -128,6 +128,19 @@ auto device_put(const T& tree, const Sharding& sharding) {
   return tree::map([&](const Array& leaf) { return device_put(leaf, sharding); }, tree);
 }
 
+// JAX's with_sharding_constraint: `x` laid out as `sharding` says. Eagerly this is device_put.
+// Under jit, grad, vmap or make_jaxpr it stages a `sharding_constraint` equation: the identity
+// on values, with the sharding recorded in its parameters; when the program runs, the operand is
+// resharded to that sharding. Its derivatives constrain tangents and cotangents alike, and vmap
+// adds the batch dimension unsplit (or split over vmap's spmd_axis_name). Inside a shard_map body
+// it raises ShardingError (the mesh axes are manual there).
+Array with_sharding_constraint(const Array& x, const Sharding& sharding);
+template <class T>
+  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
+auto with_sharding_constraint(const T& tree, const Sharding& sharding) {
+  return tree::map([&](const Array& leaf) { return with_sharding_constraint(leaf, sharding); }, tree);
+}
+
 namespace debug {
 // A box-drawing table with one cell per block of a 0-D, 1-D or 2-D array, labelled with the
 // platform and the ids of the devices holding that block, e.g. for an (8,) array sharded P('i')

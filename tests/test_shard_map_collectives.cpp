@@ -1,0 +1,427 @@
+// Collectives inside shard_map beyond the tutorial (spec/shard_map.md §1.2, §1.6, §2.2, §3.3):
+// pmax/pmin and pbroadcast (values, types, derivatives), the tree overloads of
+// cjax/collectives.h, collectives over several axes in both name orders, the untiled forms of
+// psum_scatter and all_to_all, and vmap / jvp of shard_maps whose bodies move data.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "test_util.h"
+
+using namespace cjax;
+using namespace cjax::testing;
+namespace jnp = cjax::numpy;
+
+namespace {
+Array arange_f(int64_t n) { return jnp::arange(n).astype(f32); }
+std::vector<float> fv(const Array& a) { return a.astype(f32).to_vector<float>(); }
+Mesh mesh_i(int n = 4) { return make_mesh({n}, {"i"}); }
+Mesh mesh_ij() { return make_mesh({2, 2}, {"i", "j"}); }
+Array tutorial_vector() { return jnp::array(std::vector<float>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 1, 2}); }
+// `want` repeated `times` times.
+std::vector<float> repeat(const std::vector<float>& want, int times) {
+  std::vector<float> out;
+  for (int k = 0; k < times; ++k) out.insert(out.end(), want.begin(), want.end());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("pmax and pmin: group-wise max and min, invariant results") {
+  Mesh m = mesh_i();
+  Array x = tutorial_vector();  // blocks [3,1,4,1] [5,9,2,6] [5,3,5,8] [9,7,1,2]
+  auto mx = shard_map([](const Array& b) { return lax::pmax(b, "i"); }, m, P("i"), P());
+  auto mn = shard_map([](const Array& b) { return lax::pmin(b, "i"); }, m, P("i"), P());
+  CHECK(fv(mx(x)) == std::vector<float>{9, 9, 5, 8});
+  CHECK(fv(mn(x)) == std::vector<float>{3, 1, 1, 1});
+  CHECK(fv(jit(mx)(x)) == std::vector<float>{9, 9, 5, 8});
+  CHECK(fv(jit(mn)(x)) == std::vector<float>{3, 1, 1, 1});
+  // Integers, and over two axes / one of two axes of a 2-D mesh.
+  Array xi = jnp::arange(16).reshape({4, 4});
+  auto mx2 = shard_map([](const Array& b) { return lax::pmax(b, {"i", "j"}); }, mesh_ij(), P("i", "j"), P());
+  auto mn2 = shard_map([](const Array& b) { return lax::pmin(b, {"j", "i"}); }, mesh_ij(), P("i", "j"), P());
+  CHECK(mx2(xi).to_vector<int>() == std::vector<int>{10, 11, 14, 15});
+  CHECK(mn2(xi).to_vector<int>() == std::vector<int>{0, 1, 4, 5});
+  CHECK(jit(mn2)(xi).to_vector<int>() == std::vector<int>{0, 1, 4, 5});
+  auto mxj = shard_map([](const Array& b) { return lax::pmax(b, "j"); }, mesh_ij(), P("i", "j"), P("i", None));
+  CHECK(mxj(xi).to_vector<int>() == std::vector<int>{2, 3, 6, 7, 10, 11, 14, 15});
+  CHECK(jit(mxj)(xi).to_vector<int>() == std::vector<int>{2, 3, 6, 7, 10, 11, 14, 15});
+  // Of an invariant operand: every copy is the same, so the value is unchanged.
+  auto inv = shard_map([](const Array& b) { return lax::pmin(b * 2.f, "i"); }, m, P(), P());
+  CHECK(fv(inv(arange_f(3))) == std::vector<float>{0, 2, 4});
+  CHECK(fv(jit(inv)(arange_f(3))) == std::vector<float>{0, 2, 4});
+  // The staged types: the result is invariant over the reduced axis.
+  std::string text = make_jaxpr(mn)(x).str();
+  CHECK(text.find("f32[4] = pmin[axes=('i',)]") != std::string::npos);
+}
+
+TEST_CASE("pmax and pmin have no derivative") {
+  auto mx = shard_map([](const Array& b) { return lax::pmax(b, "i"); }, mesh_i(), P("i"), P());
+  auto mn = shard_map([](const Array& b) { return lax::pmin(b, "i"); }, mesh_i(), P("i"), P());
+  auto lmx = [&](const Array& x) { return jnp::sum(mx(x)); };
+  auto lmn = [&](const Array& x) { return jnp::sum(mn(x)); };
+  CHECK_ERR(grad(lmx)(arange_f(8)), Error, "Differentiation rule for 'pmax' not implemented");
+  CHECK_ERR(grad(lmn)(arange_f(8)), Error, "Differentiation rule for 'pmin' not implemented");
+  CHECK_ERR(jvp(mn, std::tuple{arange_f(8)}, std::tuple{jnp::ones({8})}), Error,
+            "Differentiation rule for 'pmin' not implemented", "stop_gradient");
+  CHECK_ERR(jit(grad(lmn))(arange_f(8)), Error, "Differentiation rule for 'pmin' not implemented");
+  // stop_gradient on the input is the way out: the gradient is zero.
+  auto stopped = [&](const Array& x) { return jnp::sum(mn(lax::stop_gradient(x))) + jnp::sum(x); };
+  CHECK(fv(grad(stopped)(arange_f(8))) == std::vector<float>(8, 1.f));
+}
+
+TEST_CASE("pbroadcast: every member gets the source's block, typed varying") {
+  Mesh m = mesh_i();
+  auto f = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 2); }, m, P("i"), P("i"));
+  CHECK(fv(f(arange_f(8))) == std::vector<float>{4, 5, 4, 5, 4, 5, 4, 5});
+  CHECK(fv(jit(f)(arange_f(8))) == std::vector<float>{4, 5, 4, 5, 4, 5, 4, 5});
+  // The result stays varying (§2.2): it cannot be returned as replicated, and the staged type says so.
+  auto rep = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 0); }, m, P("i"), P());
+  CHECK_ERR(rep(arange_f(8)), VmaError, "require replication");
+  CHECK_ERR(jit(rep)(arange_f(8)), VmaError, "require replication");
+  std::string text = make_jaxpr(f)(arange_f(8)).str();
+  CHECK(text.find("f32[2]{V:i} = pbroadcast[axes=('i',) source=2]") != std::string::npos);
+  // With check_vma=false the promise is the user's: P() takes one copy.
+  auto unchecked = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 3); }, m, P("i"), P(), {.check_vma = false});
+  CHECK(fv(unchecked(arange_f(8))) == std::vector<float>{6, 7});
+  // Over two axes: the source is a row-major index over the axes as written.
+  Array x = arange_f(8);
+  auto ij = shard_map([](const Array& b) { return lax::pbroadcast(b, {"i", "j"}, 1); }, mesh_ij(), P(axes("i", "j")),
+                      P(axes("i", "j")));
+  auto ji = shard_map([](const Array& b) { return lax::pbroadcast(b, {"j", "i"}, 1); }, mesh_ij(), P(axes("i", "j")),
+                      P(axes("i", "j")));
+  CHECK(fv(ij(x)) == repeat({2, 3}, 4));  // index 1 over (i, j) is device (0, 1): block 1
+  CHECK(fv(ji(x)) == repeat({4, 5}, 4));  // index 1 over (j, i) is device (1, 0): block 2
+  CHECK(fv(jit(ji)(x)) == repeat({4, 5}, 4));
+  // Of an invariant operand: a pvary first, the same values.
+  auto inv = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 1); }, m, P(), P("i"));
+  CHECK(fv(inv(arange_f(2))) == repeat({0, 1}, 4));
+}
+
+TEST_CASE("pbroadcast transposes to a psum kept at the source") {
+  Mesh m = mesh_i();
+  auto f = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 2); }, m, P("i"), P("i"));
+  Array w = arange_f(8) + 1.f;  // cotangent blocks [1,2] [3,4] [5,6] [7,8]: psum [16,20]
+  auto loss = [&](const Array& x) { return jnp::sum(f(x) * w); };
+  std::vector<float> want{0, 0, 0, 0, 16, 20, 0, 0};
+  CHECK(fv(grad(loss)(arange_f(8))) == want);
+  CHECK(fv(jit(grad(loss))(arange_f(8))) == want);
+  // jvp: pbroadcast is linear, the tangent is broadcast from the source too.
+  auto [y, t] = jvp(f, std::tuple{arange_f(8)}, std::tuple{w});
+  CHECK(fv(y) == std::vector<float>{4, 5, 4, 5, 4, 5, 4, 5});
+  CHECK(fv(t) == std::vector<float>{5, 6, 5, 6, 5, 6, 5, 6});
+  // An invariant input: every instance's cotangent flows to the one input, psum'd once.
+  auto g = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 1); }, m, P(), P("i"));
+  CHECK(fv(grad([&](const Array& x) { return jnp::sum(g(x) * w); })(arange_f(2))) == std::vector<float>{16, 20});
+  // check_vma=false: the same numbers.
+  auto h = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 2); }, m, P("i"), P("i"), {.check_vma = false});
+  CHECK(fv(grad([&](const Array& x) { return jnp::sum(h(x) * w); })(arange_f(8))) == want);
+}
+
+TEST_CASE("collectives on trees apply to every leaf") {
+  Mesh m = mesh_i();
+  Array a = arange_f(8), b = arange_f(8) * 10.f;
+  auto ps = shard_map([](const std::vector<Array>& xs) { return lax::psum(xs, "i"); }, m, P("i"), P());
+  std::vector<Array> r = ps(std::vector<Array>{a, b});
+  REQUIRE(r.size() == 2);
+  CHECK(fv(r[0]) == std::vector<float>{12, 16});
+  CHECK(fv(r[1]) == std::vector<float>{120, 160});
+  using Map = std::map<std::string, Array>;
+  auto stats = shard_map(
+      [](const Map& d) {
+        return std::tuple{lax::pmean(d, "i"), lax::pmax(d, "i"), lax::pmin(d, "i")};
+      },
+      m, P("i"), P());
+  auto [mean, mx, mn] = stats(Map{{"a", a}, {"b", b}});
+  CHECK(fv(mean.at("a")) == std::vector<float>{3, 4});
+  CHECK(fv(mean.at("b")) == std::vector<float>{30, 40});
+  CHECK(fv(mx.at("a")) == std::vector<float>{6, 7});
+  CHECK(fv(mn.at("b")) == std::vector<float>{0, 10});
+  auto moves = shard_map(
+      [](const std::tuple<Array, Array>& t) {
+        auto g = lax::all_gather(t, "i", {.tiled = true});
+        auto s = lax::psum_scatter(t, "i", {.tiled = true});
+        auto p = lax::ppermute(t, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+        auto x = lax::all_to_all(t, "i", 0, 0, {.tiled = true});
+        auto c = lax::pbroadcast(t, "i", 3);
+        return std::vector<Array>{std::get<0>(g), std::get<1>(g), std::get<0>(s), std::get<1>(s), std::get<0>(p),
+                                  std::get<1>(p), std::get<0>(x), std::get<1>(x), std::get<0>(c), std::get<1>(c)};
+      },
+      m, P("i"), P("i"));
+  Array a16 = arange_f(16), b16 = arange_f(16) * -1.f;
+  for (bool jitted : {false, true}) {
+    CAPTURE(jitted);
+    std::vector<Array> o = jitted ? jit(moves)(std::tuple{a16, b16}) : moves(std::tuple{a16, b16});
+    REQUIRE(o.size() == 10);
+    std::vector<float> av = fv(a16), bv = fv(b16);
+    CHECK(fv(o[0]) == repeat(av, 4));
+    CHECK(fv(o[1]) == repeat(bv, 4));
+    CHECK(fv(o[2]) == std::vector<float>{24, 28, 32, 36});
+    CHECK(fv(o[3]) == std::vector<float>{-24, -28, -32, -36});
+    CHECK(fv(o[4]) == std::vector<float>{12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+    CHECK(fv(o[6]) == std::vector<float>{0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15});
+    CHECK(fv(o[7]) == fv(-o[6]));
+    CHECK(fv(o[8]) == repeat({12, 13, 14, 15}, 4));
+    CHECK(fv(o[9]) == repeat({-12, -13, -14, -15}, 4));
+  }
+  // pvary on a tree, and a tree gradient through psum.
+  auto pv = shard_map([](const std::vector<Array>& xs) { return lax::pvary(xs, "i"); }, m, P(), P("i"));
+  std::vector<Array> tiled = pv(std::vector<Array>{arange_f(2), arange_f(2) + 5.f});
+  CHECK(fv(tiled[1]) == repeat({5, 6}, 4));
+  auto tree_loss = [&](const std::vector<Array>& xs) {
+    std::vector<Array> s = ps(xs);
+    return jnp::sum(s[0]) + 2.f * jnp::sum(s[1]);
+  };
+  std::vector<Array> g = grad(tree_loss)(std::vector<Array>{a, b});
+  CHECK(fv(g[0]) == std::vector<float>(8, 1));
+  CHECK(fv(g[1]) == std::vector<float>(8, 2));
+}
+
+TEST_CASE("collectives over two axes are row-major in the order the names are written") {
+  Mesh m = mesh_ij();
+  Array x = arange_f(8);  // P(('i','j')): device (i, j) holds block 2i+j
+  auto index = [&](AxisNames names) {
+    return shard_map([names](const Array&) { return jnp::expand_dims(lax::axis_index(names), 0); }, m, P(),
+                     P(axes("i", "j")))(x);
+  };
+  CHECK(index({"i", "j"}).to_vector<int>() == std::vector<int>{0, 1, 2, 3});
+  CHECK(index({"j", "i"}).to_vector<int>() == std::vector<int>{0, 2, 1, 3});
+  CHECK(index("j").to_vector<int>() == std::vector<int>{0, 1, 0, 1});
+  CHECK(jit([&](const Array& y) {
+          return shard_map([](const Array&) { return jnp::expand_dims(lax::axis_index({"j", "i"}), 0); }, m, P(),
+                           P(axes("i", "j")))(y);
+        })(x)
+            .to_vector<int>() == std::vector<int>{0, 2, 1, 3});
+  CHECK(shard_map([](const Array& b) { return b * float(lax::axis_size({"i", "j"})); }, m, P(), P())(Array(1.f))
+            .item<float>() == 4.f);
+
+  auto gather = [&](AxisNames names) {
+    return shard_map([names](const Array& b) { return lax::all_gather(b, names, {.tiled = true}); }, m,
+                     P(axes("i", "j")), P(axes("i", "j")));
+  };
+  CHECK(fv(gather({"i", "j"})(x)) == repeat({0, 1, 2, 3, 4, 5, 6, 7}, 4));
+  CHECK(fv(gather({"j", "i"})(x)) == repeat({0, 1, 4, 5, 2, 3, 6, 7}, 4));
+  CHECK(fv(jit(gather({"j", "i"}))(x)) == repeat({0, 1, 4, 5, 2, 3, 6, 7}, 4));
+  // Untiled: a new leading axis of size 4.
+  auto stacked = shard_map([](const Array& b) { return lax::all_gather(b, {"i", "j"}); }, m, P(axes("i", "j")),
+                           P(None, axes("i", "j")));
+  Array s = stacked(x);
+  CHECK(s.shape() == Shape{4, 8});
+  CHECK(fv(s) == std::vector<float>{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                                    4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7});
+
+  auto shift = [&](AxisNames names) {
+    return shard_map([names](const Array& b) { return lax::ppermute(b, names, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, m,
+                     P(axes("i", "j")), P(axes("i", "j")));
+  };
+  CHECK(fv(shift({"i", "j"})(x)) == std::vector<float>{6, 7, 0, 1, 2, 3, 4, 5});
+  CHECK(fv(jit(shift({"i", "j"}))(x)) == std::vector<float>{6, 7, 0, 1, 2, 3, 4, 5});
+
+  Array x16 = arange_f(16);
+  auto a2a = [&](AxisNames names) {
+    return shard_map([names](const Array& b) { return lax::all_to_all(b, names, 0, 0, {.tiled = true}); }, m,
+                     P(axes("i", "j")), P(axes("i", "j")));
+  };
+  std::vector<float> transposed{0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  CHECK(fv(a2a({"i", "j"})(x16)) == transposed);
+  CHECK(fv(jit(a2a({"i", "j"}))(x16)) == transposed);
+  // Over (j, i): member t = 2j+i receives chunk t of every member, ordered by t.
+  // Device (i, j) holds block 2i+j = [4b .. 4b+3]; members in (j, i) order hold blocks 0, 2, 1, 3.
+  CHECK(fv(a2a({"j", "i"})(x16)) == std::vector<float>{0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15});
+
+  auto scatter = [&](AxisNames names) {
+    return shard_map([names](const Array& b) { return lax::psum_scatter(b, names, {.tiled = true}); }, m,
+                     P(axes("i", "j")), P(axes("i", "j")));
+  };
+  CHECK(fv(scatter({"i", "j"})(x16)) == std::vector<float>{24, 28, 32, 36});
+  CHECK(fv(scatter({"j", "i"})(x16)) == std::vector<float>{24, 32, 28, 36});
+  CHECK(fv(jit(scatter({"j", "i"}))(x16)) == std::vector<float>{24, 32, 28, 36});
+  // psum's value does not depend on the order.
+  auto total = [&](AxisNames names) {
+    return shard_map([names](const Array& b) { return lax::psum(b, names); }, m, P(axes("i", "j")), P());
+  };
+  CHECK(fv(total({"j", "i"})(x)) == std::vector<float>{12, 16});
+  CHECK(fv(total({"i", "j"})(x)) == std::vector<float>{12, 16});
+}
+
+TEST_CASE("untiled psum_scatter and all_to_all") {
+  Mesh m = mesh_i();
+  // Blocks f32[4,2]: x[4k+r, c] = 8k+2r+c; the sum S[r, c] = 48+8r+4c; member k gets row k.
+  Array x = arange_f(32).reshape({16, 2});
+  auto ps = shard_map([](const Array& b) { return lax::psum_scatter(b, "i"); }, m, P("i"), P("i"));
+  std::vector<float> want{48, 52, 56, 60, 64, 68, 72, 76};
+  CHECK(ps(x).shape() == Shape{8});
+  CHECK(fv(ps(x)) == want);
+  CHECK(fv(jit(ps)(x)) == want);
+  // Along dimension 1 of blocks f32[2,4]: member k gets column k of the sum.
+  Array y = arange_f(32).reshape({8, 4});  // blocks rows 2k, 2k+1
+  auto ps1 = shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.scatter_dimension = 1}); }, m,
+                       P("i", None), P("i"));
+  // S[r, c] = sum_k y[2k+r, c] = sum_k (8k + 4r + c) = 48 + 16r + 4c.
+  CHECK(fv(ps1(y)) == std::vector<float>{48, 64, 52, 68, 56, 72, 60, 76});
+  // psum_scatter's transpose is an untiled all_gather: each member's cotangent row goes back to every block.
+  Array w = arange_f(8) + 1.f;
+  Array g = grad([&](const Array& z) { return jnp::sum(ps(z) * w); })(x);
+  std::vector<float> gw;
+  for (int k = 0; k < 4; ++k)
+    for (int r = 0; r < 4; ++r) gw.insert(gw.end(), {float(2 * r + 1), float(2 * r + 2)});
+  CHECK(fv(g) == gw);
+
+  // Untiled all_to_all of blocks f32[4,3] (x[4j+r, c] = 12j+3r+c), split 0, concat 1: member k
+  // receives row k of every member j, stacked at position 1: out[c, j] = 12j+3k+c, block f32[3,4].
+  Array z = arange_f(48).reshape({16, 3});
+  auto a2a = shard_map([](const Array& b) { return lax::all_to_all(b, "i", 0, 1); }, m, P("i"), P("i"));
+  std::vector<float> want2;
+  for (int k = 0; k < 4; ++k)
+    for (int c = 0; c < 3; ++c)
+      for (int j = 0; j < 4; ++j) want2.push_back(float(12 * j + 3 * k + c));
+  CHECK(a2a(z).shape() == Shape{12, 4});
+  CHECK(fv(a2a(z)) == want2);
+  CHECK(fv(jit(a2a)(z)) == want2);
+  // Its transpose is the untiled all_to_all back (split 1, concat 0): the gradient of a weighted sum
+  // puts each weight back where its element came from.
+  Array wz = arange_f(48).reshape({12, 4});
+  Array gz = grad([&](const Array& q) { return jnp::sum(a2a(q) * wz); })(z);
+  std::vector<float> wzv = fv(wz), gzv = fv(gz), zv = fv(z);
+  std::vector<float> got_back(48);
+  for (size_t e = 0; e < 48; ++e) {  // the weight on the output element that z[e] became
+    int value = int(zv[e]), j = value / 12, k = (value % 12) / 3, c = value % 3;
+    got_back[e] = wzv[size_t((k * 3 + c) * 4 + j)];
+  }
+  CHECK(gzv == got_back);
+}
+
+TEST_CASE("vmap of shard_maps whose bodies move data equals stacking the examples") {
+  Mesh m = mesh_i();
+  Array xs = arange_f(3 * 16).reshape({3, 16}) * 0.5f;
+  auto stacked = [](auto f, const Array& batch, int axis) {
+    std::vector<Array> per;
+    for (int64_t b = 0; b < batch.shape()[size_t(axis)]; ++b)  // gathered to one device to stack
+      per.push_back(device_put(f(take_example(batch, axis, b)), SingleDeviceSharding(default_device())));
+    return jnp::stack(per, 0);
+  };
+  auto check = [&](const char* name, auto f, const Array& batch, int axis = 0) {
+    CAPTURE(name);
+    Array want = stacked(f, batch, axis);
+    check_all_close(vmap(f, axis, 0)(batch), want);
+    check_all_close(jit(vmap(f, axis, 0))(batch), want);
+  };
+  check("all_gather tiled",
+        shard_map([](const Array& b) { return lax::all_gather(b, "i", {.tiled = true}); }, m, P("i"), P("i")), xs);
+  check("all_gather untiled axis 1",
+        shard_map([](const Array& b) { return lax::all_gather(b, "i", {.axis = 1}); }, m, P("i"), P("i")), xs);
+  check("all_gather_invariant",
+        shard_map([](const Array& b) { return lax::all_gather(b, "i", {.tiled = true, .to_invariant = true}); }, m,
+                  P("i"), P()),
+        xs);
+  check("psum_scatter tiled",
+        shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.tiled = true}); }, m, P("i"), P("i")), xs);
+  check("psum_scatter untiled",
+        shard_map([](const Array& b) { return lax::psum_scatter(b.reshape({4, 1}), "i"); }, m, P("i"), P("i")), xs);
+  check("ppermute",
+        shard_map([](const Array& b) { return lax::ppermute(b, "i", {{0, 1}, {1, 2}, {2, 3}}); }, m, P("i"), P("i")),
+        xs);
+  check("all_to_all tiled",
+        shard_map([](const Array& b) { return lax::all_to_all(b, "i", 0, 0, {.tiled = true}); }, m, P("i"), P("i")),
+        xs);
+  check("pbroadcast",
+        shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 1); }, m, P("i"), P("i")), xs);
+  // 2-D blocks, batched along axis 1: all_to_all resharding (example Q) and untiled all_to_all.
+  Array as = arange_f(8 * 2 * 8).reshape({8, 2, 8});
+  check("all_to_all split 1 concat 0",
+        shard_map([](const Array& b) { return lax::all_to_all(b, "i", 1, 0, {.tiled = true}); }, m, P("i", None),
+                  P(None, "i")),
+        as, 1);
+  Array us = arange_f(2 * 16 * 3).reshape({2, 16, 3});
+  check("all_to_all untiled",
+        shard_map([](const Array& b) { return lax::all_to_all(b, "i", 0, 1); }, m, P("i"), P("i")), us);
+}
+
+TEST_CASE("jvp of shard_maps with all_gather and ppermute: the collective applied to the tangent") {
+  Mesh m = mesh_i();
+  Array x = arange_f(8) * 0.25f, t = arange_f(8) + 1.f;
+  auto ag = shard_map([](const Array& b) { return lax::all_gather(jnp::sin(b), "i", {.tiled = true}); }, m, P("i"),
+                      P("i"));
+  auto [y, ty] = jvp(ag, std::tuple{x}, std::tuple{t});
+  check_all_close(y, jnp::tile(jnp::sin(x), {4}));
+  check_all_close(ty, jnp::tile(jnp::cos(x) * t, {4}), 1e-5);
+  auto [yj, tyj] = jit([&](const Array& a, const Array& da) { return jvp(ag, std::tuple{a}, std::tuple{da}); })(x, t);
+  check_all_close(yj, y);
+  check_all_close(tyj, ty, 1e-5);
+  // ppermute with a missing destination: member 0 gets zeros, in value and tangent.
+  auto pp = shard_map([](const Array& b) { return lax::ppermute(b * b, "i", {{0, 1}, {1, 2}, {2, 3}}); }, m, P("i"),
+                      P("i"));
+  auto [z, tz] = jvp(pp, std::tuple{x}, std::tuple{t});
+  std::vector<float> xv = fv(x), tv = fv(t), wz, wtz;
+  for (int k = 0; k < 8; ++k) {
+    wz.push_back(k < 2 ? 0.f : xv[size_t(k - 2)] * xv[size_t(k - 2)]);
+    wtz.push_back(k < 2 ? 0.f : 2.f * xv[size_t(k - 2)] * tv[size_t(k - 2)]);
+  }
+  CHECK(fv(z) == wz);
+  CHECK(fv(tz) == wtz);
+  // jvp inside the body: the tangent of a gathered square is the gathered 2 x t.
+  auto inner = shard_map(
+      [](const Array& b, const Array& db) {
+        auto [o, to] = jvp([](const Array& a) { return lax::all_gather(a * a, "i"); }, std::tuple{b}, std::tuple{db});
+        return std::pair{o, to};
+      },
+      m, {P("i"), P("i")}, {P("i"), P("i")});
+  auto [io, it] = inner(x, t);
+  CHECK(io.shape() == Shape{16, 2});
+  check_all_close(it, jnp::tile((2.f * x * t).reshape({4, 2}), {4, 1}), 1e-6);
+  check_all_close(io, jnp::tile((x * x).reshape({4, 2}), {4, 1}), 1e-6);
+}
+
+TEST_CASE("transposes over two axes in both orders: the vjp and jvp Jacobians agree") {
+  Mesh m = mesh_ij();
+  // Column by column, jvp pushes tangents through each collective (its JVP is the collective
+  // itself); row by row, vjp pulls cotangents through the transposes. A wrong group order or
+  // transpose parameter makes the two Jacobians differ.
+  auto check = [&](const char* name, std::function<Array(const Array&)> body, const Array& x,
+                   PartitionSpec in = P(axes("i", "j")), PartitionSpec out = P(axes("i", "j"))) {
+    CAPTURE(name);
+    auto f = shard_map(body, m, in, out);
+    auto [y, f_vjp] = vjp(f, x);
+    int64_t n = x.size(), k = y.size();
+    auto basis = [](int64_t size, int64_t at) {
+      std::vector<float> e(size_t(size), 0.f);
+      e[size_t(at)] = 1.f;
+      return jnp::array(e);
+    };
+    std::vector<float> fwd(size_t(n * k)), rev(size_t(n * k));
+    for (int64_t j = 0; j < n; ++j) {
+      std::vector<float> col = fv(jvp(f, std::tuple{x}, std::tuple{basis(n, j)}).second);
+      for (int64_t r = 0; r < k; ++r) fwd[size_t(r * n + j)] = col[size_t(r)];
+    }
+    for (int64_t r = 0; r < k; ++r) {
+      std::vector<float> row = fv(std::get<0>(f_vjp(basis(k, r))));
+      std::copy(row.begin(), row.end(), rev.begin() + r * n);
+    }
+    CHECK(rev == fwd);
+    CHECK(std::count(fwd.begin(), fwd.end(), 0.f) < int64_t(fwd.size()));
+  };
+  Array x8 = arange_f(8) + 1.f, x16 = arange_f(16) + 1.f;
+  for (AxisNames names : {AxisNames{"i", "j"}, AxisNames{"j", "i"}}) {
+    CAPTURE(names.str());
+    check("all_gather tiled", [names](const Array& b) { return lax::all_gather(b * b, names, {.tiled = true}); }, x8);
+    check("all_gather untiled",
+          [names](const Array& b) { return lax::all_gather(b, names, {.axis = 1}).reshape({-1}); }, x8);
+    check("all_gather invariant",
+          [names](const Array& b) { return lax::all_gather(b, names, {.tiled = true, .to_invariant = true}); }, x8,
+          P(axes("i", "j")), P());
+    check("psum_scatter tiled", [names](const Array& b) { return lax::psum_scatter(b, names, {.tiled = true}); }, x16);
+    check("psum_scatter untiled", [names](const Array& b) { return lax::psum_scatter(b, names).reshape({1}); }, x16);
+    check("all_to_all tiled", [names](const Array& b) { return lax::all_to_all(b, names, 0, 0, {.tiled = true}); },
+          x16);
+    check("all_to_all untiled",
+          [names](const Array& b) { return lax::all_to_all(b.reshape({4, 1}), names, 0, 1).reshape({-1}); }, x16);
+    check("pbroadcast", [names](const Array& b) { return lax::pbroadcast(b, names, 2); }, x8);
+    check("psum of one axis", [names](const Array& b) { return lax::psum(b, names.names[0]); }, x8);
+    check("pmean", [names](const Array& b) { return lax::pmean(b * b, names); }, x8, P(axes("i", "j")), P());
+  }
+  check("ppermute over (i, j)", [](const Array& b) { return lax::ppermute(b, {"i", "j"}, {{0, 2}, {2, 3}, {3, 1}}); },
+        x8);
+  // Partly replicated: x varies over i only, the collective runs over (j, i).
+  check("all_gather of an i-varying value over (j, i)",
+        [](const Array& b) { return lax::all_gather(b, {"j", "i"}, {.tiled = true}); }, x8, P("i"));
+}
