@@ -122,6 +122,7 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what) {
         what, impl.aval.str(), provenance_of(impl)));
   // A JVP tracer's primal outlives this call through the tracer that holds it.
   auto& c = const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(*ci));
+  c.await();
   if (c.buffers.empty()) raise_deleted(what);
   return c;
 }
@@ -209,9 +210,48 @@ std::vector<Shard> Array::addressable_shards() const {
     out.push_back(Shard{c.buffers[k]->device(), indices[k], Array(std::make_shared<ConcreteArray>(block, c.buffers[k]))});
   return out;
 }
-// Eager execution is synchronous: a concrete array is always ready. The async runtime (compiler
-// issue) adds a ready event to buffers and waits on it here.
-void Array::block_until_ready() const { checked(impl_); }
-bool Array::is_ready() const { return checked(impl_).is_concrete(); }
+// Eager results are ready when returned; outputs of dispatched jit calls when their producer is
+// done (block_until_ready then rethrows the producer's error, if any).
+void Array::block_until_ready() const {
+  const ArrayImpl& impl = checked(impl_);
+  if (impl.is_concrete()) static_cast<const ConcreteArray&>(impl).await();
+}
+bool Array::is_ready() const {
+  const ArrayImpl& impl = checked(impl_);
+  return impl.is_concrete() && static_cast<const ConcreteArray&>(impl).ready();
+}
+
+namespace {
+std::atomic<int64_t> g_host_waits{0}, g_max_wait_lag{0}, g_dispatched{0};
+}  // namespace
+
+int64_t next_dispatch_sequence() { return ++g_dispatched; }
+AsyncDispatchStats async_dispatch_stats() { return {g_dispatched.load(), g_host_waits.load(), g_max_wait_lag.load()}; }
+void reset_async_dispatch_stats() {
+  g_host_waits = 0;
+  g_max_wait_lag = 0;
+}
+
+void PendingValue::finish(std::exception_ptr e) {
+  {
+    std::lock_guard lk(mu);
+    error = std::move(e);
+    done.store(true, std::memory_order_release);
+  }
+  cv.notify_all();
+}
+
+void PendingValue::wait() {
+  if (!done.load(std::memory_order_acquire)) {
+    // A blocking wait: record how far behind the newest dispatched call its producer is.
+    ++g_host_waits;
+    int64_t lag = g_dispatched.load() - sequence;
+    for (int64_t m = g_max_wait_lag.load(); lag > m && !g_max_wait_lag.compare_exchange_weak(m, lag);) {
+    }
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done.load(std::memory_order_acquire); });
+  }
+  if (error) std::rethrow_exception(error);
+}
 
 }  // namespace cjax

@@ -1,6 +1,10 @@
 // What an Array handle points to: concrete data (one buffer per addressable shard) or a tracer.
 #pragma once
+#include <atomic>
+#include <condition_variable>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,16 +31,41 @@ class ShapedArray final : public ArrayImpl {
   using ArrayImpl::ArrayImpl;
 };
 
+// The ready event of a value computed asynchronously (an output of a dispatched jit call). The
+// producer fills the array's buffers (or records its error), then marks it done.
+struct PendingValue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;  // rethrown at every read, naming the producer
+  int64_t sequence = 0;      // dispatch order of the producing call
+  void finish(std::exception_ptr e);
+  // Blocks until done (counted in the async statistics), then rethrows the producer's error.
+  void wait();
+};
+
 // Concrete data. Single-device arrays hold one buffer; sharded arrays one per addressable shard.
+// An array with a `pending` event gets its buffers when its producer finishes; every access to
+// its data goes through concrete() / buffer(), which wait for it.
 class ConcreteArray final : public ArrayImpl {
  public:
   ConcreteArray(AbstractValue a, std::shared_ptr<Buffer> buf)
       : ArrayImpl(std::move(a)), buffers{std::move(buf)} {}
+  // A value still being computed: no buffers until `pending` is done.
+  ConcreteArray(AbstractValue a, std::shared_ptr<PendingValue> p) : ArrayImpl(std::move(a)), pending(std::move(p)) {}
   bool is_concrete() const override { return true; }
-  const std::shared_ptr<Buffer>& buffer() const { return buffers[0]; }
-  Device device() const { return buffers[0]->device(); }
+  const std::shared_ptr<Buffer>& buffer() const {
+    await();
+    return buffers[0];
+  }
+  Device device() const { return buffer()->device(); }
+  bool ready() const { return !pending || pending->done.load(std::memory_order_acquire); }
+  void await() const {
+    if (pending) pending->wait();
+  }
   std::vector<std::shared_ptr<Buffer>> buffers;
   std::shared_ptr<const Sharding> sharding;  // null: SingleDeviceSharding(device())
+  const std::shared_ptr<PendingValue> pending;  // set once at construction (never reassigned)
 };
 
 // A tracer is owned by exactly one trace (trace/trace.h).
@@ -60,9 +89,22 @@ class Tracer : public ArrayImpl {
   Trace* trace;
 };
 
+// Async dispatch instrumentation (tests assert on it): calls dispatched, waits that blocked, and
+// the largest distance (in dispatched calls) between the newest call and a value waited for.
+struct AsyncDispatchStats {
+  int64_t dispatched = 0, blocking_waits = 0, max_wait_lag = 0;
+};
+int64_t next_dispatch_sequence();
+AsyncDispatchStats async_dispatch_stats();
+void reset_async_dispatch_stats();
+
 // Helpers used by kernels and ops.
+// (Waits for an asynchronously computed value.)
 inline ConcreteArray* concrete(const Array& a) {
-  return a.impl() && a.impl()->is_concrete() ? static_cast<ConcreteArray*>(a.impl()) : nullptr;
+  if (!a.impl() || !a.impl()->is_concrete()) return nullptr;
+  auto* c = static_cast<ConcreteArray*>(a.impl());
+  c->await();
+  return c;
 }
 // The concrete impl of `a`; raises ConcretizationError naming `what` if `a` is a tracer.
 ConcreteArray& require_concrete(const Array& a, std::string_view what);

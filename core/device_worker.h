@@ -13,6 +13,9 @@ namespace cjax {
 // Enqueues `task` on the device's worker; the future completes (or rethrows the task's
 // exception) when it has run. Workers start on first use.
 std::future<void> submit_to_device(const Device& device, std::function<void()> task);
+// Enqueues a dispatched program (an async jit call) on the device's dispatch queue: FIFO, one
+// thread per device, distinct from the device worker (which runs SPMD bodies for it).
+std::future<void> submit_to_dispatch_queue(const Device& device, std::function<void()> task);
 // The id of the device's worker thread (starts it if needed).
 std::thread::id device_worker_thread(const Device& device);
 

@@ -40,6 +40,21 @@ std::string dump_dir() {
   return d ? d : "";
 }
 
+bool jaxpr_has_effects(const Jaxpr& j) {
+  for (const JaxprEqn& e : j.eqns()) {
+    if (e.primitive->effectful) return true;
+    for (const auto& [name, value] : e.params.items()) {
+      auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&value);
+      if (!obj) continue;
+      if (auto* one = dynamic_cast<const JaxprParam*>(obj->get()); one && jaxpr_has_effects(*one->jaxpr)) return true;
+      if (auto* many = dynamic_cast<const JaxprListParam*>(obj->get()))
+        for (const auto& sub : many->jaxprs)
+          if (jaxpr_has_effects(*sub)) return true;
+    }
+  }
+  return false;
+}
+
 void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
@@ -67,6 +82,7 @@ bool fusion_enabled() {
 Executable::Executable(const ClosedJaxpr& traced, std::string name)
     : name_(std::move(name)), optimized_(optimize(*traced)), consts_(traced.consts) {
   const Jaxpr& j = *optimized_;
+  has_effects_ = jaxpr_has_effects(j);
   if (fusion_enabled()) {
     plan_ = plan_fusion(j);
   } else {

@@ -40,6 +40,9 @@ class Executable {
   const FusionPlan& plan() const { return plan_; }
   const CompiledKernels& compiled() const { return compiled_; }
   const std::string& name() const { return name_; }
+  // The program has effects (debug::print...): jit runs it synchronously, so what it prints is
+  // ordered with what the host prints.
+  bool has_effects() const { return has_effects_; }
 
  private:
   struct Instr {
@@ -67,6 +70,7 @@ class Executable {
   std::vector<int> out_slots_;           // -1: literal output
   std::vector<Array> out_literals_;
   size_t num_slots_ = 0;
+  bool has_effects_ = false;
 };
 
 // Fusion and code generation on (default) or off (CJAX_DISABLE_FUSION=1: every equation runs its

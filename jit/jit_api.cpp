@@ -3,7 +3,10 @@
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
+#include <optional>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -12,6 +15,7 @@
 
 #include "cjax/jit.h"
 #include "core/array_impl.h"
+#include "core/device_worker.h"
 #include "core/util.h"
 #include "jit/executable.h"
 #include "jit/jit_primitive.h"
@@ -29,6 +33,13 @@ bool disable_jit() {
   int v = g_disable_jit.load();
   if (v >= 0) return v == 1;
   return env_flag("CJAX_DISABLE_JIT");
+}
+std::atomic<int> g_async{-1};  // -1: not set, read the environment
+void set_async_dispatch(bool enabled) { g_async = enabled ? 1 : 0; }
+bool async_dispatch() {
+  int v = g_async.load();
+  if (v >= 0) return v == 1;
+  return !env_flag("CJAX_SYNC_DISPATCH");
 }
 void set_explain_cache_misses(bool enabled) { g_explain = enabled; }
 bool explain_cache_misses() { return g_explain; }
@@ -62,7 +73,9 @@ size_t hash_signature(const Signature& s) {
   return h;
 }
 
-struct Compiled {
+struct Compiled : std::enable_shared_from_this<Compiled> {
+  Compiled(Signature s, ClosedJaxpr t, Executable e, std::shared_ptr<const void> r)
+      : signature(std::move(s)), traced(std::move(t)), executable(std::move(e)), result_like(std::move(r)) {}
   Signature signature;
   ClosedJaxpr traced;      // as traced (bound under transformations)
   Executable executable;   // the optimized program run eagerly
@@ -172,16 +185,132 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
     TraceScope root(eval_trace());
     traced = jaxpr_detail::trace_flat(flat_fn, in_avals, "jit '" + cache.opts.name + "'", arg_names);
   }
-  auto c = std::make_shared<Compiled>(Compiled{std::move(sig), traced, Executable(traced, cache.opts.name), take_result()});
+  auto c = std::make_shared<Compiled>(std::move(sig), traced, Executable(traced, cache.opts.name), take_result());
   std::lock_guard lock(cache.mu);
   ++cache.traces;
   cache.entries.emplace(h, c);
   return c;
 }
 
+namespace {
+
+// At most this many dispatched calls are in flight; the next call waits for the oldest.
+constexpr size_t kMaxRunAhead = 8;
+struct InFlight {
+  std::mutex mu;
+  std::deque<std::shared_ptr<PendingValue>> calls;
+};
+InFlight& in_flight() {
+  static InFlight f;
+  return f;
+}
+
+// The same exception type, its message prefixed with the call that raised it.
+std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix) {
+  try {
+    std::rethrow_exception(e);
+  }
+#define CJAX_RETHROW_AS(T) \
+  catch (const T& x) { return std::make_exception_ptr(T(prefix + x.what())); }
+  CJAX_RETHROW_AS(TracerBoolConversionError)
+  CJAX_RETHROW_AS(ConcretizationError)
+  CJAX_RETHROW_AS(ShapeError)
+  CJAX_RETHROW_AS(DTypeError)
+  CJAX_RETHROW_AS(ValueError)
+  CJAX_RETHROW_AS(EscapedTracerError)
+  CJAX_RETHROW_AS(ShardingError)
+  CJAX_RETHROW_AS(SpecError)
+  CJAX_RETHROW_AS(VmaError)
+  CJAX_RETHROW_AS(AxisNameError)
+  CJAX_RETHROW_AS(CollectiveError)
+  CJAX_RETHROW_AS(BackendError)
+  CJAX_RETHROW_AS(IoError)
+  CJAX_RETHROW_AS(Error)
+#undef CJAX_RETHROW_AS
+  catch (const std::exception& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Async dispatch (DESIGN.md §7): the call is queued on a device's dispatch queue and its outputs
+// are returned at once, as arrays that become ready when it finishes; reading one waits for it
+// (and raises the call's error, prefixed with the jit's name). The host blocks only for donated
+// arguments (they must be complete before their buffers change hands: in a training loop, the
+// previous step) and when kMaxRunAhead calls are already in flight.
+std::vector<Array> dispatch(const Compiled& c, const std::string& name, const std::vector<Array>& leaves,
+                            const std::vector<size_t>& donated) {
+  std::vector<Array> args = leaves;
+  std::optional<Device> device;
+  for (size_t k = 0; k < args.size(); ++k) {
+    auto* a = static_cast<ConcreteArray*>(args[k].impl());
+    if (!a || !a->is_concrete()) throw Error("internal: jit dispatch of a non-concrete argument");
+    bool is_donated = std::find(donated.begin(), donated.end(), k) != donated.end();
+    if (is_donated) {
+      a->await();
+      if (a->buffers.empty()) raise_deleted(fmt::format("jit '{}' argument {}", name, k));
+      auto alias = std::make_shared<ConcreteArray>(a->aval, a->buffers[0]);
+      alias->buffers = a->buffers;
+      alias->sharding = a->sharding;
+      args[k] = Array(alias);
+      a->buffers.clear();  // the caller's handle is deleted from now on
+    } else if (a->ready()) {
+      if (a->buffers.empty()) raise_deleted(fmt::format("jit '{}' argument {}", name, k));
+    }
+    if (!device && a->ready() && !a->buffers.empty() && a->buffers.size() == 1) device = a->buffers[0]->device();
+  }
+  auto pending = std::make_shared<PendingValue>();
+  {
+    InFlight& f = in_flight();
+    std::unique_lock lk(f.mu);
+    while (!f.calls.empty() && f.calls.front()->done.load()) f.calls.pop_front();
+    while (f.calls.size() >= kMaxRunAhead) {
+      std::shared_ptr<PendingValue> oldest = f.calls.front();
+      lk.unlock();
+      try {
+        oldest->wait();
+      } catch (...) {  // its error belongs to its outputs' readers
+      }
+      lk.lock();
+      while (!f.calls.empty() && f.calls.front()->done.load()) f.calls.pop_front();
+    }
+    pending->sequence = next_dispatch_sequence();
+    f.calls.push_back(pending);
+  }
+  std::vector<Array> outs;
+  std::vector<std::shared_ptr<ConcreteArray>> targets;
+  for (AbstractValue av : c.executable.jaxpr().out_avals()) {
+    av.vma.clear();
+    targets.push_back(std::make_shared<ConcreteArray>(std::move(av), pending));
+    outs.emplace_back(targets.back());
+  }
+  std::shared_ptr<const Compiled> keep = c.shared_from_this();
+  submit_to_dispatch_queue(device.value_or(default_device()),
+                           [keep, args = std::move(args), donated, targets, pending, name]() mutable {
+                             std::exception_ptr err;
+                             try {
+                               std::vector<Array> res = keep->executable.run(args, donated);
+                               args.clear();
+                               for (size_t i = 0; i < res.size(); ++i) {
+                                 ConcreteArray* r = concrete(res[i]);
+                                 targets[i]->buffers = r->buffers;
+                                 targets[i]->sharding = r->sharding;
+                               }
+                             } catch (...) {
+                               err = with_context(std::current_exception(), fmt::format("jit '{}': ", name));
+                             }
+                             pending->finish(err);
+                           });
+  return outs;
+}
+
+}  // namespace
+
 std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
                         const std::vector<size_t>& donated_leaves) {
   if (current_trace() != eval_trace()) return bind_jit(c.traced, cache.opts.name, leaves);
+  if (config::async_dispatch() && !c.executable.has_effects()) return dispatch(c, cache.opts.name, leaves, donated_leaves);
   std::vector<Array> outs = c.executable.run(leaves, donated_leaves);
   for (size_t k : donated_leaves) delete_array(leaves[k], cache.opts.name);
   return outs;

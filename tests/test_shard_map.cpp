@@ -107,7 +107,10 @@ TEST_CASE("devices that run different collectives raise CollectiveError instead 
             x);
       },
       mesh, P("i"), P("i"), {.check_vma = false});
-  CHECK_ERR(jit(diverge)(arange_f(4)), CollectiveError, "finished the shard_map body while");
+  // Dispatched asynchronously: the error surfaces when the result is read, naming the jit.
+  Array pending = jit(diverge)(arange_f(4));
+  CHECK_ERR(pending.block_until_ready(), CollectiveError, "jit '<lambda>': ", "finished the shard_map body while");
+  CHECK_ERR(pending.item<float>(), CollectiveError, "finished the shard_map body while");  // at every read
   CHECK_ERR(diverge(arange_f(4)), CollectiveError, "finished the shard_map body while");
   // Device 0 is busy for a while before the psum: the others time out.
   double saved = config::collective_timeout_seconds();
@@ -123,7 +126,7 @@ TEST_CASE("devices that run different collectives raise CollectiveError instead 
         return lax::psum(y, "i");
       },
       mesh, P("i"), P("i"), {.check_vma = false});
-  CHECK_ERR(jit(slow)(arange_f(4)), CollectiveError, "timed out after");
+  CHECK_ERR(jit(slow)(arange_f(4)).block_until_ready(), CollectiveError, "timed out after");
   config::set_collective_timeout_seconds(saved);
 }
 
@@ -475,7 +478,7 @@ TEST_CASE("more errors: out_specs tree prefix, mesh and axis_names, pvary, misma
             [](const Array& v) { return lax::pmax(v, "i"); }, x);
       },
       mi, P("i"), P("i"), {.check_vma = false});
-  CHECK_ERR(jit(mismatch)(arange_f(4)), CollectiveError, "arrived at different collectives", "device 0: psum",
+  CHECK_ERR(jit(mismatch)(arange_f(4)).block_until_ready(), CollectiveError, "arrived at different collectives", "device 0: psum",
             "device 1: pmax");
   CHECK_ERR(mismatch(arange_f(4)), CollectiveError, "arrived at different collectives");
   // The communicator is usable again afterwards.

@@ -270,6 +270,9 @@ class DeviceWorker {
 struct CpuRuntime {
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
   std::vector<std::unique_ptr<DeviceWorker>> workers;
+  // Per-device queues of dispatched jit calls: separate threads from `workers`, because a
+  // dispatched program may run a shard_map, whose SPMD bodies need every device worker.
+  std::vector<std::unique_ptr<DeviceWorker>> dispatchers;
   std::unique_ptr<ThreadPool> pool;
   CpuRuntime() {
     int ndev = g_requested_devices.load() ? g_requested_devices.load() : env_int("CJAX_NUM_CPU_DEVICES", 1);
@@ -278,6 +281,7 @@ struct CpuRuntime {
     for (int i = 0; i < ndev; ++i) {
       allocators.push_back(std::make_unique<CachingAllocator>());
       workers.push_back(std::make_unique<DeviceWorker>());
+      dispatchers.push_back(std::make_unique<DeviceWorker>());
     }
     pool = std::make_unique<ThreadPool>(nthreads);
     g_requested_devices = ndev;
@@ -303,6 +307,10 @@ CachingAllocator& allocator_for(const Device& d) {
 std::future<void> submit_to_device(const Device& d, std::function<void()> task) {
   allocator_for(d);  // validates the device
   return runtime().workers[size_t(d.id())]->submit(std::move(task));
+}
+std::future<void> submit_to_dispatch_queue(const Device& d, std::function<void()> task) {
+  allocator_for(d);
+  return runtime().dispatchers[size_t(d.id())]->submit(std::move(task));
 }
 std::thread::id device_worker_thread(const Device& d) {
   allocator_for(d);

@@ -42,6 +42,12 @@ struct JitOptions {
 };
 
 namespace config {
+// Async dispatch (default on; CJAX_SYNC_DISPATCH=1 turns it off): an eager jit call queues the
+// program on a device's dispatch queue and returns its outputs at once; reading one (item,
+// to_vector, printing, an eager op, block_until_ready) waits for it, and raises the call's
+// error, if any, prefixed with "jit '<name>': ". At most 8 calls run ahead of the host.
+void set_async_dispatch(bool enabled);
+bool async_dispatch();
 void set_disable_jit(bool disabled);
 bool disable_jit();  // also true when CJAX_DISABLE_JIT=1 in the environment
 void set_explain_cache_misses(bool enabled);

@@ -1,0 +1,86 @@
+# PyTorch CPU peer numbers for bench_compiler (eager mode), with 1 thread and with N threads
+# (N = argv[1], default: the cores). Prints key=value lines; times are medians in ms / us.
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+nthreads = int(sys.argv[1]) if len(sys.argv) > 1 else os.cpu_count()
+print("default_threads=%d" % torch.get_num_threads())
+
+
+def median(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+# 1. The 10-op chain on 16M f32 (same ops and constants as bench_compiler.cpp).
+x = torch.rand(16 << 20) * 4 - 2
+
+
+def chain(x):
+    a = x * 1.5
+    b = a + 0.5
+    c = torch.tanh(b)
+    d = c * x
+    e = d - 0.25
+    r = torch.relu(e)
+    g = r * 2.0
+    s = torch.sigmoid(g)
+    h = s + x
+    return h * 0.5
+
+
+# 2. Row softmax of f32[4096, 4096].
+sm = torch.rand(4096, 4096)
+
+# 3. MLP 784-128x5-8, relu, softmax cross-entropy (mean over the batch), batch 32, SGD lr 0.01.
+sizes = [784, 128, 128, 128, 128, 128, 8]
+torch.manual_seed(0)
+params = []
+for i in range(6):
+    params.append((torch.randn(sizes[i], sizes[i + 1]) * 0.05).requires_grad_())
+    params.append(torch.zeros(sizes[i + 1]).requires_grad_())
+xb = torch.randn(32, 784)
+labels = torch.randint(0, 8, (32,))
+
+
+def step():
+    h = xb
+    for i in range(6):
+        h = torch.addmm(params[2 * i + 1], h, params[2 * i])
+        if i < 5:
+            h = torch.relu(h)
+    loss = F.cross_entropy(h, labels)
+    for p in params:
+        p.grad = None
+    loss.backward()
+    with torch.no_grad():
+        for p in params:
+            p.add_(p.grad, alpha=-0.01)
+    return loss
+
+
+def mlp_loop(n):
+    def run():
+        for _ in range(n):
+            step()
+    return run
+
+
+for tag, nt in (("t1", 1), ("tN", nthreads)):
+    torch.set_num_threads(nt)
+    with torch.no_grad():
+        print("chain_ms_%s=%f" % (tag, median(lambda: chain(x), 5) * 1e3))
+        print("softmax_ms_%s=%f" % (tag, median(lambda: torch.softmax(sm, -1), 7) * 1e3))
+    n = 50
+    print("mlp_step_us_%s=%f" % (tag, median(mlp_loop(n), 5) / n * 1e6))
+print("threads_N=%d" % nthreads)
