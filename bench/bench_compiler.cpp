@@ -18,6 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -275,6 +276,25 @@ double thread_cpu_seconds() {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
+// Median process CPU seconds per call (the --cpu-child measurements: one thread, so another
+// process's load does not inflate them the way it inflates wall time).
+double cpu_median(const std::function<void()>& fn, int reps) {
+  auto cpu = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+  };
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    double a = cpu();
+    fn();
+    t.push_back(cpu() - a);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -282,8 +302,50 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+// --cpu-child (the parent sets CJAX_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1): CPU time per call of
+// the fused chain vs the hand loop, and of the MLP step vs the OpenBLAS step, all on one thread.
+int cpu_child() {
+  const int64_t n = 16 << 20;
+  Array x = random::uniform(random::key(3), {n}, DType::float32, -2.0, 2.0);
+  x.block_until_ready();
+  auto jf = jit(chain, {.name = "chain"});
+  std::printf("chain_fused_ms=%f\n", cpu_median([&] { jf(x).block_until_ready(); }, 5) * 1e3);
+  std::vector<float> xs = x.to_vector<float>();
+  std::vector<float> ys(static_cast<size_t>(n));
+  std::printf("chain_hand_ms=%f\n", cpu_median([&] { chain_loop(xs.data(), ys.data(), 0, n); }, 5) * 1e3);
+
+  MlpData d = make_mlp_data();
+  std::vector<int> labels = d.labels.to_vector<int>();
+  std::vector<float> xb = d.x.to_vector<float>();
+  BlasMlp blas(d.params);
+  auto step = jit(train_step, {.name = "train_step", .donate_argnums = {0}});
+  std::vector<Layer> p = std::move(d.params);
+  const int steps = 200;
+  double t_cjax = cpu_median(
+                      [&] {
+                        Array l;
+                        for (int i = 0; i < steps; ++i) {
+                          auto [li, pi] = step(p, d.x, d.labels);
+                          p = std::move(pi);
+                          l = li;
+                        }
+                        l.block_until_ready();
+                      },
+                      7) /
+                  steps;
+  double t_blas = cpu_median(
+                      [&] {
+                        for (int i = 0; i < steps; ++i) blas.step(xb.data(), labels.data());
+                      },
+                      7) /
+                  steps;
+  std::printf("mlp_cjax_us=%f\nmlp_blas_us=%f\nthreads=%d\n", t_cjax * 1e6, t_blas * 1e6, num_threads());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--compile-child") return compile_child(argc > 2);
+  if (argc > 1 && std::string(argv[1]) == "--cpu-child") return cpu_child();
   auto bench_start = Clock::now();
   std::printf("cjax compiler benchmarks: %d threads (cjax pool), OpenBLAS %d threads\n", num_threads(),
               openblas_get_num_threads());
@@ -349,7 +411,7 @@ int main(int argc, char** argv) {
     set_fusion_enabled(true);
 
     double gbs = 2.0 * double(n) * 4 / t_fused / 1e9;
-    row("chain 10 ops 16M f32 (fused, " + fmt("%.0f", gbs) + " GB/s)", fmt_ms(t_fused),
+    row("chain 10 ops 16M f32 (fused, " + fmt("%.1f", gbs) + " GB/s)", fmt_ms(t_fused),
         "hand loop 2thr " + fmt_ms(t_hand2), t_fused / t_hand2, "<= 1.2x " + verdict(t_fused / t_hand2 <= 1.2));
     row("  vs hand loop, 1 thread", fmt_ms(t_fused), "hand loop 1thr " + fmt_ms(t_hand1), t_fused / t_hand1, "-");
     row("  vs op by op (fusion disabled)", fmt_ms(t_fused), "unfused " + fmt_ms(t_unfused), t_fused / t_unfused, "-");
@@ -456,6 +518,29 @@ int main(int argc, char** argv) {
     row("  without donation", fmt_us(t_nodonate), "donated " + fmt_us(t_cjax), t_nodonate / t_cjax, "-");
     row("  fusion disabled (op by op)", fmt_us(t_unfused), "fused " + fmt_us(t_cjax), t_unfused / t_cjax, "-");
     d.params = std::move(p);
+  }
+
+  // ---- 1+3 on one thread, in CPU time (robust when other processes load the machine) ----------
+  {
+    std::string exe = self_exe();
+    std::string out =
+        exe.empty() ? "" : run_command("CJAX_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + exe + " --cpu-child");
+    double fused = peer_value(out, "chain_fused_ms"), hand = peer_value(out, "chain_hand_ms");
+    double mc = peer_value(out, "mlp_cjax_us"), mb = peer_value(out, "mlp_blas_us");
+    check(peer_value(out, "threads") == 1, "cpu child: expected 1 thread:\n" + out);
+    std::printf("[one thread, process CPU time (CJAX_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)]\n");
+    row("chain 10 ops 16M, 1 thread, CPU time", fmt("%.2f ms", fused), "hand loop " + fmt("%.2f ms", hand),
+        fused / hand, "<= 1.2x " + verdict(fused / hand <= 1.2));
+    double tc = peer_value(torch, "chain_cpu_ms_t1");
+    if (tc > 0)
+      row("  vs PyTorch 1 thread, CPU time (x faster)", fmt("%.2f ms", fused), "torch " + fmt("%.2f ms", tc),
+          tc / fused, ">= 10x " + verdict(tc / fused >= 10));
+    row("MLP step, 1 thread, CPU time", fmt("%.1f us", mc), "OpenBLAS step " + fmt("%.1f us", mb), mc / mb,
+        "<= 1.3x " + verdict(mc / mb <= 1.3));
+    double tm = peer_value(torch, "mlp_step_cpu_us_t1");
+    if (tm > 0)
+      row("  vs PyTorch eager 1 thread, CPU time", fmt("%.1f us", mc), "torch " + fmt("%.1f us", tm), mc / tm,
+          "<= 0.5x " + verdict(mc / tm <= 0.5));
   }
 
   // ---- 4. compile time of the train step -------------------------------------------------------

@@ -11,11 +11,13 @@
 #include <fstream>
 #include <unordered_map>
 
+#include "cjax/profiler.h"
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
 #include "core/parallel.h"
 #include "core/util.h"
 #include "jit/passes.h"
+#include "jit/profile_internal.h"
 #include "trace/trace.h"
 
 namespace cjax {
@@ -38,6 +40,14 @@ bool check_fusion() {
 std::string dump_dir() {
   const char* d = std::getenv("CJAX_DUMP");
   return d ? d : "";
+}
+
+// "fused[mul add tanh ...]" (the first equations of a kernel) for profiles.
+std::string kernel_label(const FusedKernel& k) {
+  std::string s = "fused[";
+  for (size_t i = 0; i < k.eqns.size() && i < 6; ++i) s += (i ? " " : "") + k.eqns[i].primitive->name;
+  if (k.eqns.size() > 6) s += fmt::format(" +{}", k.eqns.size() - 6);
+  return s + "]";
 }
 
 bool jaxpr_has_effects(const Jaxpr& j) {
@@ -309,9 +319,12 @@ std::vector<Array> Executable::run(std::span<const Array> args, std::span<const 
   for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;
   TraceScope scope(eval_trace());
   std::vector<Array> in;
+  bool profiling = profiler::enabled();
   for (const Instr& instr : program_) {
+    ProfileScope timing(profiling);
     if (instr.kernel >= 0) {
       run_kernel(instr, slots, donated);
+      if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
     } else {
       in.clear();
       for (size_t k = 0; k < instr.inputs.size(); ++k)
@@ -324,6 +337,7 @@ std::vector<Array> Executable::run(std::span<const Array> args, std::span<const 
                                     ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
                                     : cjax::bind(*instr.def, in, instr.params);
       for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
+      if (profiling) timing.record(instr.def->name, name_);
     }
     for (int s : instr.release) slots[size_t(s)] = Array();
   }

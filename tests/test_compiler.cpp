@@ -237,7 +237,7 @@ TEST_CASE("fused reductions are deterministic and accurate") {
   CHECK(dv(rows(m).astype(f64)) == dv(rows(m).astype(f64)));
 }
 
-TEST_CASE("outputs are written in place over donated and dying inputs, never over live ones") {
+TEST_CASE("outputs are written in place over donated and dying inputs, never over live ones" CJAX_JIT_ONLY) {
   Array x = random::normal(random::key(12), {4096});
   void* before = raw_ptr(x);
   auto f = jit([](const Array& x) { return jnp::exp(x * 0.5f) + 1.0f; }, {.name = "donating", .donate_argnums = {0}});
@@ -292,7 +292,7 @@ TEST_CASE("the kernel cache serves compiled code from memory and from disk") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("CJAX_DUMP writes the jaxpr, the fusion plan and vectorized LLVM IR") {
+TEST_CASE("CJAX_DUMP writes the jaxpr, the fusion plan and vectorized LLVM IR" CJAX_JIT_ONLY) {
   auto dir = fresh_dir("dump");
   setenv("CJAX_DUMP", dir.c_str(), 1);
   Array x = random::normal(random::key(16), {256, 256});
@@ -346,7 +346,7 @@ TEST_CASE("an MLP training step gives the same values compiled, unfused and eage
   }
 }
 
-TEST_CASE("async dispatch: a 1000-step loop reading metrics one step late blocks only on the previous step") {
+TEST_CASE("async dispatch: a 1000-step loop reading metrics one step late blocks only on the previous step" CJAX_JIT_ONLY) {
   Array x = random::normal(random::key(70), {64, 16}), y = random::normal(random::key(71), {64, 1});
   auto loss = [](const Array& w, const Array& x, const Array& y) { return jnp::mean(jnp::square(jnp::matmul(x, w) - y)); };
   auto train = [&](bool async) {
@@ -392,4 +392,33 @@ TEST_CASE("async dispatch: outputs are futures; eager ops and reads wait for the
   b.block_until_ready();
   CHECK(a.is_ready());
   CHECK(jnp::sum(b).item<float>() == doctest::Approx(2.0 * 2048).epsilon(1e-4));
+}
+
+TEST_CASE("the profiler records every kernel of a jit program and exports Chrome trace JSON" CJAX_JIT_ONLY) {
+  Array x = random::normal(random::key(80), {64, 32}), w = random::normal(random::key(81), {32, 16});
+  auto f = jit([](const Array& x, const Array& w) { return nn::softmax(jnp::tanh(jnp::matmul(x, w))); },
+               {.name = "profiled"});
+  f(x, w).block_until_ready();  // compiled before profiling
+  profiler::start();
+  for (int i = 0; i < 3; ++i) f(x, w).block_until_ready();
+  profiler::stop();
+  std::vector<profiler::Event> ev = profiler::events();
+  int dots = 0, fused = 0;
+  for (const auto& e : ev) {
+    CHECK(e.jit == "profiled");
+    CHECK(e.duration_us >= 0);
+    dots += e.name == "dot_general";
+    fused += e.name.rfind("fused[tanh reduce_max", 0) == 0;
+  }
+  CHECK(dots == 3);
+  CHECK(fused == 3);
+  auto dir = fresh_dir("profile");
+  auto path = (dir / "trace.json").string();
+  profiler::export_chrome_trace(path);
+  std::string json = read(path);
+  CHECK(json.find("\"traceEvents\"") != std::string::npos);
+  CHECK(json.find("\"ph\":\"X\"") != std::string::npos);
+  CHECK(json.find("\"name\":\"dot_general\"") != std::string::npos);
+  CHECK_THROWS_AS(profiler::export_chrome_trace((dir / "no_such_dir" / "t.json").string()), IoError);
+  std::filesystem::remove_all(dir);
 }

@@ -20,7 +20,7 @@ Array sin_times(const Array& x, const Array& y) {
 }
 }  // namespace
 
-TEST_CASE("jit caches by signature and retraces on new shapes, dtypes and static values") {
+TEST_CASE("jit caches by signature and retraces on new shapes, dtypes and static values" CJAX_JIT_ONLY) {
   g_traces = 0;
   auto f = jit([](const Array& x, const Array& y) { return sin_times(x, y); });
   Array x = arr<float>({0.5, 1, 2}), y = arr<float>({1, 2, 3});
@@ -44,7 +44,7 @@ TEST_CASE("jit caches by signature and retraces on new shapes, dtypes and static
   CHECK(g.trace_count() == 2);
 }
 
-TEST_CASE("explain_cache_misses names the changed argument") {
+TEST_CASE("explain_cache_misses names the changed argument" CJAX_JIT_ONLY) {
   config::set_explain_cache_misses(true);
   auto f = jit([](const std::map<std::string, Array>& p, const Array& x) { return lax::mul(p.at("w"), x); },
                {.name = "model"});
@@ -64,7 +64,7 @@ TEST_CASE("explain_cache_misses names the changed argument") {
   config::set_explain_cache_misses(false);
 }
 
-TEST_CASE("nested jit prints as a jit equation with its name") {
+TEST_CASE("nested jit prints as a jit equation with its name" CJAX_JIT_ONLY) {
   auto inner = jit([](const Array& x) { return lax::sin(x); }, {.name = "inner"});
   auto f = [&](const Array& x) { return lax::mul(inner(x), 2.0f); };
   auto cj = make_jaxpr(f)(arr<float>({1, 2, 3}));
@@ -98,7 +98,7 @@ TEST_CASE("grad(jit f), jit(grad f), vmap(jit f) and jit(vmap f) agree with eage
   CHECK(vg[2] == doctest::Approx(std::cos(0.3) * 0.3 + std::sin(0.3)));
 }
 
-TEST_CASE("grad of jit keeps the jit equation, split into known and unknown parts") {
+TEST_CASE("grad of jit keeps the jit equation, split into known and unknown parts" CJAX_JIT_ONLY) {
   auto f = jit([](const Array& x) { return lax::mul(lax::sin(x), x); }, {.name = "f"});
   auto cj = make_jaxpr(grad(f))(make_scalar(0.5, f32));
   std::string t = text(cj);
@@ -125,7 +125,7 @@ TEST_CASE("passes: cse, dce and constant folding") {
   CHECK(vals(jit(f)(arr<float>({1, 2})))[0] == doctest::Approx(2 * std::sin(1.0) * 5));
 }
 
-TEST_CASE("donated arguments are deleted") {
+TEST_CASE("donated arguments are deleted" CJAX_JIT_ONLY) {
   auto f = jit([](const Array& x) { return lax::add(x, make_scalar(1, f32)); }, {.donate_argnums = {0}});
   Array x = arr<float>({1, 2});
   Array y = f(x);

@@ -89,6 +89,10 @@ inline void check_vmap_matches_stack(const std::function<Array(const std::vector
 }  // namespace cjax::testing
 
 // CHECK_ERR(expr, ErrorType, "part", ...): expr throws ErrorType and its message contains every part.
+// Test cases about jit itself (tracing, caching, compiled code, async dispatch) are skipped when
+// CJAX_DISABLE_JIT=1 runs every function op by op: TEST_CASE("..." CJAX_JIT_ONLY).
+#define CJAX_JIT_ONLY *doctest::skip(cjax::config::disable_jit())
+
 #define CHECK_ERR(expr, Type, ...)                                                                   \
   do {                                                                                               \
     bool thrown_ = false;                                                                            \

@@ -21,3 +21,4 @@
 #include "cjax/shard_map.h"
 #include "cjax/collective_recorder.h"
 #include "cjax/debug_print.h"
+#include "cjax/profiler.h"

@@ -1,0 +1,32 @@
+// Per-kernel timing profile of compiled programs, exportable as Chrome / Perfetto trace JSON
+// (open it in chrome://tracing or ui.perfetto.dev). One event per executed step of a jit
+// program: a fused kernel (named by its equations) or a library kernel (its primitive), on the
+// thread that ran it, with the jit function's name.
+//
+//   profiler::start();
+//   for (...) step(params, batch);
+//   profiler::export_chrome_trace("train.trace.json");
+//
+// CJAX_PROFILE=<file.json> records from the start of the process and writes the file at exit.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cjax::profiler {
+
+struct Event {
+  std::string name;  // "fused[mul add tanh]" or the primitive, e.g. "dot_general"
+  std::string jit;   // the jit function's name
+  double start_us = 0, duration_us = 0;  // since start()
+  uint64_t thread = 0;
+};
+
+void start();  // clears the recorded events and records from now on
+void stop();
+bool enabled();
+std::vector<Event> events();
+// Writes {"traceEvents": [...]} with complete ("X") events; raises IoError naming the file.
+void export_chrome_trace(const std::string& path);
+
+}  // namespace cjax::profiler
