@@ -27,10 +27,10 @@ namespace {
 
 struct Options {
   tf::Config cfg;
-  int64_t steps = 600;
+  int64_t steps = 500;
   std::string data = CJAX_SAMPLE_DATA;
   std::string out = "train_out";
-  int64_t checkpoint_every = 200;
+  int64_t checkpoint_every = 100;
   bool resume = false;
   std::optional<std::string> generate;
   int64_t sample_len = 400;
@@ -69,7 +69,7 @@ Model:
   --cookbook-norm     the training cookbook's x*rsqrt(||x||+1e-6) instead of RMSNorm
 
 Training:
-  --steps N           training steps (default 600)
+  --steps N           training steps (default 500)
   --batch B           global batch in sequences (default 32)
   --lr X              Adam learning rate (default 3e-3)
   --warmup N          linear warmup steps (default 20)
@@ -81,7 +81,7 @@ Output:
   --out DIR           output folder (default train_out): log.csv (step, loss, lr, tokens/s,
                       seconds), loss.svg (loss curve, written at the end), ckpt.safetensors
   --checkpoint-every N  save params + Adam state + step + data position every N steps and at
-                      the end (default 200; 0: only at the end); written atomically
+                      the end (default 100; 0: only at the end); written atomically
   --resume            continue from DIR/ckpt.safetensors (same config); losses continue exactly
   --stop-after N      stop after step N without a final checkpoint (to exercise --resume)
 
@@ -307,11 +307,8 @@ int run(const Options& o) {
     Array loss;
   };
   std::optional<Pending> pending;
-  auto t_last = t0;
-  int64_t last_steps = 0;
   double tok_s = 0;
-  int64_t timed_from = start + 1;  // the first step (compile) is not counted in tokens/s
-  auto t_timed = t0;
+  auto t_timed = t0;  // tokens/s counts from the end of the first step (which includes compilation)
   auto report = [&](const Pending& p) {
     double loss = p.loss.item<float>();  // step p.step finished long ago (one step late)
     auto now = clock::now();
@@ -332,9 +329,6 @@ int run(const Options& o) {
         << std::setprecision(0) << tok_s << " tok/s  elapsed " << hms(el) << "  ETA " << hms(eta);
     if (tty) std::cerr << "\r" << bar.str() << "   " << std::flush;
     else if ((p.step + 1) % 50 == 0 || p.step + 1 == o.steps) std::cerr << bar.str() << "\n";
-    (void)last_steps;
-    (void)t_last;
-    (void)timed_from;
   };
   for (int64_t s = start; s < o.steps; ++s) {
     Array batch = loader.next();
