@@ -37,6 +37,7 @@ struct Options {
   double temperature = 0.6;
   std::string prompt = "And God said, ";
   int64_t stop_after = -1;  // for tests of --resume: exit (without a final checkpoint) after this step
+  bool show_collectives = false;
 };
 
 const char* kHelp = R"(usage: train_transformer [flags]
@@ -84,6 +85,8 @@ Output:
                       the end (default 100; 0: only at the end); written atomically
   --resume            continue from DIR/ckpt.safetensors (same config); losses continue exactly
   --stop-after N      stop after step N without a final checkpoint (to exercise --resume)
+  --collectives       print the collectives one training step executes (per device: kind, mesh
+                      axes, block shapes, forward or backward), recorded during the second step
 
 Sampling:
   --generate PROMPT   load DIR/ckpt.safetensors, print PROMPT and a sample after it, and exit
@@ -159,6 +162,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--checkpoint-every") o.checkpoint_every = num();
     else if (a == "--resume") o.resume = true;
     else if (a == "--stop-after") o.stop_after = num();
+    else if (a == "--collectives") o.show_collectives = true;
     else if (a == "--generate") o.generate = val();
     else if (a == "--sample-len") o.sample_len = num();
     else if (a == "--temperature") o.temperature = real();
@@ -332,7 +336,16 @@ int run(const Options& o) {
   };
   for (int64_t s = start; s < o.steps; ++s) {
     Array batch = loader.next();
+    std::optional<debug::CollectiveRecorder> recorder;
+    if (o.show_collectives && s == start + 1) recorder.emplace();
     Array loss = trainer.step(state, batch, s);  // asynchronous
+    if (recorder) {
+      loss.block_until_ready();
+      std::cerr << "\ncollectives of one step (" << tf::layout_name(cfg.layout) << "):\n";
+      for (const auto& r : recorder->records())
+        if (r.communicates) std::cerr << "  " << r.str() << "\n";
+      recorder.reset();
+    }
     if (pending) report(*pending);
     pending = Pending{s, loss};
     bool last = s + 1 == o.steps;
