@@ -27,10 +27,10 @@ namespace {
 
 struct Options {
   tf::Config cfg;
-  int64_t steps = 500;
+  int64_t steps = 1000;
   std::string data = CJAX_SAMPLE_DATA;
   std::string out = "train_out";
-  int64_t checkpoint_every = 100;
+  int64_t checkpoint_every = 250;
   bool resume = false;
   std::optional<std::string> generate;
   int64_t sample_len = 400;
@@ -70,7 +70,7 @@ Model:
   --cookbook-norm     the training cookbook's x*rsqrt(||x||+1e-6) instead of RMSNorm
 
 Training:
-  --steps N           training steps (default 500)
+  --steps N           training steps (default 1000)
   --batch B           global batch in sequences (default 32)
   --lr X              Adam learning rate (default 3e-3)
   --warmup N          linear warmup steps (default 20)
@@ -82,7 +82,7 @@ Output:
   --out DIR           output folder (default train_out): log.csv (step, loss, lr, tokens/s,
                       seconds), loss.svg (loss curve, written at the end), ckpt.safetensors
   --checkpoint-every N  save params + Adam state + step + data position every N steps and at
-                      the end (default 100; 0: only at the end); written atomically
+                      the end (default 250; 0: only at the end); written atomically
   --resume            continue from DIR/ckpt.safetensors (same config); losses continue exactly
   --stop-after N      stop after step N without a final checkpoint (to exercise --resume)
   --collectives       print the collectives one training step executes (per device: kind, mesh

@@ -17,10 +17,6 @@ namespace jnp = cjax::numpy;
 
 namespace {
 
-// One intra-op thread: with several, a forward reduction of the sharded loss occasionally differs in
-// the last bit from run to run (the gradients do not), which the exact resume check would see.
-const bool kOneThread = (config::set_num_threads(1), true);
-
 // Small enough for a quick test; sizes divisible by 8 so every layout fits 8 devices.
 tf::Config small_config(tf::Layout layout) {
   tf::Config c;
