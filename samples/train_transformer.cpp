@@ -324,7 +324,7 @@ int run(const Options& o) {
       tok_s = double(p.step - start) * double(tokens_per_step) / std::chrono::duration<double>(now - t_timed).count();
     }
     rows.push_back({p.step, loss, trainer.lr_at(p.step), tok_s, base_seconds + el});
-    log << p.step << "," << loss << "," << trainer.lr_at(p.step) << "," << tok_s << "," << base_seconds + el << "\n";
+    log << p.step << "," << loss << "," << trainer.lr_at(p.step) << "," << tok_s << "," << base_seconds + el << std::endl;
     double eta = tok_s > 0 ? double(o.steps - 1 - p.step) * double(tokens_per_step) / tok_s : NAN;
     int width = 30, filled = int(width * double(p.step + 1) / double(o.steps));
     std::ostringstream bar;
