@@ -297,12 +297,13 @@ TrainState init_state(const Config& c) {
 
 namespace {
 
+// FSDP: the full weight from this device's block. With `regather`, loss_fn checkpoints the whole
+// body with a policy that saves everything but all_gather outputs, so the backward pass gathers each
+// weight again instead of keeping the full copies alive (checkpointing only this gather would not:
+// the gathered value is then an ordinary residual of the matmul that uses it, as in JAX).
 Array gather(const Comm& m, const Array& w, int dim) {
   if (m.fsdp.empty() || dim < 0) return w;
-  std::string axis = m.fsdp;
-  auto ag = [axis, dim](const Array& x) { return lax::all_gather(x, axis, {.axis = dim, .tiled = true}); };
-  if (!m.regather) return ag(w);
-  return checkpoint(ag, checkpoint_policies::save_everything_except({"all_gather"}))(w);
+  return lax::all_gather(w, m.fsdp, {.axis = dim, .tiled = true});
 }
 
 Array norm(const Config& c, const Array& x, const Array& gain) {
@@ -349,7 +350,14 @@ Array loss_fn(const Config& c, const Params& params, const Array& tokens) {
   Comm m = comm_of(c);
   if (c.layout == Layout::Single) return loss_local(c, m, params, tokens);
   return shard_map(
-      [c, m](const Params& p, const Array& t) { return lax::pmean(loss_local(c, m, p, t), m.batch); }, layout_mesh(c),
+      [c, m](const Params& p, const Array& t) {
+        auto body = [c, m](const Params& q, const Array& u) { return loss_local(c, m, q, u); };
+        Array l = m.regather && !m.fsdp.empty()
+                      ? checkpoint(body, checkpoint_policies::save_everything_except({"all_gather"}))(p, t)
+                      : body(p, t);
+        return lax::pmean(l, m.batch);
+      },
+      layout_mesh(c),
       {param_specs(c), P(m.batch, None)}, P(), {.name = "loss_" + layout_name(c.layout)})(params, tokens);
 }
 
