@@ -234,6 +234,10 @@ TEST_CASE("checkpoint: stop, reload and continue reproduces the losses exactly")
   tf::Trainer trainer(c);
   tf::Loader loader(corpus, c, ck.data_position);
   for (int k = 4; k < 8; ++k) CHECK(trainer.step(ck.state, loader.next(), k).item<float>() == ref[size_t(k)]);
+  // Sampling from the (sharded) trained params: deterministic for a seed, the requested length.
+  std::string sample = tf::generate(c, ck.state.params, "In the", 24, 0.8, 1);
+  CHECK(sample.size() == 24);
+  CHECK(sample == tf::generate(c, ck.state.params, "In the", 24, 0.8, 1));
 
   SUBCASE("a truncated checkpoint raises IoError naming the file") {
     auto bad = temp_path("truncated.safetensors");
