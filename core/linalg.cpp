@@ -87,9 +87,25 @@ template <class T> void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_
                 C, blasint(N));
 }
 
+// With several CPU devices, every device's worker thread calls BLAS concurrently. OpenBLAS's thread
+// pool is process-wide: concurrent multi-threaded calls spin against each other in sched_yield (a
+// 2-core machine training on 8 virtual devices spent ~45% of its time there, at half the speed of
+// single-threaded BLAS), and the save/restore of BlasSingleThreadScope races between workers. The
+// devices are the parallelism then, so OpenBLAS is pinned to one thread for the whole process as
+// soon as more than one CPU device exists. One device keeps OpenBLAS's threads for large GEMMs.
+void pin_blas_if_multi_device() {
+  static const bool pinned = [] {
+    if (device_count() <= 1) return false;
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)pinned;
+}
+
 // Batched BLAS GEMM in T (float or double) on operands already of type T.
 template <class T>
 void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C) {
+  pin_blas_if_multi_device();
   const T* a = static_cast<const T*>(A.ptr);
   const T* b = static_cast<const T*>(B.ptr);
   auto one = [&](int64_t i) {

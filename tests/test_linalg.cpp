@@ -1,6 +1,8 @@
 // dot_general and the numpy linear-algebra functions. Expected values from numpy (offline).
 #include <doctest/doctest.h>
 
+#include <cblas.h>
+
 #include <cmath>
 #include <limits>
 
@@ -247,4 +249,10 @@ TEST_CASE("jnp.dot, vdot, inner, outer, tensordot") {
   CHECK_THROWS_WITH_AS(jnp::dot(seq({2, 3}, 7, 3), seq({2, 3}, 5, 2)), doctest::Contains("dot: shapes (2, 3) and (2, 3) "
                                                                                         "are not aligned"),
                        ShapeError);
+}
+
+TEST_CASE("with several CPU devices OpenBLAS is pinned to one thread (device workers call it concurrently)") {
+  Array c = numpy::dot(numpy::ones({64, 64}), numpy::ones({64, 64}));
+  CHECK(c[{0, 0}].item<float>() == 64.0f);
+  if (device_count() > 1) CHECK(openblas_get_num_threads() == 1);
 }

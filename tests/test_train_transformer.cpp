@@ -1,0 +1,276 @@
+// samples/transformer (issue 6): the byte transformer under the four layouts gives the same losses,
+// FSDP holds 1/n of the parameters and Adam state per device, the collectives per layout are those of
+// spec/sharding.md §3.2, and checkpoints resume exactly and fail cleanly on corrupt files.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <unistd.h>
+
+#include "test_util.h"
+#include "transformer/transformer.h"
+
+using namespace cjax;
+namespace tf = cjax::transformer;
+namespace jnp = cjax::numpy;
+
+namespace {
+
+// Small enough for a quick test; sizes divisible by 8 so every layout fits 8 devices.
+tf::Config small_config(tf::Layout layout) {
+  tf::Config c;
+  c.layout = layout;
+  c.seq_len = 16;
+  c.d_model = 32;
+  c.n_heads = 8;
+  c.head_dim = 4;
+  c.d_ff = 64;
+  c.n_layers = 2;
+  c.batch = 16;
+  c.lr = 1e-2;
+  c.warmup = 0;
+  c.devices = 8;
+  c.tensor = 2;
+  c.seed = 3;
+  return c;
+}
+
+tf::Corpus test_corpus() {
+  tf::Corpus c;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "In the beginning God created the heaven and the earth. ";
+  c.bytes.assign(text.begin(), text.end());
+  return c;
+}
+
+std::vector<float> train_losses(const tf::Config& c, int steps, tf::TrainState* final_state = nullptr) {
+  tf::Corpus corpus = test_corpus();
+  tf::TrainState s = tf::init_state(c);
+  tf::Trainer trainer(c);
+  std::vector<Array> losses;
+  {
+    tf::Loader loader(corpus, c, 0);
+    for (int k = 0; k < steps; ++k) losses.push_back(trainer.step(s, loader.next(), k));
+  }
+  std::vector<float> out;
+  for (const Array& l : losses) out.push_back(l.item<float>());
+  if (final_state) *final_state = s;
+  return out;
+}
+
+std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("cjax_test_train_" + std::to_string(::getpid()) + "_" + name);
+}
+
+}  // namespace
+
+TEST_CASE("normal_block reproduces random::normal block by block") {
+  Array key = random::key(7);
+  Shape g{6, 8};
+  Array full = random::normal(key, g);
+  Array whole = tf::normal_block(key, g, {Array(0), Array(0)}, g);
+  CHECK(jnp::array_equal(full, whole));
+  Array blk = tf::normal_block(key, g, {Array(2), Array(4)}, {2, 4});
+  CHECK(jnp::array_equal(full[{Slice(2, 4), Slice(4, 8)}], blk));
+}
+
+TEST_CASE("initial loss is about ln 256 and the layouts agree for 20 steps") {
+  std::map<tf::Layout, std::vector<float>> losses;
+  for (tf::Layout l : {tf::Layout::Single, tf::Layout::DP, tf::Layout::FSDP, tf::Layout::FSDP_TP})
+    losses[l] = train_losses(small_config(l), 20);
+  const auto& ref = losses[tf::Layout::Single];
+  CHECK(std::abs(ref[0] - std::log(256.0f)) < 0.5f);
+  CHECK(ref.back() < ref.front() - 1.0f);  // it learns the repeated sentence
+  for (auto& [layout, ls] : losses) {
+    INFO("layout " << tf::layout_name(layout));
+    for (size_t k = 0; k < ref.size(); ++k) {
+      INFO("step " << k << ": " << ls[k] << " vs single " << ref[k]);
+      CHECK(std::abs(ls[k] - ref[k]) <= 1e-4f * std::abs(ref[k]));
+    }
+  }
+}
+
+TEST_CASE("FSDP keeps 1/8 of the parameters and Adam state on each device") {
+  tf::Config c;  // the sample's default model (467k parameters), so that small-buffer rounding is negligible
+  c.layout = tf::Layout::FSDP;
+  std::vector<int64_t> before;
+  for (const Device& d : devices()) before.push_back(memory_stats(d).bytes_in_use);
+  tf::TrainState s = tf::init_state(c);
+  for (const Array& a : tree::leaves(s)) a.block_until_ready();
+  int64_t total = tf::tree_bytes(s);  // global bytes of params + mu + nu + count
+  for (size_t k = 0; k < devices().size(); ++k) {
+    int64_t used = memory_stats(devices()[k]).bytes_in_use - before[k];
+    int64_t shards = 0;  // bytes of the blocks this device holds
+    for (const Array& a : tree::leaves(s))
+      for (const Shard& sh : a.addressable_shards())
+        if (sh.device == devices()[k]) shards += sh.data.size() * int64_t(itemsize(sh.data.dtype()));
+    INFO("device " << k << " holds " << shards << " bytes in shards, " << used << " bytes allocated, of " << total);
+    CHECK(shards == (total - 4) / 8 + 4);  // everything split 8 ways but the replicated step counter
+    // The caching allocator rounds blocks up to its size classes (e.g. 24 KiB -> 32 KiB).
+    CHECK(double(used) >= double(total) / 8);
+    CHECK(double(used) <= double(total) / 8 * 1.1);
+  }
+}
+
+namespace {
+struct Expect {
+  std::string kind;
+  std::vector<std::string> axes;
+  Shape in, out;
+  debug::Phase phase;
+};
+std::string str(const Expect& e) {
+  std::string s = (e.phase == debug::Phase::Forward ? "forward " : "backward ") + e.kind + " over";
+  for (auto& a : e.axes) s += " " + a;
+  return s + " " + shape_str(e.in) + " -> " + shape_str(e.out);
+}
+// How many times each expected collective appears among the records.
+int count(const std::vector<debug::CollectiveRecord>& recs, const Expect& e) {
+  int n = 0;
+  for (const auto& r : recs)
+    if (r.kind == e.kind && r.axes == e.axes && r.in_shape == e.in && r.out_shape == e.out && r.phase == e.phase) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("collectives of one block per layout (spec/sharding.md §3.2)") {
+  // §3.2's sizes: B=8, S=16, D=32, N=4, H=8, F=128, one block, meshes of 4 devices (fsdp=2 x tensor=2).
+  auto cfg = [](tf::Layout l) {
+    tf::Config c;
+    c.layout = l;
+    c.seq_len = 16, c.d_model = 32, c.n_heads = 4, c.head_dim = 8, c.d_ff = 128, c.n_layers = 1, c.batch = 8;
+    c.devices = 4, c.tensor = 2;
+    return c;
+  };
+  tf::Corpus corpus = test_corpus();
+  auto records = [&](const tf::Config& c) {
+    tf::TrainState s = tf::init_state(c);
+    Array tokens = jnp::array(tf::host_batch(corpus, c, 0), {c.batch, c.seq_len + 1});
+    if (c.layout != tf::Layout::Single) tokens = device_put(tokens, tf::batch_sharding(c));
+    auto g = jit([c](const tf::Params& p, const Array& t) { return grad([&](const tf::Params& q) { return tf::loss_fn(c, q, t); })(p); });
+    g(s.params, tokens);  // compile outside the recorder
+    debug::CollectiveRecorder rec;
+    tree::leaves(g(s.params, tokens))[0].block_until_ready();
+    auto r = rec.records();
+    std::vector<debug::CollectiveRecord> out;
+    for (auto& x : r)
+      if (x.communicates) out.push_back(x);
+    return out;
+  };
+  using debug::Phase;
+  auto check_all = [](const std::vector<debug::CollectiveRecord>& recs, const std::vector<Expect>& want) {
+    std::string all;
+    for (auto& r : recs) all += r.str() + "\n";
+    for (const Expect& e : want) {
+      INFO("expected " << str(e) << " among\n" << all);
+      CHECK(count(recs, e) >= 1);
+    }
+  };
+  SUBCASE("DP: weight gradients all-reduced, nothing in the forward block") {
+    auto recs = records(cfg(tf::Layout::DP));
+    check_all(recs, {{"psum_invariant", {"data"}, {3, 32, 4, 8}, {3, 32, 4, 8}, Phase::Backward},
+                     {"psum_invariant", {"data"}, {4, 8, 32}, {4, 8, 32}, Phase::Backward},
+                     {"psum_invariant", {"data"}, {32, 128}, {32, 128}, Phase::Backward},
+                     {"psum_invariant", {"data"}, {128, 32}, {128, 32}, Phase::Backward}});
+    for (auto& r : recs)
+      if (r.phase == Phase::Forward) CHECK(r.in_shape == Shape{});  // only the loss
+  }
+  SUBCASE("FSDP: all-gathers forward and again backward, reduce-scatters backward") {
+    auto recs = records(cfg(tf::Layout::FSDP));
+    std::vector<Expect> want;
+    struct W {
+      Shape local, full;
+    };
+    for (W w : {W{{3, 8, 4, 8}, {3, 32, 4, 8}}, W{{1, 8, 32}, {4, 8, 32}}, W{{8, 128}, {32, 128}}, W{{128, 8}, {128, 32}}}) {
+      want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Forward});
+      want.push_back({"reduce_scatter", {"fsdp"}, w.full, w.local, Phase::Backward});
+      // Re-gathered for the input cotangents (Config::regather: the body is checkpointed without
+      // saving all_gather outputs); Wqkv too, since the block input comes from the embedding.
+      want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Backward});
+    }
+    check_all(recs, want);
+    for (auto& r : recs) {  // no gradient all-reduce
+      bool ok = r.kind != "psum_invariant" || r.in_shape == Shape{};
+      CHECK(ok);
+    }
+  }
+  SUBCASE("FSDP+TP: fsdp gathers/scatters on tensor-sharded weights, 2+2 all-reduces over tensor") {
+    auto recs = records(cfg(tf::Layout::FSDP_TP));
+    std::vector<Expect> want;
+    struct W {
+      Shape local, full;
+    };
+    for (W w : {W{{3, 16, 2, 8}, {3, 32, 2, 8}}, W{{2, 8, 16}, {2, 8, 32}}, W{{16, 64}, {32, 64}}, W{{64, 16}, {64, 32}}}) {
+      want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Forward});
+      want.push_back({"reduce_scatter", {"fsdp"}, w.full, w.local, Phase::Backward});
+      want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Backward});
+    }
+    check_all(recs, want);
+    Expect ar_fwd{"psum_invariant", {"tensor"}, {4, 16, 32}, {4, 16, 32}, Phase::Forward};
+    Expect ar_bwd{"psum_invariant", {"tensor"}, {4, 16, 32}, {4, 16, 32}, Phase::Backward};
+    CHECK(count(recs, ar_fwd) == 2);
+    CHECK(count(recs, ar_bwd) == 2);
+    for (auto& r : recs)  // never a collective over tensor on weights
+      if (r.axes == std::vector<std::string>{"tensor"}) CHECK(r.in_shape == Shape({4, 16, 32}));
+  }
+}
+
+TEST_CASE("checkpoint: stop, reload and continue reproduces the losses exactly") {
+  tf::Config c = small_config(tf::Layout::FSDP);
+  std::vector<float> ref = train_losses(c, 8);
+  tf::Corpus corpus = test_corpus();
+  auto path = temp_path("resume.safetensors");
+  {
+    tf::TrainState s = tf::init_state(c);
+    tf::Trainer trainer(c);
+    tf::Loader loader(corpus, c, 0);
+    for (int k = 0; k < 4; ++k) CHECK(trainer.step(s, loader.next(), k).item<float>() == ref[size_t(k)]);
+    tf::save_checkpoint(path, s, 4, loader.position(), c);
+  }
+  tf::Checkpoint ck = tf::load_checkpoint(path, c);
+  CHECK(ck.step == 4);
+  CHECK(ck.data_position == 4);
+  tf::Trainer trainer(c);
+  tf::Loader loader(corpus, c, ck.data_position);
+  for (int k = 4; k < 8; ++k) CHECK(trainer.step(ck.state, loader.next(), k).item<float>() == ref[size_t(k)]);
+  // Sampling from the (sharded) trained params: deterministic for a seed, the requested length.
+  std::string sample = tf::generate(c, ck.state.params, "In the", 24, 0.8, 1);
+  CHECK(sample.size() == 24);
+  CHECK(sample == tf::generate(c, ck.state.params, "In the", 24, 0.8, 1));
+
+  SUBCASE("a truncated checkpoint raises IoError naming the file") {
+    auto bad = temp_path("truncated.safetensors");
+    std::filesystem::copy_file(path, bad, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(bad, std::filesystem::file_size(bad) / 2);
+    try {
+      tf::load_checkpoint(bad, c);
+      FAIL("no IoError");
+    } catch (const IoError& e) {
+      CHECK(std::string(e.what()).find(bad.filename().string()) != std::string::npos);
+    }
+    std::filesystem::remove(bad);
+  }
+  SUBCASE("a corrupt header raises IoError naming the file") {
+    auto bad = temp_path("corrupt.safetensors");
+    std::filesystem::copy_file(path, bad, std::filesystem::copy_options::overwrite_existing);
+    {
+      std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(12);
+      f.write("\x01\x02garbage{{", 11);
+    }
+    try {
+      tf::load_checkpoint(bad, c);
+      FAIL("no IoError");
+    } catch (const IoError& e) {
+      CHECK(std::string(e.what()).find(bad.filename().string()) != std::string::npos);
+    }
+    std::filesystem::remove(bad);
+  }
+  SUBCASE("a checkpoint of another model config raises IoError") {
+    tf::Config other = c;
+    other.d_ff = 128;
+    CHECK_THROWS_AS(tf::load_checkpoint(path, other), IoError);
+  }
+  std::filesystem::remove(path);
+}
