@@ -300,6 +300,11 @@ std::vector<Array> dispatch(const Compiled& c, const std::string& name, const st
                              } catch (...) {
                                err = with_context(std::current_exception(), fmt::format("jit '{}': ", name));
                              }
+                             // Drop what the call held (inputs, the program and its constants)
+                             // before readers wake: after a wait, memory is as after a sync call.
+                             args.clear();
+                             targets.clear();
+                             keep.reset();
                              pending->finish(err);
                            });
   return outs;

@@ -149,7 +149,7 @@ TEST_CASE("collectives of one block per layout (spec/sharding.md §3.2)") {
     Array tokens = jnp::array(tf::host_batch(corpus, c, 0), {c.batch, c.seq_len + 1});
     if (c.layout != tf::Layout::Single) tokens = device_put(tokens, tf::batch_sharding(c));
     auto g = jit([c](const tf::Params& p, const Array& t) { return grad([&](const tf::Params& q) { return tf::loss_fn(c, q, t); })(p); });
-    g(s.params, tokens);  // compile outside the recorder
+    for (const Array& a : tree::leaves(g(s.params, tokens))) a.block_until_ready();  // compile and run outside the recorder
     debug::CollectiveRecorder rec;
     tree::leaves(g(s.params, tokens))[0].block_until_ready();
     auto r = rec.records();
