@@ -243,11 +243,9 @@ int64_t rss_bytes() {
   return resident * int64_t(sysconf(_SC_PAGESIZE));
 }
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
-}
+// This process's executable for the child runs: /proc/<pid>/exe stays valid even when a rebuild
+// replaces (deletes) the file while the benchmark runs.
+std::string self_exe() { return "/proc/" + std::to_string(getpid()) + "/exe"; }
 std::string make_temp_dir() {
   std::string t = (std::filesystem::temp_directory_path() / "cjax_bench_cacheXXXXXX").string();
   if (!mkdtemp(t.data())) return {};

@@ -129,7 +129,8 @@ TEST_CASE("devices that run different collectives raise CollectiveError instead 
         return lax::psum(y, "i");
       },
       mesh, P("i"), P("i"), {.check_vma = false});
-  CHECK_ERR(jit(slow)(arange_f(4)).block_until_ready(), CollectiveError, "timed out after");
+  // Only a staged body runs ahead on one device (eagerly the devices run each op in lockstep).
+  if (!config::disable_jit()) CHECK_ERR(jit(slow)(arange_f(4)).block_until_ready(), CollectiveError, "timed out after");
   config::set_collective_timeout_seconds(saved);
 }
 
