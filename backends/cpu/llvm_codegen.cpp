@@ -508,7 +508,11 @@ class KernelEmitter {
             int avail = n.op == Op::Reduce ? n.pass + 1 : n.pass;
             if (!out.full || avail != pass) continue;
             Value* v = n.row_level ? row_vals_.at(out.node) : node_value(out.node, pass);
-            Value* p = b_.CreateInBoundsGEP(storage_type(out.dtype), out_ptr_[o], b_.CreateAdd(row_base, c));
+            // In place: the very address expression of the input's load (equal by layout), so
+            // LLVM sees a same-iteration dependence and vectorizes without run-time overlap checks.
+            Value* index = out.in_place_of >= 0 ? b_.CreateAdd(in_off_[size_t(out.in_place_of)], c)
+                                                : b_.CreateAdd(row_base, c);
+            Value* p = b_.CreateInBoundsGEP(storage_type(out.dtype), out_ptr_[o], index);
             b_.CreateStore(to_storage(v, out.dtype), p);
           }
           return next;
