@@ -237,10 +237,29 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix)
 // Async dispatch (DESIGN.md §7): the call is queued on a device's dispatch queue and its outputs
 // are returned at once, as arrays that become ready when it finishes; reading one waits for it
 // (and raises the call's error, prefixed with the jit's name). The host blocks only for donated
-// arguments (they must be complete before their buffers change hands: in a training loop, the
-// previous step) and when kMaxRunAhead calls are already in flight.
+// arguments (every call in flight must be complete before their buffers change hands: in a
+// training loop, the previous step) and when kMaxRunAhead calls are already in flight.
+// Waits for every call in flight (their errors belong to their outputs' readers).
+void drain_in_flight() {
+  InFlight& f = in_flight();
+  std::unique_lock lk(f.mu);
+  while (!f.calls.empty()) {
+    std::shared_ptr<PendingValue> oldest = f.calls.front();
+    lk.unlock();
+    try {
+      oldest->wait();
+    } catch (...) {
+    }
+    lk.lock();
+    if (!f.calls.empty() && f.calls.front() == oldest) f.calls.pop_front();
+  }
+}
+
 std::vector<Array> dispatch(const Compiled& c, const std::string& name, const std::vector<Array>& leaves,
                             const std::vector<size_t>& donated) {
+  // A donated buffer changes hands now: calls dispatched earlier that still read it must finish
+  // first (in a training loop, the previous step).
+  if (!donated.empty()) drain_in_flight();
   std::vector<Array> args = leaves;
   std::optional<Device> device;
   for (size_t k = 0; k < args.size(); ++k) {

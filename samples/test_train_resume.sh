@@ -8,11 +8,11 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 flags=(--layout fsdp --layers 1 --d-model 64 --heads 8 --head-dim 8 --d-ff 128 --seq-len 32 --batch 16
        --steps 400 --checkpoint-every 50 --sample-len 0)
-"$bin" "${flags[@]}" --out "$dir/a" > "$dir/a.log" 2>&1
+"$bin" "${flags[@]}" --out "$dir/a" > "$dir/a.log" 2>&1 || { echo "FAIL: the uninterrupted run failed:"; cat "$dir/a.log"; exit 1; }
 "$bin" "${flags[@]}" --out "$dir/b" > "$dir/b.log" 2>&1 &
 pid=$!
 while ! [ -f "$dir/b/log.csv" ] || [ "$(wc -l < "$dir/b/log.csv")" -lt 180 ]; do
-  kill -0 $pid 2>/dev/null || { echo "FAIL: the run ended before it could be killed"; exit 1; }
+  kill -0 $pid 2>/dev/null || { echo "FAIL: the run ended before it could be killed:"; cat "$dir/b.log"; exit 1; }
   sleep 0.01
 done
 kill -9 $pid
