@@ -412,6 +412,9 @@ int main(int argc, char** argv) {
     row("chain 10 ops 16M f32 (fused, " + fmt("%.1f", gbs) + " GB/s)", fmt_ms(t_fused),
         "hand loop 2thr " + fmt_ms(t_hand2), t_fused / t_hand2, "<= 1.2x " + verdict(t_fused / t_hand2 <= 1.2));
     row("  vs hand loop, 1 thread", fmt_ms(t_fused), "hand loop 1thr " + fmt_ms(t_hand1), t_fused / t_hand1, "-");
+    std::printf("[the hand loop runs %.2fx faster on 2 threads than on 1; near 1x, another process holds a core and "
+                "the multi-threaded rows of this run are not meaningful: see the one-thread CPU-time rows]\n",
+                t_hand1 / t_hand2);
     row("  vs op by op (fusion disabled)", fmt_ms(t_fused), "unfused " + fmt_ms(t_unfused), t_fused / t_unfused, "-");
     torch_row("  vs PyTorch 1 thread (x faster)", t_fused, "chain_ms_t1", ">= 10x", 10, true);
     torch_row("  vs PyTorch N threads (x faster)", t_fused, "chain_ms_tN", "", 0, true);
