@@ -1,5 +1,8 @@
-# PyTorch CPU peer numbers for bench_compiler (eager mode), with 1 thread and with N threads
-# (N = argv[1], default: the cores). Prints key=value lines; times are medians in ms / us.
+# PyTorch CPU peer numbers for bench_compiler (eager mode) on `threads` intra-op threads:
+#   python3 torch_compiler.py <threads> <tag>      (keys end in _<tag>: t1 or tN)
+# Debian's torch does its matmuls in OpenBLAS, whose own thread count torch.set_num_threads does
+# not change: the bench runs the 1-thread pass with OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1.
+# Prints key=value lines; times are medians in ms / us.
 import os
 import sys
 import time
@@ -8,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 nthreads = int(sys.argv[1]) if len(sys.argv) > 1 else os.cpu_count()
-print("default_threads=%d" % torch.get_num_threads())
+tag = sys.argv[2] if len(sys.argv) > 2 else "t%d" % nthreads
+print("default_threads_%s=%d" % (tag, torch.get_num_threads()))
 
 
 def median(fn, reps, clock=time.perf_counter):
@@ -76,15 +80,13 @@ def mlp_loop(n):
     return run
 
 
-for tag, nt in (("t1", 1), ("tN", nthreads)):
-    torch.set_num_threads(nt)
+torch.set_num_threads(nthreads)
+with torch.no_grad():
+    print("chain_ms_%s=%f" % (tag, median(lambda: chain(x), 5) * 1e3))
+    print("softmax_ms_%s=%f" % (tag, median(lambda: torch.softmax(sm, -1), 7) * 1e3))
+n = 50
+print("mlp_step_us_%s=%f" % (tag, median(mlp_loop(n), 5) / n * 1e6))
+if nthreads == 1:  # process CPU time: robust when other processes load the machine
     with torch.no_grad():
-        print("chain_ms_%s=%f" % (tag, median(lambda: chain(x), 5) * 1e3))
-        print("softmax_ms_%s=%f" % (tag, median(lambda: torch.softmax(sm, -1), 7) * 1e3))
-    n = 50
-    print("mlp_step_us_%s=%f" % (tag, median(mlp_loop(n), 5) / n * 1e6))
-    if nt == 1:  # process CPU time: robust when other processes load the machine
-        with torch.no_grad():
-            print("chain_cpu_ms_t1=%f" % (median(lambda: chain(x), 5, time.process_time) * 1e3))
-        print("mlp_step_cpu_us_t1=%f" % (median(mlp_loop(n), 5, time.process_time) / n * 1e6))
-print("threads_N=%d" % nthreads)
+        print("chain_cpu_ms_%s=%f" % (tag, median(lambda: chain(x), 5, time.process_time) * 1e3))
+    print("mlp_step_cpu_us_%s=%f" % (tag, median(mlp_loop(n), 5, time.process_time) / n * 1e6))
