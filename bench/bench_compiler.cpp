@@ -467,18 +467,22 @@ int main(int argc, char** argv) {
     p = std::move(p1);
 
     const int n = 200;
-    double t_cjax = time_median(
-                        [&] {
-                          Array l;
-                          for (int i = 0; i < n; ++i) {
-                            auto [li, pi] = step(p, d.x, d.labels);
-                            p = std::move(pi);
-                            l = li;
-                          }
-                          l.block_until_ready();
-                        },
-                        7) /
-                    n;
+    // Seconds per step of `n` chained steps (params fed forward), waiting for the last loss.
+    auto time_steps = [&](auto& f, int reps) {
+      return time_median(
+                 [&] {
+                   Array l;
+                   for (int i = 0; i < n; ++i) {
+                     auto [li, pi] = f(p, d.x, d.labels);
+                     p = std::move(pi);
+                     l = li;
+                   }
+                   l.block_until_ready();
+                 },
+                 reps) /
+             n;
+    };
+    double t_cjax = time_steps(step, 7);
     double t_blas = time_median(
                         [&] {
                           for (int i = 0; i < n; ++i) blas.step(xs.data(), labels.data());
@@ -486,32 +490,10 @@ int main(int argc, char** argv) {
                         7) /
                     n;
     auto step_nodonate = jit(train_step, {.name = "train_step_nodonate"});
-    double t_nodonate = time_median(
-                            [&] {
-                              Array l;
-                              for (int i = 0; i < n; ++i) {
-                                auto [li, pi] = step_nodonate(p, d.x, d.labels);
-                                p = std::move(pi);
-                                l = li;
-                              }
-                              l.block_until_ready();
-                            },
-                            5) /
-                        n;
+    double t_nodonate = time_steps(step_nodonate, 5);
     set_fusion_enabled(false);
     auto step_unfused = jit(train_step, {.name = "train_step_unfused", .donate_argnums = {0}});
-    double t_unfused = time_median(
-                           [&] {
-                             Array l;
-                             for (int i = 0; i < n; ++i) {
-                               auto [li, pi] = step_unfused(p, d.x, d.labels);
-                               p = std::move(pi);
-                               l = li;
-                             }
-                             l.block_until_ready();
-                           },
-                           5) /
-                       n;
+    double t_unfused = time_steps(step_unfused, 5);
     set_fusion_enabled(true);
     Executable ex(make_jaxpr(train_step)(p, d.x, d.labels), "train_step");
     std::printf("[train step plan: %zu kernels, %zu steps]\n", ex.plan().kernels.size(), ex.plan().steps.size());

@@ -191,7 +191,6 @@ void Executable::lower_to_program() {
     Instr& in = program_[i];
     if (in.kernel < 0) continue;
     const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
-    in.reuse.assign(spec.outputs.size(), -1);
     if (!fusion_in_place()) continue;
     if (spec.num_passes != 1) continue;
     std::vector<bool> taken(in.inputs.size(), false);
@@ -205,7 +204,6 @@ void Executable::lower_to_program() {
             !same_layout_as_output(spec, spec.inputs[k]))
           continue;
         taken[k] = true;
-        in.reuse[o] = int(k);
         plan_.kernels[size_t(in.kernel)].spec.outputs[o].in_place_of = int(k);
         break;
       }
@@ -255,7 +253,7 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   }
   std::vector<Array> outs;
   for (size_t o = 0; o < in.outputs.size(); ++o) {
-    if (int r = in.reuse[o]; r >= 0) {
+    if (int r = spec.outputs[o].in_place_of; r >= 0) {
       // The kernel writes this output through input r's pointer. Take that buffer when nothing
       // else holds it; else give the kernel a fresh copy of the input to work on.
       int s = in.inputs[size_t(r)];

@@ -53,7 +53,6 @@ class Executable {
     std::vector<AbstractValue> out_avals;
     std::vector<int> outputs;           // slot per output (-1: unused)
     std::vector<int> release;           // slots dead after this instruction
-    std::vector<int> reuse;             // kernels: per output, the input whose buffer it may take (-1: none)
     Params params;
   };
   void lower_to_program();
