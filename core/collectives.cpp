@@ -494,6 +494,24 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
   throw Error(fmt::format("internal: '{}' is not a collective", def.name));
 }
 
+std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef& def, const Params& p,
+                                                              const std::vector<std::vector<Array>>& inputs,
+                                                              std::span<const AbstractValue> out_avals,
+                                                              const Mesh& mesh, bool record_it, bool backward) {
+  if (record_it && !inputs.empty()) record(def, p, inputs[0], out_avals, SpmdContext{&mesh, 0, nullptr, backward});
+  const auto& axes = collective_axes(p);
+  std::vector<std::vector<Array>> outs(inputs.size());
+  for (size_t d = 0; d < inputs.size(); ++d) {
+    int64_t pos = 0;
+    std::vector<int64_t> members = axis_group(mesh, axes, int64_t(d), &pos);
+    std::vector<Array> group;
+    if (!inputs[d].empty())
+      for (int64_t m : members) group.push_back(inputs[size_t(m)][0]);
+    outs[d] = {collective_result(def, p, group, pos)};
+  }
+  return outs;
+}
+
 // ---- front end ----
 
 namespace {

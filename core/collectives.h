@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cjax/sharding.h"
 #include "core/primitive.h"
 
 namespace cjax {
@@ -37,6 +38,15 @@ extern const PrimitiveDef& g_pbroadcast;
 // group order), on concrete arrays; every member's result is computed in the same order, so
 // reductions are deterministic and identical on all members. axis_index has no operands.
 Array collective_result(const PrimitiveDef& def, const Params& p, std::span<const Array> group, int64_t position);
+
+// Runs the collective `def` for every device of `mesh` at once, on the caller's thread:
+// `inputs[d]` are device d's operands, the result's [d] its outputs. Used where all devices'
+// blocks are at hand (the eager ShardMapTrace, lockstep SPMD runs). With `record`, the
+// collective recorder sees it as one SPMD execution (phase backward when `backward`).
+std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef& def, const Params& p,
+                                                              const std::vector<std::vector<Array>>& inputs,
+                                                              std::span<const AbstractValue> out_avals,
+                                                              const Mesh& mesh, bool record, bool backward);
 
 // Binds the collective `def` with the front end's auto-pvary: `x` is first made varying over the
 // axes of `axes` it does not vary over (when varying axes are checked).

@@ -131,6 +131,10 @@ namespace {
 SpmdRunner g_runner = nullptr;
 }
 void set_spmd_runner(SpmdRunner runner) { g_runner = runner; }
+SpmdRunStats& spmd_run_stats() {
+  static SpmdRunStats stats;
+  return stats;
+}
 SpmdRunner spmd_runner() {
   if (!g_runner) throw BackendError("no SPMD runner is linked in: the jit layer provides it");
   return g_runner;

@@ -9,15 +9,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <unordered_map>
 
 #include "cjax/profiler.h"
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
+#include "core/collectives.h"
+#include "core/spmd.h"
 #include "core/parallel.h"
 #include "core/util.h"
 #include "jit/passes.h"
 #include "jit/profile_internal.h"
+#include "trace/shard_map.h"
 #include "trace/trace.h"
 
 namespace cjax {
@@ -65,6 +69,31 @@ bool jaxpr_has_effects(const Jaxpr& j) {
   return false;
 }
 
+// A rough count of the scalar operations one run performs: elements produced, plus 2*M*N*K for
+// contractions (over-estimated from the operand sizes), bodies of calls and shard_maps once (they
+// run concurrently per device), loops as unbounded. Only used to tell cheap programs apart.
+double estimated_cost(const Jaxpr& j) {
+  double cost = 0;
+  for (const JaxprEqn& e : j.eqns()) {
+    const std::string& name = e.primitive->name;
+    if (name == "while" || name == "scan") return std::numeric_limits<double>::infinity();
+    double out = 0;
+    for (const Var& v : e.outputs) out += double(v.aval().size());
+    cost += out;
+    if ((name == "dot_general" || name == "conv_general_dilated") && e.inputs.size() >= 2)
+      cost += 2.0 * double(atom_aval(e.inputs[0]).size()) * double(atom_aval(e.inputs[1]).size()) /
+              std::max(1.0, out);
+    for (const auto& [pname, value] : e.params.items()) {
+      auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&value);
+      if (!obj) continue;
+      if (auto* one = dynamic_cast<const JaxprParam*>(obj->get())) cost += estimated_cost(*one->jaxpr);
+      if (auto* many = dynamic_cast<const JaxprListParam*>(obj->get()))
+        for (const auto& sub : many->jaxprs) cost += estimated_cost(*sub);
+    }
+  }
+  return cost;
+}
+
 void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
@@ -93,6 +122,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
     : name_(std::move(name)), optimized_(optimize(*traced)), consts_(traced.consts) {
   const Jaxpr& j = *optimized_;
   has_effects_ = jaxpr_has_effects(j);
+  cheap_ = estimated_cost(j) < kCheapProgramCost;
   if (fusion_enabled()) {
     plan_ = plan_fusion(j);
   } else {
@@ -302,11 +332,12 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
 }
 
-std::vector<Array> Executable::run(std::span<const Array> args, std::span<const size_t> donated_args) const {
+void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
+                             std::vector<bool>& donated) const {
   if (args.size() != in_slots_.size())
     throw ValueError(fmt::format("jit: the compiled function takes {} arrays, got {}", in_slots_.size(), args.size()));
-  std::vector<Array> slots(num_slots_);
-  std::vector<bool> donated(num_slots_, false);
+  slots.assign(num_slots_, Array());
+  donated.assign(num_slots_, false);
   for (size_t i = 0; i < consts_.size(); ++i) slots[i] = consts_[i];
   for (size_t i = 0; i < args.size(); ++i) {
     ConcreteArray* c = concrete(args[i]);
@@ -315,35 +346,92 @@ std::vector<Array> Executable::run(std::span<const Array> args, std::span<const 
     slots[size_t(in_slots_[i])] = args[i];
   }
   for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;
-  TraceScope scope(eval_trace());
-  std::vector<Array> in;
+}
+
+void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const {
   bool profiling = profiler::enabled();
-  for (const Instr& instr : program_) {
-    ProfileScope timing(profiling);
-    if (instr.kernel >= 0) {
-      run_kernel(instr, slots, donated);
-      if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
-    } else {
-      in.clear();
-      for (size_t k = 0; k < instr.inputs.size(); ++k)
-        in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
-      // Kernels read one buffer: an intermediate sharded by a shard_map goes through the eager
-      // per-shard path (or its ShardingError) rather than being read from its first shard.
-      bool sharded = false;
-      for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
-      std::vector<Array> outs = instr.def->cpu_impl && !sharded
-                                    ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
-                                    : cjax::bind(*instr.def, in, instr.params);
-      for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
-      if (profiling) timing.record(instr.def->name, name_);
-    }
-    for (int s : instr.release) slots[size_t(s)] = Array();
+  ProfileScope timing(profiling);
+  if (instr.kernel >= 0) {
+    run_kernel(instr, slots, donated);
+    if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
+  } else {
+    std::vector<Array> in;
+    in.reserve(instr.inputs.size());
+    for (size_t k = 0; k < instr.inputs.size(); ++k)
+      in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+    // Kernels read one buffer: an intermediate sharded by a shard_map goes through the eager
+    // per-shard path (or its ShardingError) rather than being read from its first shard.
+    bool sharded = false;
+    for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
+    std::vector<Array> outs = instr.def->cpu_impl && !sharded ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
+                                                              : cjax::bind(*instr.def, in, instr.params);
+    for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
+    if (profiling) timing.record(instr.def->name, name_);
   }
+  for (int s : instr.release) slots[size_t(s)] = Array();
+}
+
+std::vector<Array> Executable::collect_outputs(const std::vector<Array>& slots) const {
   std::vector<Array> result;
   result.reserve(out_slots_.size());
   for (size_t i = 0; i < out_slots_.size(); ++i)
     result.push_back(out_slots_[i] >= 0 ? slots[size_t(out_slots_[i])] : out_literals_[i]);
   return result;
+}
+
+std::vector<Array> Executable::run(std::span<const Array> args, std::span<const size_t> donated_args) const {
+  std::vector<Array> slots;
+  std::vector<bool> donated;
+  bind_inputs(args, donated_args, slots, donated);
+  TraceScope scope(eval_trace());
+  for (const Instr& instr : program_) run_instr(instr, slots, donated);
+  return collect_outputs(slots);
+}
+
+bool Executable::can_run_lockstep() const {
+  if (!cheap_ || has_effects_) return false;
+  for (const Instr& instr : program_)
+    if (instr.def && instr.def->kind == PrimKind::HigherOrder && contains_collective(instr.params)) return false;
+  return true;
+}
+
+std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, bool backward,
+                                                         std::vector<std::vector<Array>> inputs) const {
+  size_t n = inputs.size();
+  std::vector<std::vector<Array>> slots(n);
+  std::vector<std::vector<bool>> donated(n);
+  for (size_t d = 0; d < n; ++d) {
+    bind_inputs(inputs[d], {}, slots[d], donated[d]);
+    inputs[d].clear();
+  }
+  TraceScope scope(eval_trace());
+  std::vector<std::vector<Array>> group_in(n);
+  for (const Instr& instr : program_) {
+    if (instr.def && instr.def->kind == PrimKind::Collective) {
+      for (size_t d = 0; d < n; ++d) {
+        group_in[d].clear();
+        for (size_t k = 0; k < instr.inputs.size(); ++k)
+          group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
+      }
+      bool profiling = profiler::enabled();
+      ProfileScope timing(profiling);
+      std::vector<std::vector<Array>> outs =
+          run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true, backward);
+      if (profiling) timing.record(instr.def->name, name_);
+      for (size_t d = 0; d < n; ++d) {
+        for (size_t k = 0; k < outs[d].size(); ++k) slots[d][size_t(instr.outputs[k])] = std::move(outs[d][k]);
+        for (int s : instr.release) slots[d][size_t(s)] = Array();
+      }
+      continue;
+    }
+    for (size_t d = 0; d < n; ++d) {
+      SpmdScope spmd({&mesh, int64_t(d), nullptr, backward});
+      run_instr(instr, slots[d], donated[d]);
+    }
+  }
+  std::vector<std::vector<Array>> outs(n);
+  for (size_t d = 0; d < n; ++d) outs[d] = collect_outputs(slots[d]);
+  return outs;
 }
 
 void delete_array(const Array& a, std::string_view donated_to) {

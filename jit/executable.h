@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cjax/make_jaxpr.h"
+#include "cjax/sharding.h"
 #include "jit/codegen.h"
 #include "jit/fusion.h"
 #include "trace/jaxpr.h"
@@ -36,6 +37,14 @@ class Executable {
   // Runs on concrete inputs (one per invar of the traced jaxpr) on the caller's thread. The
   // buffers of `donated` arguments may be reused for outputs.
   std::vector<Array> run(std::span<const Array> args, std::span<const size_t> donated = {}) const;
+  // A shard_map body run for every device of `mesh` in lockstep on the caller's thread:
+  // instruction by instruction, each for device 0..n-1, a collective once for all devices. For
+  // cheap bodies this replaces n worker threads meeting at every collective (context switches
+  // cost far more than the work); `can_run_lockstep()` says whether the body qualifies (cheap, no
+  // effects, no collective inside control flow, which needs each device's own thread).
+  bool can_run_lockstep() const;
+  std::vector<std::vector<Array>> run_lockstep(const Mesh& mesh, bool backward,
+                                               std::vector<std::vector<Array>> inputs) const;
   const Jaxpr& jaxpr() const { return *optimized_; }
   const FusionPlan& plan() const { return plan_; }
   const CompiledKernels& compiled() const { return compiled_; }
@@ -43,6 +52,11 @@ class Executable {
   // The program has effects (debug::print...): jit runs it synchronously, so what it prints is
   // ordered with what the host prints.
   bool has_effects() const { return has_effects_; }
+  // The program does so little work (estimated below kCheapProgramCost scalar operations) that
+  // handing it to a dispatch thread would cost more than running it: jit runs it on the caller's
+  // thread, as XLA's CPU client does with its cheap computations.
+  bool cheap() const { return cheap_; }
+  static constexpr double kCheapProgramCost = 2000;
 
  private:
   struct Instr {
@@ -56,6 +70,10 @@ class Executable {
     Params params;
   };
   void lower_to_program();
+  void bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
+                   std::vector<bool>& donated) const;
+  void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
   void run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const;
   void run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const;
 
@@ -70,6 +88,7 @@ class Executable {
   std::vector<Array> out_literals_;
   size_t num_slots_ = 0;
   bool has_effects_ = false;
+  bool cheap_ = false;
 };
 
 // Fusion and code generation on (default) or off (CJAX_DISABLE_FUSION=1: every equation runs its

@@ -329,12 +329,40 @@ std::vector<Array> dispatch(const Compiled& c, const std::string& name, const st
   return outs;
 }
 
+// A cheap program (Executable::cheap) runs on the caller's thread, in order with the calls in
+// flight: its pending arguments wait for their producers, and a donated buffer may still be read
+// by an earlier call. It behaves as a dispatched call that finished at once: an error it raises
+// surfaces when its outputs are read, prefixed with the jit's name.
+std::vector<Array> run_inline(const Compiled& c, const std::string& name, const std::vector<Array>& leaves,
+                              const std::vector<size_t>& donated) {
+  if (!donated.empty()) drain_in_flight();
+  try {
+    std::vector<Array> outs = c.executable.run(leaves, donated);
+    for (size_t k : donated) delete_array(leaves[k], name);
+    return outs;
+  } catch (...) {
+    for (size_t k : donated) delete_array(leaves[k], name);
+    auto failed = std::make_shared<PendingValue>();
+    failed->sequence = next_dispatch_sequence();
+    failed->finish(with_context(std::current_exception(), fmt::format("jit '{}': ", name)));
+    std::vector<Array> outs;
+    for (AbstractValue av : c.executable.jaxpr().out_avals()) {
+      av.vma.clear();
+      outs.emplace_back(std::make_shared<ConcreteArray>(std::move(av), failed));
+    }
+    return outs;
+  }
+}
+
 }  // namespace
 
 std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
                         const std::vector<size_t>& donated_leaves) {
   if (current_trace() != eval_trace()) return bind_jit(c.traced, cache.opts.name, leaves);
-  if (config::async_dispatch() && !c.executable.has_effects()) return dispatch(c, cache.opts.name, leaves, donated_leaves);
+  if (config::async_dispatch() && !c.executable.has_effects()) {
+    if (!c.executable.cheap()) return dispatch(c, cache.opts.name, leaves, donated_leaves);
+    return run_inline(c, cache.opts.name, leaves, donated_leaves);
+  }
   std::vector<Array> outs = c.executable.run(leaves, donated_leaves);
   for (size_t k : donated_leaves) delete_array(leaves[k], cache.opts.name);
   return outs;

@@ -12,6 +12,7 @@
 
 #include "core/device_worker.h"
 #include "core/spmd.h"
+#include "core/util.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
@@ -44,8 +45,16 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
                                          const std::vector<ManualAxis>& axes, std::vector<std::vector<Array>> inputs) {
   std::shared_ptr<const Executable> exe = executable_for(body, axes);
   size_t n = size_t(mesh.size());
-  std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
   bool backward = is_transposed_body(body.get());
+  if (exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS")) {
+    ++spmd_run_stats().lockstep;
+    std::vector<ManualAxis> run_axes = axes;
+    for (ManualAxis& a : run_axes) a.check_vma = false;
+    AxisEnvScope env(run_axes);
+    return exe->run_lockstep(mesh, backward, std::move(inputs));
+  }
+  ++spmd_run_stats().threaded;
+  std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
   std::vector<std::vector<Array>> outs(n);
   std::vector<std::exception_ptr> errors(n);
   // At run time values are concrete (their types carry no varying axes): the axes are bound for

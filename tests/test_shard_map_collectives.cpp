@@ -7,6 +7,8 @@
 #include <map>
 #include <tuple>
 
+#include <fmt/ranges.h>
+
 #include "test_util.h"
 
 using namespace cjax;
@@ -424,4 +426,41 @@ TEST_CASE("transposes over two axes in both orders: the vjp and jvp Jacobians ag
   // Partly replicated: x varies over i only, the collective runs over (j, i).
   check("all_gather of an i-varying value over (j, i)",
         [](const Array& b) { return lax::all_gather(b, {"j", "i"}, {.tiled = true}); }, x8, P("i"));
+}
+
+TEST_CASE("cheap staged bodies run in lockstep on the caller's thread, bit-identical to the threaded run" CJAX_JIT_ONLY) {
+  Mesh mesh = mesh_ij();
+  // Every collective kind once, on blocks small enough for the lockstep path.
+  auto body = [](const Array& x) {
+    Array s = lax::psum(jnp::sin(x) * 3.0f, "i");
+    Array g = lax::all_gather(s, "j", {.tiled = true});
+    Array p = lax::ppermute(g, "i", {{0, 1}, {1, 0}});
+    Array m = lax::pmax(p, {"i", "j"}) + lax::axis_index("j").astype(f32);
+    Array r = lax::psum_scatter(jnp::concatenate({m, m}, 0), "j", {.tiled = true});
+    return lax::all_to_all(r, "i", 0, 1, {.tiled = true});
+  };
+  auto f = jit(shard_map(body, mesh, P("i", "j"), P("i", "j"), {.check_vma = false}));
+  Array x = jnp::arange(16).astype(f32).reshape({4, 4}) * 0.37f;
+  SpmdRunStats before = spmd_run_stats();
+  std::vector<float> lockstep = fv(f(x));
+  CHECK(spmd_run_stats().lockstep == before.lockstep + 1);
+  CHECK(spmd_run_stats().threaded == before.threaded);
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  std::vector<float> threaded = fv(f(x));
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(spmd_run_stats().threaded == before.threaded + 1);
+  CHECK(lockstep == threaded);
+  CHECK(lockstep == fv(shard_map(body, mesh, P("i", "j"), P("i", "j"), {.check_vma = false})(x)));
+  // The recorder sees each collective once per run, as in a threaded run.
+  debug::CollectiveRecorder rec;
+  f(x).block_until_ready();
+  std::vector<std::string> kinds;
+  for (const auto& r : rec.records()) kinds.push_back(r.kind);
+  INFO(fmt::format("{}", fmt::join(kinds, " ")));
+  CHECK(kinds == std::vector<std::string>{"psum", "all_gather", "ppermute", "axis_index", "pmax", "reduce_scatter",
+                                          "all_to_all"});
+  // A body with a collective inside control flow, or a large one, keeps one thread per device.
+  auto big = jit(shard_map([](const Array& v) { return lax::psum(v * 2.0f, "i"); }, mesh_i(), P("i"), P()));
+  big(jnp::ones({4 * 4096})).block_until_ready();
+  CHECK(spmd_run_stats().threaded == before.threaded + 2);
 }

@@ -11,6 +11,7 @@
 
 #include "cjax/cjax.h"
 #include "core/array_impl.h"
+#include "core/spmd.h"
 
 namespace cjax::testing {
 

@@ -108,15 +108,10 @@ class ShardMapTrace final : public Trace {
     std::vector<std::vector<Array>> outs(n);
     if (def.kind == PrimKind::Collective) {
       TraceScope eval(eval_trace());
-      const auto& axes = collective_axes(params);
-      for (size_t d = 0; d < n; ++d) {
-        int64_t pos = 0;
-        std::vector<int64_t> members = axis_group(ctx_->mesh, axes, int64_t(d), &pos);
-        std::vector<Array> group;
-        if (!blocks.empty())
-          for (int64_t m : members) group.push_back(blocks[0][size_t(m)]);
-        outs[d] = {collective_result(def, params, group, pos)};
-      }
+      std::vector<std::vector<Array>> per_device(n);
+      if (!blocks.empty())
+        for (size_t d = 0; d < n; ++d) per_device[d] = {blocks[0][d]};
+      outs = run_collective_on_all_devices(def, params, per_device, out_avals, ctx_->mesh, false, false);
     } else if (def.kind == PrimKind::HigherOrder && contains_collective(params)) {
       outs = run_spmd(def, params, avals, blocks);
     } else {
