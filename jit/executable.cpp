@@ -135,6 +135,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
     std::vector<const KernelSpec*> specs;
     for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
     compiled_ = compile_kernels(specs, dir.empty() ? nullptr : &ir);
+    for (size_t k = 0; k < plan_.kernels.size(); ++k) out_of_place_.push_back(std::make_unique<LazyVariant>());
   }
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
@@ -257,6 +258,22 @@ void Executable::run_kernel_unfused(const Instr& in, std::vector<Array>& slots) 
   for (size_t o = 0; o < k.outputs.size(); ++o) slots[size_t(in.outputs[o])] = env.at(k.outputs[o].id());
 }
 
+KernelFn Executable::out_of_place_variant(int kernel) const {
+  const KernelSpec& spec = plan_.kernels[size_t(kernel)].spec;
+  bool has_in_place = false;
+  for (const KernelOutput& o : spec.outputs) has_in_place = has_in_place || o.in_place_of >= 0;
+  if (!has_in_place) return compiled_.fns[size_t(kernel)];
+  LazyVariant& v = *out_of_place_[size_t(kernel)];
+  std::call_once(v.once, [&] {
+    KernelSpec fresh = spec;
+    fresh.name += "_out_of_place";
+    for (KernelOutput& o : fresh.outputs) o.in_place_of = -1;
+    const KernelSpec* one = &fresh;
+    v.compiled = compile_kernels(std::span<const KernelSpec* const>(&one, 1));
+  });
+  return v.compiled.fns[0];
+}
+
 void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const {
   const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
   std::vector<Array> reference;
@@ -281,27 +298,26 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
     if (!have_dev) dev = c->device();
     have_dev = true;
   }
+  // An in-place output takes its input's buffer when nothing else holds it (an intermediate that
+  // dies here, or a donated argument); otherwise the kernel's out-of-place variant runs.
+  bool in_place = true;
+  for (const KernelOutput& ko : spec.outputs) {
+    if (ko.in_place_of < 0) continue;
+    int s = in.inputs[size_t(ko.in_place_of)];
+    const Array& a = slots[size_t(s)];
+    ConcreteArray* c = concrete(a);
+    in_place = in_place && c->buffer().use_count() == 1 && (a.impl_ptr().use_count() == 1 || donated[size_t(s)]);
+  }
   std::vector<Array> outs;
   for (size_t o = 0; o < in.outputs.size(); ++o) {
-    if (int r = spec.outputs[o].in_place_of; r >= 0) {
-      // The kernel writes this output through input r's pointer. Take that buffer when nothing
-      // else holds it; else give the kernel a fresh copy of the input to work on.
-      int s = in.inputs[size_t(r)];
-      const Array& a = slots[size_t(s)];
-      ConcreteArray* c = concrete(a);
-      if (c->buffer().use_count() == 1 && (a.impl_ptr().use_count() == 1 || donated[size_t(s)])) {
-        outs.emplace_back(std::make_shared<ConcreteArray>(in.out_avals[o], c->buffer()));
-      } else {
-        outs.push_back(make_uninitialized(in.out_avals[o], dev));
-        std::memcpy(raw_ptr(outs.back()), bufs[size_t(r)], c->buffer()->nbytes());
-        bufs[size_t(r)] = raw_ptr(outs.back());
-      }
+    if (int r = spec.outputs[o].in_place_of; r >= 0 && in_place) {
+      outs.emplace_back(std::make_shared<ConcreteArray>(in.out_avals[o], concrete(slots[size_t(in.inputs[size_t(r)])])->buffer()));
       continue;
     }
     outs.push_back(make_uninitialized(in.out_avals[o], dev));
   }
   for (const Array& o : outs) bufs.push_back(raw_ptr(o));
-  KernelFn fn = compiled_.fns[size_t(in.kernel)];
+  KernelFn fn = in_place ? compiled_.fns[size_t(in.kernel)] : out_of_place_variant(in.kernel);
   int64_t rows = spec.rows(), cols = spec.cols;
   if (rows > 0 && (cols > 0 || spec.has_reduction)) {
     size_t scratch_doubles = size_t(spec.num_scratch) * size_t(cols);

@@ -17,6 +17,7 @@
 // kernel's KernelSpec and the LLVM IR before and after optimization.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +78,10 @@ class Executable {
   void run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const;
   void run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const;
 
+  // Kernel k writes some output over an input the caller still holds (not donated): the variant
+  // that writes every output to a fresh buffer, compiled on first need.
+  KernelFn out_of_place_variant(int kernel) const;
+
   std::string name_;
   std::shared_ptr<const Jaxpr> optimized_;
   FusionPlan plan_;
@@ -87,6 +92,11 @@ class Executable {
   std::vector<int> out_slots_;           // -1: literal output
   std::vector<Array> out_literals_;
   size_t num_slots_ = 0;
+  struct LazyVariant {
+    std::once_flag once;
+    CompiledKernels compiled;
+  };
+  std::vector<std::unique_ptr<LazyVariant>> out_of_place_;  // per kernel
   bool has_effects_ = false;
   bool cheap_ = false;
 };
