@@ -4,6 +4,10 @@
 //                    evaluated at compile time and become literals,
 //   cse            : an equation identical to an earlier one (primitive, params, inputs) reuses
 //                    its outputs,
+//   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
+//                    free dimensions of a dot_general's result (what the transpose rule of
+//                    dot_general emits for weight gradients) becomes the dot_general with its
+//                    operands swapped, so no transposed copy is materialized,
 //   dce            : equations none of whose outputs is used are dropped.
 // All passes keep the jaxpr's constvars, invars and output types.
 #pragma once
@@ -16,6 +20,7 @@ namespace cjax {
 std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr);
 // All of the above, in that order.
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr);

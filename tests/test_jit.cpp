@@ -6,6 +6,7 @@
 
 #include "cjax/cjax.h"
 #include "jit/passes.h"
+#include "trace/eval_jaxpr.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -123,6 +124,36 @@ TEST_CASE("passes: cse, dce and constant folding") {
         "    d:f32[2] = mul c 5.0:f32[]\n"
         "  in (d,) }");
   CHECK(vals(jit(f)(arr<float>({1, 2})))[0] == doctest::Approx(2 * std::sin(1.0) * 5));
+}
+
+TEST_CASE("passes: identity transposes vanish and weight-gradient transposes fold into dot_general") {
+  namespace jnp = cjax::numpy;
+  auto loss = [](const Array& w, const Array& x) { return jnp::sum(jnp::tanh(jnp::matmul(x, w))); };
+  Array w = random::normal(random::key(1), {5, 3}), x = random::normal(random::key(2), {4, 5});
+  auto cj = make_jaxpr(grad(loss))(w, x);
+  auto count = [](const Jaxpr& j, const std::string& name) {
+    int n = 0;
+    for (const JaxprEqn& e : j.eqns()) n += e.primitive->name == name;
+    return n;
+  };
+  CHECK(count(*cj, "transpose") >= 1);  // dW = transpose(dot_general(dy, x)), as JAX's rule emits
+  auto opt = optimize(*cj);
+  CHECK(count(*opt, "transpose") == 0);
+  CHECK(count(*opt, "dot_general") == count(*cj, "dot_general"));
+  // dW = x^T dy, computed as dot_general(x, dy) contracting the batch axis: same values.
+  std::vector<float> want = eval_jaxpr(*cj, cj.consts, std::vector<Array>{w, x})[0].to_vector<float>();
+  std::vector<float> got = eval_jaxpr(*opt, cj.consts, std::vector<Array>{w, x})[0].to_vector<float>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+  // A batched dot_general whose free dimensions are swapped folds the same way.
+  auto bf = [](const Array& a, const Array& b) {
+    return lax::transpose(lax::dot_general(a, b, {{{2}, {1}}, {{0}, {0}}}), {0, 2, 1});
+  };
+  Array a = random::normal(random::key(3), {2, 4, 3}), b = random::normal(random::key(4), {2, 3, 5});
+  auto bj = make_jaxpr(bf)(a, b);
+  auto bopt = optimize(*bj);
+  CHECK(count(*bopt, "transpose") == 0);
+  CHECK(eval_jaxpr(*bopt, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>() == eval_jaxpr(*bj, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>());
 }
 
 TEST_CASE("donated arguments are deleted" CJAX_JIT_ONLY) {
