@@ -77,14 +77,14 @@ void gather_convert(const S* src, const GemmOperand& op, int64_t batch, int64_t 
 }
 
 template <class T> void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-                                  const T* B, int64_t ldb, T* C) {
+                                  const T* B, int64_t ldb, T* C, T alpha, T beta) {
   auto fa = ta ? CblasTrans : CblasNoTrans, fb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), 1.0f, A, blasint(lda), B, blasint(ldb),
-                0.0f, C, blasint(N));
+    cblas_sgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
+                beta, C, blasint(N));
   else
-    cblas_dgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), 1.0, A, blasint(lda), B, blasint(ldb), 0.0,
-                C, blasint(N));
+    cblas_dgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
+                beta, C, blasint(N));
 }
 
 // With several CPU devices, every device's worker thread calls BLAS concurrently. OpenBLAS's thread
@@ -104,12 +104,14 @@ void pin_blas_if_multi_device() {
 
 // Batched BLAS GEMM in T (float or double) on operands already of type T.
 template <class T>
-void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C) {
+void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
+              T alpha = T(1), T beta = T(0)) {
   pin_blas_if_multi_device();
   const T* a = static_cast<const T*>(A.ptr);
   const T* b = static_cast<const T*>(B.ptr);
   auto one = [&](int64_t i) {
-    blas_gemm<T>(A.trans, B.trans, M, N, K, a + i * A.batch_stride, A.ld, b + i * B.batch_stride, B.ld, C + i * M * N);
+    blas_gemm<T>(A.trans, B.trans, M, N, K, a + i * A.batch_stride, A.ld, b + i * B.batch_stride, B.ld, C + i * M * N,
+                 alpha, beta);
   };
   double work = double(M) * double(N) * double(K);
   constexpr double kSmall = 128.0 * 128.0 * 128.0;
@@ -455,43 +457,54 @@ std::vector<AbstractValue> dot_general_abstract_eval(std::span<const Array> in, 
   return {AbstractValue{out, out_dt, weak, {}}};
 }
 
-std::vector<Array> dot_general_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals,
-                                    const Params& p) {
-  const Array &lhs = in[0], &rhs = in[1];
-  auto dn = p.object<DotDimsParam>("dimension_numbers");
-  Array out = make_uninitialized(out_avals[0], concrete(lhs)->device());
-  const auto &lb = dn->lhs_batch, &rb = dn->rhs_batch, &lc = dn->lhs_contracting, &rc = dn->rhs_contracting;
+// dot_general's operands as a batched GEMM [B, M, K] x [B, K, N], viewed in place where their
+// dims allow (a transpose flag and leading dimension), else copied into canonical order.
+struct GemmProblem {
+  int64_t B = 1, M = 1, N = 1, K = 1;
+  GemmOperand A, Bop;
+  std::unique_ptr<Scratch> la, rb;
+};
+GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam& dn) {
+  const auto &lb = dn.lhs_batch, &rb = dn.rhs_batch, &lc = dn.lhs_contracting, &rc = dn.rhs_contracting;
   auto lf = free_dims(lhs.ndim(), lc, lb);
   auto rf = free_dims(rhs.ndim(), rc, rb);
   const Shape &ls = lhs.shape(), &rs = rhs.shape();
-  int64_t B = group_size(ls, lb), M = group_size(ls, lf), N = group_size(rs, rf), K = group_size(ls, lc);
-  if (out.size() == 0) return {out};
+  GemmProblem g;
+  g.B = group_size(ls, lb), g.M = group_size(ls, lf), g.N = group_size(rs, rf), g.K = group_size(ls, lc);
+  g.A = GemmOperand{raw_ptr(lhs)};
+  g.Bop = GemmOperand{raw_ptr(rhs)};
+  if (g.K == 0) return g;
   size_t es = itemsize(lhs.dtype());
-  std::unique_ptr<Scratch> la, rb_;
-  GemmOperand A{raw_ptr(lhs)}, Bop{raw_ptr(rhs)};
-  if (K > 0) {
-    // lhs as [B, M, K]: stored (lf, lc) -> no transpose; stored (lc, lf) -> transpose.
-    if (try_view(ls, lb, lf, lc, A)) {
-      A.trans = false;
-    } else if (try_view(ls, lb, lc, lf, A)) {
-      A.trans = true;
-    } else {
-      la = std::make_unique<Scratch>(size_t(lhs.size()) * es);
-      permute_copy(raw_ptr(lhs), ls, concat({&lb, &lf, &lc}), es, la->p);
-      A = GemmOperand{la->p, false, std::max<int64_t>(K, 1), M * K};
-    }
-    // rhs as [B, K, N]: stored (rc, rf) -> no transpose; stored (rf, rc) -> transpose.
-    if (try_view(rs, rb, rc, rf, Bop)) {
-      Bop.trans = false;
-    } else if (try_view(rs, rb, rf, rc, Bop)) {
-      Bop.trans = true;
-    } else {
-      rb_ = std::make_unique<Scratch>(size_t(rhs.size()) * es);
-      permute_copy(raw_ptr(rhs), rs, concat({&rb, &rc, &rf}), es, rb_->p);
-      Bop = GemmOperand{rb_->p, false, std::max<int64_t>(N, 1), K * N};
-    }
+  // lhs as [B, M, K]: stored (lf, lc) -> no transpose; stored (lc, lf) -> transpose.
+  if (try_view(ls, lb, lf, lc, g.A)) {
+    g.A.trans = false;
+  } else if (try_view(ls, lb, lc, lf, g.A)) {
+    g.A.trans = true;
+  } else {
+    g.la = std::make_unique<Scratch>(size_t(lhs.size()) * es);
+    permute_copy(raw_ptr(lhs), ls, concat({&lb, &lf, &lc}), es, g.la->p);
+    g.A = GemmOperand{g.la->p, false, std::max<int64_t>(g.K, 1), g.M * g.K};
   }
-  cpu_gemm(lhs.dtype(), out.dtype(), B, M, N, K, A, Bop, raw_ptr(out));
+  // rhs as [B, K, N]: stored (rc, rf) -> no transpose; stored (rf, rc) -> transpose.
+  if (try_view(rs, rb, rc, rf, g.Bop)) {
+    g.Bop.trans = false;
+  } else if (try_view(rs, rb, rf, rc, g.Bop)) {
+    g.Bop.trans = true;
+  } else {
+    g.rb = std::make_unique<Scratch>(size_t(rhs.size()) * es);
+    permute_copy(raw_ptr(rhs), rs, concat({&rb, &rc, &rf}), es, g.rb->p);
+    g.Bop = GemmOperand{g.rb->p, false, std::max<int64_t>(g.N, 1), g.K * g.N};
+  }
+  return g;
+}
+
+std::vector<Array> dot_general_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                    const Params& p) {
+  const Array &lhs = in[0], &rhs = in[1];
+  Array out = make_uninitialized(out_avals[0], concrete(lhs)->device());
+  if (out.size() == 0) return {out};
+  GemmProblem g = gemm_problem(lhs, rhs, *p.object<DotDimsParam>("dimension_numbers"));
+  cpu_gemm(lhs.dtype(), out.dtype(), g.B, g.M, g.N, g.K, g.A, g.Bop, raw_ptr(out));
   return {out};
 }
 
@@ -504,6 +517,44 @@ const PrimitiveDef& g_dot_general = register_primitive([] {
   return def;
 }());
 
+}  // namespace
+
+void dot_general_accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha,
+                                 const Array& acc) {
+  DType dt = acc.dtype();
+  if ((dt != DType::float32 && dt != DType::float64) || lhs.dtype() != dt || rhs.dtype() != dt)
+    throw Error(fmt::format("internal: dot_general_accumulate on {} x {} into {}; only f32 and f64 GEMMs accumulate",
+                            dtype_name(lhs.dtype()), dtype_name(rhs.dtype()), dtype_name(dt)));
+  if (acc.size() == 0) return;
+  GemmProblem g = gemm_problem(lhs, rhs, dn);
+  if (g.K == 0) return;  // acc + alpha * 0
+  if (dt == DType::float32)
+    run_blas<float>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<float*>(raw_ptr(acc)), float(alpha), 1.0f);
+  else
+    run_blas<double>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<double*>(raw_ptr(acc)), alpha, 1.0);
+}
+
+namespace {
+// acc + alpha * dot_general(lhs, rhs): introduced by jit's pass fuse_gemm_updates (an SGD step
+// `w - lr * dw` whose dw is a dot_general), never traced by users. The executable runs it in
+// place over a dying or donated acc; this impl, used otherwise, accumulates into a copy.
+const PrimitiveDef& g_dot_general_accumulate = register_primitive([] {
+  PrimitiveDef def;
+  def.name = "dot_general_accumulate";
+  def.kind = PrimKind::Linalg;
+  def.abstract_eval = [](std::span<const Array> in, const Params&) {
+    AbstractValue a = in[2].aval();
+    return std::vector<AbstractValue>{a};
+  };
+  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+    Array out = make_uninitialized(out_avals[0], concrete(in[2])->device());
+    std::memcpy(raw_ptr(out), raw_ptr(in[2]), size_t(in[2].size()) * itemsize(in[2].dtype()));
+    dot_general_accumulate_into(in[0], in[1], *p.object<DotDimsParam>("dimension_numbers"), p.get<double>("alpha"),
+                                out);
+    return std::vector<Array>{out};
+  };
+  return def;
+}());
 }  // namespace
 
 namespace prims {

@@ -43,6 +43,11 @@ struct GemmOperand {
 void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A,
               const GemmOperand& B, void* C);
 
+// acc += alpha * dot_general(lhs, rhs) in acc's buffer (BLAS with beta = 1), for f32 or f64
+// operands all of acc's dtype: the fused SGD update of jit (primitive dot_general_accumulate).
+void dot_general_accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha,
+                                 const Array& acc);
+
 }  // namespace cjax
 
 namespace cjax::prims {

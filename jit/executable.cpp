@@ -16,6 +16,7 @@
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
 #include "core/collectives.h"
+#include "core/linalg.h"
 #include "core/spmd.h"
 #include "core/parallel.h"
 #include "core/util.h"
@@ -80,7 +81,7 @@ double estimated_cost(const Jaxpr& j) {
     double out = 0;
     for (const Var& v : e.outputs) out += double(v.aval().size());
     cost += out;
-    if ((name == "dot_general" || name == "conv_general_dilated") && e.inputs.size() >= 2)
+    if (e.primitive->kind == PrimKind::Linalg && e.inputs.size() >= 2)
       cost += 2.0 * double(atom_aval(e.inputs[0]).size()) * double(atom_aval(e.inputs[1]).size()) /
               std::max(1.0, out);
     for (const auto& [pname, value] : e.params.items()) {
@@ -364,12 +365,37 @@ void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t
   for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;
 }
 
+// dot_general_accumulate (jit/passes.h fuse_gemm_updates) over an accumulator that nothing else
+// holds (an intermediate dying here, or a donated argument): BLAS adds into its buffer, which
+// becomes the output. Returns false when the accumulator must be kept (the primitive's impl then
+// accumulates into a copy).
+bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots,
+                                          std::vector<bool>& donated) const {
+  int s = instr.inputs[2];
+  if (s < 0 || std::find(instr.release.begin(), instr.release.end(), s) == instr.release.end()) return false;
+  for (int k : {instr.inputs[0], instr.inputs[1]})
+    if (k < 0 || k == s) return false;
+  Array& acc = slots[size_t(s)];
+  ConcreteArray* c = concrete(acc);
+  if (c->buffers.size() != 1 || c->buffer().use_count() != 1 || !(acc.impl_ptr().use_count() == 1 || donated[size_t(s)]))
+    return false;
+  const Array &lhs = slots[size_t(instr.inputs[0])], &rhs = slots[size_t(instr.inputs[1])];
+  if (concrete(lhs)->buffers.size() != 1 || concrete(rhs)->buffers.size() != 1) return false;
+  dot_general_accumulate_into(lhs, rhs, *instr.params.object<DotDimsParam>("dimension_numbers"),
+                              instr.params.get<double>("alpha"), acc);
+  slots[size_t(instr.outputs[0])] = Array(std::make_shared<ConcreteArray>(instr.out_avals[0], c->buffer()));
+  for (int r : instr.release) slots[size_t(r)] = Array();
+  return true;
+}
+
 void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const {
   bool profiling = profiler::enabled();
   ProfileScope timing(profiling);
   if (instr.kernel >= 0) {
     run_kernel(instr, slots, donated);
     if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
+  } else if (instr.def == gemm_update_ && run_gemm_update_in_place(instr, slots, donated)) {
+    if (profiling) timing.record(instr.def->name, name_);
   } else {
     std::vector<Array> in;
     in.reserve(instr.inputs.size());

@@ -75,6 +75,8 @@ class Executable {
                    std::vector<bool>& donated) const;
   void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
+  bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  const PrimitiveDef* gemm_update_ = find_primitive("dot_general_accumulate");
   void run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const;
   void run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const;
 

@@ -8,6 +8,10 @@
 //                    free dimensions of a dot_general's result (what the transpose rule of
 //                    dot_general emits for weight gradients) becomes the dot_general with its
 //                    operands swapped, so no transposed copy is materialized,
+//   fuse_gemm_updates : `acc - s * dot_general(a, b)` (an SGD step on a weight gradient; also
+//                    `+`, without `s`, either operand order) becomes dot_general_accumulate, one
+//                    BLAS call with beta = 1 that the executable runs in place over a dying or
+//                    donated acc: the gradient is never materialized (f32/f64, single-use dot),
 //   dce            : equations none of whose outputs is used are dropped.
 // All passes keep the jaxpr's constvars, invars and output types.
 #pragma once
@@ -21,6 +25,7 @@ std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr);
 // All of the above, in that order.
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr);

@@ -16,6 +16,7 @@
 #include "core/array_impl.h"
 #include "core/primitive.h"
 #include "jit/executable.h"
+#include "jit/passes.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -347,7 +348,9 @@ TEST_CASE("an MLP training step gives the same values compiled, unfused and eage
 }
 
 TEST_CASE("async dispatch: a 1000-step loop reading metrics one step late blocks only on the previous step" CJAX_JIT_ONLY) {
-  Array x = random::normal(random::key(70), {64, 16}), y = random::normal(random::key(71), {64, 1});
+  // Large enough not to be a cheap program (those run on the caller's thread, Executable::cheap).
+  Array x = random::normal(random::key(70), {256, 16});
+  Array y = jnp::matmul(x, random::normal(random::key(71), {16, 1}));  // learnable
   auto loss = [](const Array& w, const Array& x, const Array& y) { return jnp::mean(jnp::square(jnp::matmul(x, w) - y)); };
   auto train = [&](bool async) {
     config::set_async_dispatch(async);
@@ -421,4 +424,41 @@ TEST_CASE("the profiler records every kernel of a jit program and exports Chrome
   CHECK(json.find("\"name\":\"dot_general\"") != std::string::npos);
   CHECK_THROWS_AS(profiler::export_chrome_trace((dir / "no_such_dir" / "t.json").string()), IoError);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an SGD step on a matmul weight is one in-place BLAS call (dot_general_accumulate)" CJAX_JIT_ONLY) {
+  auto loss = [](const Array& w, const Array& x) { return jnp::sum(jnp::tanh(jnp::matmul(x, w))); };
+  auto sgd = [&](const Array& w, const Array& x) { return w - 0.1f * grad(loss)(w, x); };
+  Array x = random::normal(random::key(90), {32, 48});
+  auto fresh_w = [] { return random::normal(random::key(91), {48, 24}); };
+  std::vector<float> want = sgd(fresh_w(), x).to_vector<float>();  // eager, op by op
+
+  auto opt = optimize(*make_jaxpr(sgd)(fresh_w(), x));
+  int accumulate = 0, dots = 0;
+  for (const JaxprEqn& e : opt->eqns()) {
+    accumulate += e.primitive->name == "dot_general_accumulate";
+    dots += e.primitive->name == "dot_general";
+  }
+  CHECK(accumulate == 1);  // w + (-0.1) * x^T dy
+  CHECK(dots == 1);        // the forward matmul
+
+  // Donated: BLAS adds into w's own buffer.
+  auto step = jit(sgd, {.name = "sgd", .donate_argnums = {0}});
+  Array w = fresh_w();
+  w.block_until_ready();
+  const void* before = raw_ptr(w);
+  Array w2 = step(w, x);
+  CHECK(raw_ptr(w2) == before);
+  std::vector<float> got = w2.to_vector<float>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+
+  // Not donated: the caller's w is left as it was; the update goes to a new buffer.
+  auto keep = jit(sgd, {.name = "sgd_keep"});
+  Array w3 = fresh_w();
+  std::vector<float> w3_before = w3.to_vector<float>();
+  Array w4 = keep(w3, x);
+  CHECK(raw_ptr(w4) != raw_ptr(w3));
+  CHECK(w3.to_vector<float>() == w3_before);
+  CHECK(w4.to_vector<float>() == got);
 }
