@@ -668,7 +668,8 @@ int main(int argc, char** argv) {
     int64_t other = before.bytes_in_use - params_b - inputs_b;
     double peak_step = double(after.peak_bytes_in_use - other);
     row("MLP step peak memory (less other arrays)", fmt("%.0f KB", peak_step / 1e3),
-        "params+in+acts " + fmt("%.0f KB", double(base) / 1e3), peak_step / double(base), "-");
+        "params+in+acts " + fmt("%.0f KB", double(base) / 1e3), peak_step / double(base),
+        "<= 1.2x " + verdict(peak_step / double(base) <= 1.2));
 
     int64_t rss0 = rss_bytes();
     auto t0 = Clock::now();

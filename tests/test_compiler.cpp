@@ -312,6 +312,12 @@ TEST_CASE("CJAX_DUMP writes the jaxpr, the fusion plan and vectorized LLVM IR" C
   CHECK(ir.find("define void @cjax_k0(") != std::string::npos);
   CHECK(ir.find("<16 x float>") != std::string::npos);  // the row loops were vectorized for AVX-512
   CHECK(ir.find("call float @tanhf") == std::string::npos);  // no libm call in the kernel
+  // Softmax divides by its row sum once per row and multiplies each element by the reciprocal.
+  std::string optimized = ir.substr(ir.find("---- after optimization ----"));
+  CHECK(optimized.find("fdiv contract float 1.000000e+00") != std::string::npos);
+  std::istringstream lines(optimized);
+  for (std::string line; std::getline(lines, line);)
+    CHECK_MESSAGE(!(line.find("fdiv") != std::string::npos && line.find("broadcast.splat") != std::string::npos), line);
   std::filesystem::remove_all(dir);
 }
 

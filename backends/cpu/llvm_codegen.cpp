@@ -82,6 +82,10 @@ class KernelEmitter {
   Value* row_ = nullptr;
   Value* col_ = nullptr;
   std::unordered_map<int, Value*> row_vals_;   // row-level nodes, this row
+  // 1 / v for a floating row-level v that divides full-level values: x / v becomes x * (1 / v),
+  // one division per row instead of one per element (softmax's normalization; as PyTorch's CPU
+  // softmax does). The product is within 1.5 ulp of the quotient (the division: 0.5 ulp).
+  std::unordered_map<int, Value*> row_recips_;
   std::unordered_map<int, Value*> full_vals_;  // full-level nodes, this pass and column
 
   // ---- types ----
@@ -372,7 +376,11 @@ class KernelEmitter {
     auto arg_dtype = [&](size_t k) { return spec_.nodes[size_t(n.args[k])].dtype; };
     switch (n.op) {
       case Op::Const: return constant(n);
-      case Op::Scalar: return round_to(scalar(n.scalar_op, arg_dtype(0), a), n.dtype);
+      case Op::Scalar:
+        if (n.scalar_op == ScalarOp::Div && !n.row_level)
+          if (auto it = row_recips_.find(n.args[1]); it != row_recips_.end())
+            return round_to(b_.CreateFMul(a[0], it->second), n.dtype);
+        return round_to(scalar(n.scalar_op, arg_dtype(0), a), n.dtype);
       case Op::Convert: return round_to(convert(a[0], arg_dtype(0), n.dtype), n.dtype);
       case Op::IntegerPow: return round_to(integer_pow(a[0], n.ivalue, n.dtype), n.dtype);
       case Op::Select: {
@@ -391,6 +399,18 @@ class KernelEmitter {
     }
   }
 
+  void set_row_value(int i, Value* v) {
+    row_vals_[i] = v;
+    if (divides_full_values(i)) row_recips_[i] = b_.CreateFDiv(llvm::ConstantFP::get(v->getType(), 1.0), v);
+  }
+  bool divides_full_values(int row_node) const {
+    const KernelNode& r = spec_.nodes[size_t(row_node)];
+    if (!is_floating(compute_dtype(r.dtype))) return false;
+    for (const KernelNode& n : spec_.nodes)
+      if (n.op == Op::Scalar && n.scalar_op == ScalarOp::Div && !n.row_level && n.args[1] == row_node) return true;
+    return false;
+  }
+
   // Row-level nodes become available between passes; compute those available at `pass`.
   void emit_row_nodes(int pass) {
     for (size_t i = 0; i < spec_.nodes.size(); ++i) {
@@ -407,7 +427,7 @@ class KernelEmitter {
         // Row nodes only read row nodes: compute() takes them from row_vals_.
         v = compute(int(i), pass);
       }
-      row_vals_[int(i)] = v;
+      set_row_value(int(i), v);
     }
   }
 
@@ -464,6 +484,7 @@ class KernelEmitter {
     counted_loop(rb, re, {}, "row", [&](Value* row, const std::vector<Value*>&) {
       row_ = row;
       row_vals_.clear();
+      row_recips_.clear();
       // Offsets of this row in each input.
       in_off_.clear();
       std::vector<Value*> idx(spec_.outer.size());
@@ -519,7 +540,7 @@ class KernelEmitter {
           return next;
         });
         for (size_t k = 0; k < reduces.size(); ++k)
-          row_vals_[reduces[k]] = round_to(acc[k], spec_.nodes[size_t(reduces[k])].dtype);
+          set_row_value(reduces[k], round_to(acc[k], spec_.nodes[size_t(reduces[k])].dtype));
       }
       emit_row_nodes(spec_.num_passes);
       for (size_t o = 0; o < spec_.outputs.size(); ++o) {
