@@ -6,6 +6,7 @@
 
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
+#include "core/spmd.h"
 #include "core/visit_dtype.h"
 
 namespace cjax {
@@ -36,6 +37,10 @@ std::string AbstractValue::str() const {
 }
 
 Array make_uninitialized(AbstractValue aval, Device device) {
+  // Inside a shard_map body every value belongs to the device running it, whatever the device of
+  // the operand an op took its placement from (a collective's result combines all devices' blocks;
+  // a literal was made on the default device).
+  if (const SpmdContext* ctx = current_spmd(); ctx && ctx->mesh) device = ctx->mesh->devices()[size_t(ctx->device)];
   size_t nbytes = size_t(aval.size()) * itemsize(aval.dtype);
   auto buf = std::make_shared<Buffer>(device, nbytes);
   return Array(std::make_shared<ConcreteArray>(std::move(aval), std::move(buf)));

@@ -502,6 +502,7 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
   const auto& axes = collective_axes(p);
   std::vector<std::vector<Array>> outs(inputs.size());
   for (size_t d = 0; d < inputs.size(); ++d) {
+    SpmdScope on_device({&mesh, int64_t(d), nullptr, backward});  // results are allocated on device d
     int64_t pos = 0;
     std::vector<int64_t> members = axis_group(mesh, axes, int64_t(d), &pos);
     std::vector<Array> group;

@@ -1,5 +1,8 @@
 // Jaxpr-to-jaxpr passes run by jit before execution (DESIGN.md §7):
-//   inline_calls   : `jit` equations are replaced by their bodies (nested jits run as one program),
+//   inline_calls   : `jit`, `remat2`, `custom_jvp_call` and `custom_vjp_call` equations are replaced
+//                    by their bodies (they run as one program and fuse; remat bodies can then be
+//                    CSE'd with identical values outside them, which XLA prevents with
+//                    optimization barriers and we do not yet: a memory, not a value, difference),
 //   fold_constants : equations whose inputs are all literals and whose outputs are scalars are
 //                    evaluated at compile time and become literals,
 //   cse            : an equation identical to an earlier one (primitive, params, inputs) reuses

@@ -156,6 +156,33 @@ TEST_CASE("passes: identity transposes vanish and weight-gradient transposes fol
   CHECK(eval_jaxpr(*bopt, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>() == eval_jaxpr(*bj, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>());
 }
 
+TEST_CASE("passes: remat and custom_jvp calls are inlined so their bodies fuse") {
+  namespace jnp = cjax::numpy;
+  auto log1pexp = custom_jvp(
+      [](const Array& x) { return jnp::log1p(jnp::exp(x)); },
+      [](const std::tuple<Array>& p, const std::tuple<Array>& t) {
+        auto [x] = p;
+        auto [dx] = t;
+        return std::pair{jnp::log1p(jnp::exp(x)), dx * lax::logistic(x)};
+      });
+  auto layer = checkpoint([&](const Array& x) { return jnp::sin(log1pexp(x)) * 2.0f; });
+  auto loss = [&](const Array& x) { return jnp::sum(layer(x)); };
+  Array x = jnp::linspace(-2.0, 2.0, 7);
+  auto cj = make_jaxpr(value_and_grad(loss))(x);
+  auto opt = optimize(*cj);
+  std::function<int(const Jaxpr&)> calls = [&](const Jaxpr& j) {
+    int n = 0;
+    for (const JaxprEqn& e : j.eqns())
+      n += e.primitive->name == "remat2" || e.primitive->name == "custom_jvp_call";
+    return n;
+  };
+  CHECK(calls(*cj) > 0);
+  CHECK(calls(*opt) == 0);
+  auto want = eval_jaxpr(*cj, cj.consts, std::vector<Array>{x}), got = eval_jaxpr(*opt, cj.consts, std::vector<Array>{x});
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].to_vector<float>() == want[i].to_vector<float>());
+}
+
 TEST_CASE("donated arguments are deleted" CJAX_JIT_ONLY) {
   auto f = jit([](const Array& x) { return lax::add(x, make_scalar(1, f32)); }, {.donate_argnums = {0}});
   Array x = arr<float>({1, 2});
