@@ -19,6 +19,7 @@
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "core/array_impl.h"
+#include "core/parallel.h"
 #include "core/spmd.h"
 #include "core/visit_dtype.h"
 
@@ -494,22 +495,50 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
   throw Error(fmt::format("internal: '{}' is not a collective", def.name));
 }
 
+bool needs_all_devices(const PrimitiveDef& def) { return def.kind == PrimKind::Collective && &def != &g_pvary; }
+
 std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef& def, const Params& p,
                                                               const std::vector<std::vector<Array>>& inputs,
                                                               std::span<const AbstractValue> out_avals,
                                                               const Mesh& mesh, bool record_it, bool backward) {
   if (record_it && !inputs.empty()) record(def, p, inputs[0], out_avals, SpmdContext{&mesh, 0, nullptr, backward});
   const auto& axes = collective_axes(p);
-  std::vector<std::vector<Array>> outs(inputs.size());
-  for (size_t d = 0; d < inputs.size(); ++d) {
-    SpmdScope on_device({&mesh, int64_t(d), nullptr, backward});  // results are allocated on device d
-    int64_t pos = 0;
-    std::vector<int64_t> members = axis_group(mesh, axes, int64_t(d), &pos);
-    std::vector<Array> group;
-    if (!inputs[d].empty())
-      for (int64_t m : members) group.push_back(inputs[size_t(m)][0]);
-    outs[d] = {collective_result(def, p, group, pos)};
+  size_t n = inputs.size();
+  std::vector<std::vector<Array>> outs(n);
+  if (is_reduction(def) && n > 0 && !inputs[0].empty()) {
+    // Each group is combined once, in member order, element ranges in parallel, into every
+    // member's own output (allocated on its device): the same values, bit for bit, as one thread
+    // per device, without each member summing the whole group again.
+    std::vector<bool> done(n, false);
+    for (size_t d = 0; d < n; ++d) {
+      if (done[d]) continue;
+      std::vector<int64_t> members = axis_group(mesh, axes, int64_t(d));
+      std::vector<Array> xs, group_outs;
+      for (int64_t m : members) {
+        xs.push_back(inputs[size_t(m)][0]);
+        SpmdScope on_device({&mesh, m, nullptr, backward});
+        group_outs.push_back(make_uninitialized(local_aval(xs.back().aval()), concrete(xs.back())->device()));
+      }
+      parallel_for(group_outs[0].size(), int64_t(1) << 15,
+                   [&](int64_t lo, int64_t hi) { combine_range(combine_of(def), xs, group_outs, lo, hi); });
+      for (size_t k = 0; k < members.size(); ++k) {
+        outs[size_t(members[k])] = {group_outs[k]};
+        done[size_t(members[k])] = true;
+      }
+    }
+    return outs;
   }
+  parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
+    for (int64_t d = b; d < e; ++d) {
+      SpmdScope on_device({&mesh, d, nullptr, backward});  // results are allocated on device d
+      int64_t pos = 0;
+      std::vector<int64_t> members = axis_group(mesh, axes, d, &pos);
+      std::vector<Array> group;
+      if (!inputs[size_t(d)].empty())
+        for (int64_t m : members) group.push_back(inputs[size_t(m)][0]);
+      outs[size_t(d)] = {collective_result(def, p, group, pos)};
+    }
+  });
   return outs;
 }
 

@@ -39,6 +39,10 @@ extern const PrimitiveDef& g_pbroadcast;
 // reductions are deterministic and identical on all members. axis_index has no operands.
 Array collective_result(const PrimitiveDef& def, const Params& p, std::span<const Array> group, int64_t position);
 
+// A collective whose result depends on other devices' blocks (every Collective-kind primitive
+// but pvary, which only retypes its operand).
+bool needs_all_devices(const PrimitiveDef& def);
+
 // Runs the collective `def` for every device of `mesh` at once, on the caller's thread:
 // `inputs[d]` are device d's operands, the result's [d] its outputs. Used where all devices'
 // blocks are at hand (the eager ShardMapTrace, lockstep SPMD runs). With `record`, the

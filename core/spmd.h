@@ -107,11 +107,11 @@ class Jaxpr;
 
 // Runs `body` (no constvars) once per device of `mesh`, device d on inputs[d]; returns each
 // device's outputs. Implemented by the jit layer (it compiles the body once); the shard_map
-// primitive calls it. A body runs concurrently on every device's worker, its collectives meeting
-// through one communicator; a cheap body (a few thousand scalar operations, no effects, no
-// collective inside control flow) instead runs in lockstep on the caller's thread, each
-// instruction for every device in turn (Executable::run_lockstep): on a 2-core machine waking 8
-// workers costs ~100 us, the body itself ~5 us. CJAX_SPMD_THREADS=1 turns lockstep off.
+// primitive calls it. Bodies without effects and without collectives inside control flow run in
+// lockstep (Executable::run_lockstep): each instruction for every device, on the thread pool, a
+// collective once for all devices. The others run concurrently on every device's worker thread,
+// their collectives meeting through one communicator (with a timeout instead of a hang).
+// CJAX_SPMD_THREADS=1 runs every body on the device workers.
 using SpmdRunner = std::vector<std::vector<Array>> (*)(const std::shared_ptr<const Jaxpr>& body, const Mesh& mesh,
                                                        const std::vector<ManualAxis>& axes,
                                                        std::vector<std::vector<Array>> inputs);

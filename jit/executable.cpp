@@ -431,15 +431,17 @@ std::vector<Array> Executable::run(std::span<const Array> args, std::span<const 
 }
 
 bool Executable::can_run_lockstep() const {
-  if (!cheap_ || has_effects_) return false;
+  if (has_effects_) return false;
   for (const Instr& instr : program_)
     if (instr.def && instr.def->kind == PrimKind::HigherOrder && contains_collective(instr.params)) return false;
   return true;
 }
 
-std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, bool backward,
+std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes,
+                                                         bool backward, bool parallel,
                                                          std::vector<std::vector<Array>> inputs) const {
   size_t n = inputs.size();
+  AxisEnvScope env(axes);
   std::vector<std::vector<Array>> slots(n);
   std::vector<std::vector<bool>> donated(n);
   for (size_t d = 0; d < n; ++d) {
@@ -449,7 +451,7 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, bool 
   TraceScope scope(eval_trace());
   std::vector<std::vector<Array>> group_in(n);
   for (const Instr& instr : program_) {
-    if (instr.def && instr.def->kind == PrimKind::Collective) {
+    if (instr.def && needs_all_devices(*instr.def)) {
       for (size_t d = 0; d < n; ++d) {
         group_in[d].clear();
         for (size_t k = 0; k < instr.inputs.size(); ++k)
@@ -466,10 +468,23 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, bool 
       }
       continue;
     }
-    for (size_t d = 0; d < n; ++d) {
-      SpmdScope spmd({&mesh, int64_t(d), nullptr, backward});
-      run_instr(instr, slots[d], donated[d]);
+    if (!parallel) {
+      for (size_t d = 0; d < n; ++d) {
+        SpmdScope spmd({&mesh, int64_t(d), nullptr, backward});
+        run_instr(instr, slots[d], donated[d]);
+      }
+      continue;
     }
+    // The devices' instances of one instruction run on the thread pool (nested kernels then run
+    // serially on their pool thread: the devices are the parallelism).
+    parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
+      AxisEnvScope env(axes);
+      TraceScope eval(eval_trace());
+      for (int64_t d = b; d < e; ++d) {
+        SpmdScope spmd({&mesh, d, nullptr, backward});
+        run_instr(instr, slots[size_t(d)], donated[size_t(d)]);
+      }
+    });
   }
   std::vector<std::vector<Array>> outs(n);
   for (size_t d = 0; d < n; ++d) outs[d] = collect_outputs(slots[d]);

@@ -50,8 +50,7 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
     ++spmd_run_stats().lockstep;
     std::vector<ManualAxis> run_axes = axes;
     for (ManualAxis& a : run_axes) a.check_vma = false;
-    AxisEnvScope env(run_axes);
-    return exe->run_lockstep(mesh, backward, std::move(inputs));
+    return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
   }
   ++spmd_run_stats().threaded;
   std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));

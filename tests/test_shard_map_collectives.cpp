@@ -428,7 +428,7 @@ TEST_CASE("transposes over two axes in both orders: the vjp and jvp Jacobians ag
         [](const Array& b) { return lax::all_gather(b, {"j", "i"}, {.tiled = true}); }, x8, P("i"));
 }
 
-TEST_CASE("cheap staged bodies run in lockstep on the caller's thread, bit-identical to the threaded run" CJAX_JIT_ONLY) {
+TEST_CASE("staged bodies run in lockstep, bit-identical to one thread per device" CJAX_JIT_ONLY) {
   Mesh mesh = mesh_ij();
   // Every collective kind once, on blocks small enough for the lockstep path.
   auto body = [](const Array& x) {
@@ -459,8 +459,22 @@ TEST_CASE("cheap staged bodies run in lockstep on the caller's thread, bit-ident
   INFO(fmt::format("{}", fmt::join(kinds, " ")));
   CHECK(kinds == std::vector<std::string>{"psum", "all_gather", "ppermute", "axis_index", "pmax", "reduce_scatter",
                                           "all_to_all"});
-  // A body with a collective inside control flow, or a large one, keeps one thread per device.
-  auto big = jit(shard_map([](const Array& v) { return lax::psum(v * 2.0f, "i"); }, mesh_i(), P("i"), P()));
-  big(jnp::ones({4 * 4096})).block_until_ready();
+  // A large body runs in lockstep too, its devices' instructions spread over the thread pool.
+  auto big = jit(shard_map([](const Array& v) { return lax::psum(jnp::sin(v) * 2.0f, "i"); }, mesh_i(), P("i"), P()));
+  Array ones = jnp::ones({4 * 4096});
+  std::vector<float> big_lockstep = fv(big(ones));
+  CHECK(spmd_run_stats().lockstep == before.lockstep + 3);
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  CHECK(fv(big(ones)) == big_lockstep);
+  unsetenv("CJAX_SPMD_THREADS");
   CHECK(spmd_run_stats().threaded == before.threaded + 2);
+  // A collective inside control flow needs each device's own thread.
+  auto branchy = jit(shard_map(
+      [](const Array& v) {
+        return lax::cond(lax::axis_index("i") == 0, [](const Array& u) { return lax::psum(u, "i"); },
+                         [](const Array& u) { return lax::psum(u * 2.0f, "i"); }, v);
+      },
+      mesh_i(), P("i"), P(), {.check_vma = false}));
+  CHECK(fv(branchy(jnp::ones({4}))) == std::vector<float>{7.0f});
+  CHECK(spmd_run_stats().threaded == before.threaded + 3);
 }
