@@ -24,7 +24,7 @@ EqnClass classify(const JaxprEqn& e) {
   const std::string& n = p.name;
   if (n == "convert_element_type")
     return atom_aval(e.inputs[0]).dtype == e.outputs[0].aval().dtype ? EqnClass::Alias : EqnClass::Elementwise;
-  if (n == "select_n" || n == "integer_pow") return EqnClass::Elementwise;
+  if (n == "select_n" || n == "integer_pow" || n == "add_any") return EqnClass::Elementwise;
   if (n == "stop_gradient") return EqnClass::Alias;
   if (n == "broadcast_in_dim") return EqnClass::Broadcast;
   if (n == "reshape" || n == "squeeze") return EqnClass::Reshape;
@@ -289,6 +289,8 @@ class Planner {
     n.args = std::move(args);
     if (e.primitive->scalar_op) {
       n.scalar_op = *e.primitive->scalar_op;
+    } else if (name == "add_any") {  // cotangent accumulation: an add of two values of one type
+      n.scalar_op = ScalarOp::Add;
     } else if (name == "convert_element_type") {
       n.op = KernelNode::Op::Convert;
     } else if (name == "select_n") {

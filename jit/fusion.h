@@ -4,7 +4,8 @@
 //
 // What fuses, greedily in program order:
 //  * elementwise primitives of the scalar-op table (all but erf_inv and lgamma, which run their
-//    library kernels), convert_element_type, select_n, integer_pow, clamp and stop_gradient
+//    library kernels), convert_element_type, select_n, integer_pow, clamp, stop_gradient and
+//    add_any (autodiff's cotangent accumulation)
 //    join the group that produces one of their operands when their shape is the group's domain
 //    (or, after a reduction, the group's row shape), else start a new group;
 //  * broadcast_in_dim is never materialized when a group can read its operand with a strided

@@ -468,3 +468,17 @@ TEST_CASE("an SGD step on a matmul weight is one in-place BLAS call (dot_general
   CHECK(w3.to_vector<float>() == w3_before);
   CHECK(w4.to_vector<float>() == got);
 }
+
+TEST_CASE("cotangent accumulation (add_any) fuses with its neighbours" CJAX_JIT_ONLY) {
+  // x feeds two branches: grad sums their cotangents with add_any.
+  auto f = [](const Array& x) { return jnp::sum(jnp::sin(x) * jnp::cos(x) + jnp::tanh(x)); };
+  Array x = random::normal(random::key(95), {64, 32});
+  auto traced = make_jaxpr(grad(f))(x);
+  int add_any = 0;
+  for (const JaxprEqn& e : traced->eqns()) add_any += e.primitive->name == "add_any";
+  REQUIRE(add_any > 0);
+  Executable exe(traced, "grad_f");
+  for (const PlanStep& s : exe.plan().steps)
+    if (s.kernel < 0) CHECK(s.eqn.primitive->name != "add_any");
+  check_same(exe.run(std::vector<Array>{x})[0], grad(f)(x), 1e-6, "fused add_any");
+}
