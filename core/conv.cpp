@@ -269,8 +269,8 @@ void conv_kernel(const Array& lhs, const Array& rhs, const Array& out, const Par
         }
       });
       for (int64_t gi = 0; gi < g.G; ++gi) {
-        GemmOperand A{w.data() + gi * Og * Kc, false, Kc, 0};
-        GemmOperand B{col.data() + gi * Kc * P, false, P, 0};
+        GemmOperand A{w.data() + gi * Og * Kc, false, Kc, 0, {}};
+        GemmOperand B{col.data() + gi * Kc * P, false, P, 0, {}};
         cpu_gemm(dtype_v<CT>, dtype_v<CT>, 1, Og, P, Kc, A, B, outc + (n * g.O + gi * Og) * P);
       }
     }

@@ -63,7 +63,7 @@ void gather_convert(const S* src, const GemmOperand& op, int64_t batch, int64_t 
   parallel_for(nrows, grain, [&](int64_t b0, int64_t e0) {
     for (int64_t br = b0; br < e0; ++br) {
       int64_t b = br / rows, r = br % rows;
-      const S* base = src + b * op.batch_stride;
+      const S* base = src + op.batch_offset(b);
       D* out = dst + br * cols;
       if (!op.trans) {
         const S* row = base + r * op.ld;
@@ -110,7 +110,7 @@ void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand&
   const T* a = static_cast<const T*>(A.ptr);
   const T* b = static_cast<const T*>(B.ptr);
   auto one = [&](int64_t i) {
-    blas_gemm<T>(A.trans, B.trans, M, N, K, a + i * A.batch_stride, A.ld, b + i * B.batch_stride, B.ld, C + i * M * N,
+    blas_gemm<T>(A.trans, B.trans, M, N, K, a + A.batch_offset(i), A.ld, b + B.batch_offset(i), B.ld, C + i * M * N,
                  alpha, beta);
   };
   double work = double(M) * double(N) * double(K);
@@ -170,7 +170,8 @@ template <class T> void int_gemm(int64_t batch, int64_t M, int64_t N, int64_t K,
 }
 
 bool is_canonical(const GemmOperand& op, int64_t batch, int64_t rows, int64_t cols) {
-  return !op.trans && (rows <= 1 || op.ld == cols) && (batch <= 1 || op.batch_stride == rows * cols);
+  return !op.trans && (rows <= 1 || op.ld == cols) &&
+         (batch <= 1 || (op.batch_dims.empty() && op.batch_stride == rows * cols));
 }
 
 template <class T> void store_convert(const T* src, void* dst, DType out, int64_t n) {
@@ -215,8 +216,8 @@ void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t 
           gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<CT*>(sa->p));
           gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<CT*>(sb->p));
         });
-        a = GemmOperand{sa->p, false, K, M * K};
-        b = GemmOperand{sb->p, false, N, K * N};
+        a = GemmOperand{sa->p, false, K, M * K, {}};
+        b = GemmOperand{sb->p, false, N, K * N, {}};
       }
       CT* c = static_cast<CT*>(C);
       if (out != ct) {
@@ -296,15 +297,19 @@ bool try_view(const Shape& shape, const std::vector<int64_t>& batch, const std::
               const std::vector<int64_t>& inner, GemmOperand& op) {
   auto strides = row_major_strides(shape);
   int64_t si, so, sb;
-  if (!collapse(shape, strides, inner, si) || !collapse(shape, strides, outer, so) ||
-      !collapse(shape, strides, batch, sb))
-    return false;
+  if (!collapse(shape, strides, inner, si) || !collapse(shape, strides, outer, so)) return false;
   int64_t ninner = group_size(shape, inner);
   if (si != 0 && si != 1) return false;
   int64_t ld = so == 0 ? std::max<int64_t>(1, ninner) : so;
   if (ld < std::max<int64_t>(1, ninner)) return false;
   op.ld = ld;
-  op.batch_stride = sb;
+  op.batch_dims.clear();
+  if (collapse(shape, strides, batch, sb)) {
+    op.batch_stride = sb;
+  } else {  // batch dims interleaved with the matrix dims: one (extent, stride) per batch dim
+    op.batch_stride = 0;
+    for (int64_t d : batch) op.batch_dims.emplace_back(shape[size_t(d)], strides[size_t(d)]);
+  }
   return true;
 }
 
@@ -483,7 +488,7 @@ GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam&
   } else {
     g.la = std::make_unique<Scratch>(size_t(lhs.size()) * es);
     permute_copy(raw_ptr(lhs), ls, concat({&lb, &lf, &lc}), es, g.la->p);
-    g.A = GemmOperand{g.la->p, false, std::max<int64_t>(g.K, 1), g.M * g.K};
+    g.A = GemmOperand{g.la->p, false, std::max<int64_t>(g.K, 1), g.M * g.K, {}};
   }
   // rhs as [B, K, N]: stored (rc, rf) -> no transpose; stored (rf, rc) -> transpose.
   if (try_view(rs, rb, rc, rf, g.Bop)) {
@@ -493,7 +498,7 @@ GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam&
   } else {
     g.rb = std::make_unique<Scratch>(size_t(rhs.size()) * es);
     permute_copy(raw_ptr(rhs), rs, concat({&rb, &rc, &rf}), es, g.rb->p);
-    g.Bop = GemmOperand{g.rb->p, false, std::max<int64_t>(g.N, 1), g.K * g.N};
+    g.Bop = GemmOperand{g.rb->p, false, std::max<int64_t>(g.N, 1), g.K * g.N, {}};
   }
   return g;
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/primitive.h"
@@ -28,12 +29,24 @@ struct ConvDimsParam final : ParamObject {
 };
 
 // One operand of a batched GEMM, as a strided matrix view: element (b, r, c) of the logical
-// matrix op(X)[b] lives at ptr + b * batch_stride + (trans ? c * ld + r : r * ld + c).
+// matrix op(X)[b] lives at ptr + batch_offset(b) + (trans ? c * ld + r : r * ld + c).
 struct GemmOperand {
   const void* ptr = nullptr;
   bool trans = false;
   int64_t ld = 1;
   int64_t batch_stride = 0;
+  // When the batch dims do not form one progression in memory (attention's [b, s, n, h] operands
+  // batched over (b, n)): (extent, stride) per batch dim, the first most significant.
+  std::vector<std::pair<int64_t, int64_t>> batch_dims = {};
+  int64_t batch_offset(int64_t b) const {
+    if (batch_dims.empty()) return b * batch_stride;
+    int64_t off = 0;
+    for (size_t i = batch_dims.size(); i-- > 0;) {
+      off += (b % batch_dims[i].first) * batch_dims[i].second;
+      b /= batch_dims[i].first;
+    }
+    return off;
+  }
 };
 
 // C[b] (M x N, row major, contiguous) = op(A)[b] (M x K) * op(B)[b] (K x N) for b < batch.

@@ -148,6 +148,25 @@ TEST_CASE("dot_general batched small and large against a naive reference") {
   check_close(vals(ci), ref_bmm(vals(ai), vals(bi), 3, 40, 50, 30), 0);
 }
 
+TEST_CASE("dot_general attention layouts: batch dims interleaved with matrix dims, no copy") {
+  // q [b, s, n, h] x k [b, t, n, h] -> [b, n, s, t], batched over (b, n): each operand is a
+  // strided view (two batch strides, ld = n*h), in f32 and f64, against transposed copies.
+  for (DType dt : {f32, f64}) {
+    const int64_t b = 3, s = 5, t = 7, n = 4, h = 6;
+    Array q = seq({b, s, n, h}, 11, 5, dt), k = seq({b, t, n, h}, 13, 6, dt);
+    Array scores = lax::dot_general(q, k, DN{{{3}, {3}}, {{0, 2}, {0, 2}}});
+    CHECK(scores.shape() == Shape{b, n, s, t});
+    Array qc = lax::transpose(q, {0, 2, 1, 3}).reshape({b * n, s, h});
+    Array kc = lax::transpose(k, {0, 2, 3, 1}).reshape({b * n, h, t});
+    check_close(vals(scores), ref_bmm(vals(qc), vals(kc), b * n, s, h, t), 1e-6);
+    // probabilities [b, n, s, t] x v [b, t, n, h] -> [b, n, s, h]
+    Array v = seq({b, t, n, h}, 7, 3, dt);
+    Array out = lax::dot_general(scores, v, DN{{{3}, {1}}, {{0, 1}, {0, 2}}});
+    Array vc = lax::transpose(v, {0, 2, 1, 3}).reshape({b * n, t, h});
+    check_close(vals(out), ref_bmm(vals(scores), vals(vc), b * n, s, t, h), 1e-6);
+  }
+}
+
 TEST_CASE("dot_general parameters print like JAX") {
   DotDimsParam p;
   p.lhs_contracting = {1};
