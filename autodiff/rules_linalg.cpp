@@ -334,11 +334,73 @@ BatchOut conv_batch(std::span<const Array> a, std::span<const int> bd, const Bat
   return {{out}, {int(of)}};
 }
 
+// dot_general_accumulate: jit's fused `acc + alpha * dot_general(lhs, rhs)` (jit/passes.h
+// fuse_gemm_updates), found only in optimized jaxprs. Its rules are those of that expansion,
+// built on dot_general's.
+Params dot_params_of(const Params& p) {
+  return Params{{"dimension_numbers", p.at("dimension_numbers")},
+                {"out_sharding", std::monostate{}},
+                {"precision", std::monostate{}},
+                {"preferred_element_type", std::monostate{}}};
+}
+Array scaled(const Array& x, double alpha) { return x * make_scalar(alpha, x.dtype(), true); }
+
+JvpOut dot_accumulate_jvp(std::span<const Array> p, std::span<const Array> t, const Params& params) {
+  Array out = bind1(*find_primitive("dot_general_accumulate"), p, params);
+  Params dp = dot_params_of(params);
+  Array a = t[0].defined() ? bind1(prims::dot_general(), {t[0], p[1]}, dp) : Array();
+  Array b = t[1].defined() ? bind1(prims::dot_general(), {p[0], t[1]}, dp) : Array();
+  Array d = add_tangents(a, b);
+  return JvpOut{{out}, {add_tangents(t[2], d.defined() ? scaled(d, params.get<double>("alpha")) : Array())}};
+}
+
+std::vector<Array> dot_accumulate_transpose(std::span<const Array> cts, std::span<const Array> args,
+                                            const Params& params) {
+  std::vector<Array> r(3);
+  if (!cts[0].defined()) return r;
+  if (is_undefined_primal(args[2])) r[2] = cts[0];
+  if (is_undefined_primal(args[0]) || is_undefined_primal(args[1])) {
+    Array ct = scaled(cts[0], params.get<double>("alpha"));
+    std::vector<Array> ab = dot_general_transpose(std::span<const Array>(&ct, 1), args.first(2), dot_params_of(params));
+    r[0] = ab[0];
+    r[1] = ab[1];
+  }
+  return r;
+}
+
+// Every operand batched at 0; the new leading dim is one more batch dim of the contraction,
+// and the output's batch dims come first, so acc's dim 0 lines up.
+BatchOut dot_accumulate_batch(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
+                              const Params& params) {
+  std::vector<Array> moved;
+  for (size_t i = 0; i < 3; ++i) moved.push_back(move_bdim(args[i], bdims[i], 0, axis.size));
+  auto dn = params.object<DotDimsParam>("dimension_numbers");
+  auto shifted = std::make_shared<DotDimsParam>();
+  auto shift = [](const std::vector<int64_t>& v) {
+    std::vector<int64_t> out;
+    for (int64_t d : v) out.push_back(d + 1);
+    return out;
+  };
+  shifted->lhs_contracting = shift(dn->lhs_contracting);
+  shifted->rhs_contracting = shift(dn->rhs_contracting);
+  shifted->lhs_batch = shift(dn->lhs_batch);
+  shifted->rhs_batch = shift(dn->rhs_batch);
+  shifted->lhs_batch.insert(shifted->lhs_batch.begin(), 0);
+  shifted->rhs_batch.insert(shifted->rhs_batch.begin(), 0);
+  Params p = params;
+  p.set("dimension_numbers", std::shared_ptr<const ParamObject>(std::move(shifted)));
+  return BatchOut{{bind1(*find_primitive("dot_general_accumulate"), moved, p)}, {0}};
+}
+
 const bool registered = add_rule_initializer([] {
   PrimitiveRules& dot = define_rules("dot_general");
   dot.jvp = dot_general_jvp;
   dot.transpose = dot_general_transpose;
   dot.batch = dot_general_batch;
+  PrimitiveRules& acc = define_rules("dot_general_accumulate");
+  acc.jvp = dot_accumulate_jvp;
+  acc.transpose = dot_accumulate_transpose;
+  acc.batch = dot_accumulate_batch;
   PrimitiveRules& conv = define_rules("conv_general_dilated");
   conv.jvp = conv_jvp;
   conv.transpose = conv_transpose;

@@ -20,6 +20,7 @@
 #include "cjax/lax.h"
 #include "core/array_impl.h"
 #include "core/scalar_fns.h"
+#include "core/spmd.h"
 #include "core/parallel.h"
 #include "core/visit_dtype.h"
 
@@ -547,9 +548,17 @@ const PrimitiveDef& g_dot_general_accumulate = register_primitive([] {
   PrimitiveDef def;
   def.name = "dot_general_accumulate";
   def.kind = PrimKind::Linalg;
-  def.abstract_eval = [](std::span<const Array> in, const Params&) {
-    AbstractValue a = in[2].aval();
-    return std::vector<AbstractValue>{a};
+  def.abstract_eval = [](std::span<const Array> in, const Params& p) {
+    if (in.size() != 3) throw ValueError(fmt::format("dot_general_accumulate takes 3 operands, got {}", in.size()));
+    Params dp{{"dimension_numbers", p.at("dimension_numbers")}, {"preferred_element_type", std::monostate{}}};
+    AbstractValue dot = dot_general_abstract_eval(in.first(2), dp)[0];
+    AbstractValue out = in[2].aval();
+    if (dot.shape != out.shape || dot.dtype != out.dtype)
+      throw ShapeError(fmt::format("dot_general_accumulate: the product is {} but the accumulator is {}", dot.str(),
+                                   out.str()));
+    for (const Array& x : in) out.vma = vma_union(out.vma, x.aval().vma);  // the standard vma rule
+    out.weak_type = false;
+    return std::vector<AbstractValue>{out};
   };
   def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
     Array out = make_uninitialized(out_avals[0], concrete(in[2])->device());

@@ -58,14 +58,8 @@ std::string kernel_label(const FusedKernel& k) {
 bool jaxpr_has_effects(const Jaxpr& j) {
   for (const JaxprEqn& e : j.eqns()) {
     if (e.primitive->effectful) return true;
-    for (const auto& [name, value] : e.params.items()) {
-      auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&value);
-      if (!obj) continue;
-      if (auto* one = dynamic_cast<const JaxprParam*>(obj->get()); one && jaxpr_has_effects(*one->jaxpr)) return true;
-      if (auto* many = dynamic_cast<const JaxprListParam*>(obj->get()))
-        for (const auto& sub : many->jaxprs)
-          if (jaxpr_has_effects(*sub)) return true;
-    }
+    for (const Jaxpr* sub : jaxprs_in_params(e.params))
+      if (jaxpr_has_effects(*sub)) return true;
   }
   return false;
 }
@@ -84,13 +78,7 @@ double estimated_cost(const Jaxpr& j) {
     if (e.primitive->kind == PrimKind::Linalg && e.inputs.size() >= 2)
       cost += 2.0 * double(atom_aval(e.inputs[0]).size()) * double(atom_aval(e.inputs[1]).size()) /
               std::max(1.0, out);
-    for (const auto& [pname, value] : e.params.items()) {
-      auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&value);
-      if (!obj) continue;
-      if (auto* one = dynamic_cast<const JaxprParam*>(obj->get())) cost += estimated_cost(*one->jaxpr);
-      if (auto* many = dynamic_cast<const JaxprListParam*>(obj->get()))
-        for (const auto& sub : many->jaxprs) cost += estimated_cost(*sub);
-    }
+    for (const Jaxpr* sub : jaxprs_in_params(e.params)) cost += estimated_cost(*sub);
   }
   return cost;
 }

@@ -225,16 +225,6 @@ template <class V> DocP pp_vars(const std::vector<V>& vs, Context& ctx, const st
 
 DocP pp_jaxpr(const Jaxpr& j, Context& ctx);
 
-std::vector<const Jaxpr*> jaxprs_in_params(const Params& params) {
-  std::vector<const Jaxpr*> out;
-  for (const auto& [k, v] : params.items())
-    if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v)) {
-      if (auto* jp = dynamic_cast<const JaxprParam*>(o->get())) out.push_back(jp->jaxpr.get());
-      if (auto* jl = dynamic_cast<const JaxprListParam*>(o->get()))
-        for (const auto& j : jl->jaxprs) out.push_back(j.get());
-    }
-  return out;
-}
 
 // JAX's pp_jaxprs: a tuple of jaxprs, one per line when it does not fit.
 DocP pp_jaxprs(const JaxprListParam& jl, Context& ctx) {
@@ -386,5 +376,16 @@ std::string ClosedJaxpr::pretty_print(int width, bool source_info) const {
 std::vector<AbstractValue> ClosedJaxpr::in_avals() const { return jaxpr->in_avals(); }
 std::vector<AbstractValue> ClosedJaxpr::out_avals() const { return jaxpr->out_avals(); }
 std::ostream& operator<<(std::ostream& os, const ClosedJaxpr& j) { return os << j.pretty_print(); }
+
+std::vector<const Jaxpr*> jaxprs_in_params(const Params& params) {
+  std::vector<const Jaxpr*> out;
+  for (const auto& [k, v] : params.items())
+    if (auto* o = std::get_if<std::shared_ptr<const ParamObject>>(&v)) {
+      if (auto* jp = dynamic_cast<const JaxprParam*>(o->get())) out.push_back(jp->jaxpr.get());
+      if (auto* jl = dynamic_cast<const JaxprListParam*>(o->get()))
+        for (const auto& j : jl->jaxprs) out.push_back(j.get());
+    }
+  return out;
+}
 
 }  // namespace cjax

@@ -116,6 +116,9 @@ struct JaxprListParam final : ParamObject {
   }
 };
 
+// The sub-jaxprs an equation's params hold (a call's body, cond's branches, ...), in param order.
+std::vector<const Jaxpr*> jaxprs_in_params(const Params& params);
+
 // Python's repr of a float ("2.0", "0.10000000149011612", "1e-05", "inf", "nan").
 std::string python_float_repr(double v);
 

@@ -241,19 +241,9 @@ Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const Partiti
 }
 
 bool contains_collective(const Params& params) {
-  std::function<bool(const Jaxpr&)> walk = [&](const Jaxpr& j) {
-    for (const JaxprEqn& e : j.eqns())
+  for (const Jaxpr* j : jaxprs_in_params(params))
+    for (const JaxprEqn& e : j->eqns())
       if (e.primitive->kind == PrimKind::Collective || contains_collective(e.params)) return true;
-    return false;
-  };
-  for (const auto& [name, v] : params.items()) {
-    auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&v);
-    if (!obj) continue;
-    if (auto* jp = dynamic_cast<const JaxprParam*>(obj->get()); jp && walk(*jp->jaxpr)) return true;
-    if (auto* jl = dynamic_cast<const JaxprListParam*>(obj->get()))
-      for (const auto& j : jl->jaxprs)
-        if (walk(*j)) return true;
-  }
   return false;
 }
 
