@@ -171,6 +171,17 @@ MlpData make_mlp_data() {
   d.labels.block_until_ready();
   return d;
 }
+// `n` chained jitted train steps (params fed forward), then a wait for the last loss.
+template <class F>
+void chained_steps(F& step, std::vector<Layer>& p, const MlpData& d, int n) {
+  Array l;
+  for (int i = 0; i < n; ++i) {
+    auto [li, pi] = step(p, d.x, d.labels);
+    p = std::move(pi);
+    l = li;
+  }
+  l.block_until_ready();
+}
 // A deep copy (the jitted step donates its params).
 std::vector<Layer> copy_params(const std::vector<Layer>& p) {
   return tree::map([](const Array& a) { return jnp::array(a.to_vector<float>(), a.shape()); }, p);
@@ -323,18 +334,7 @@ int cpu_child() {
   auto step = jit(train_step, {.name = "train_step", .donate_argnums = {0}});
   std::vector<Layer> p = std::move(d.params);
   const int steps = 200;
-  double t_cjax = cpu_median(
-                      [&] {
-                        Array l;
-                        for (int i = 0; i < steps; ++i) {
-                          auto [li, pi] = step(p, d.x, d.labels);
-                          p = std::move(pi);
-                          l = li;
-                        }
-                        l.block_until_ready();
-                      },
-                      7) /
-                  steps;
+  double t_cjax = cpu_median([&] { chained_steps(step, p, d, steps); }, 7) / steps;
   double t_blas = cpu_median(
                       [&] {
                         for (int i = 0; i < steps; ++i) blas.step(xb.data(), labels.data());
@@ -483,20 +483,7 @@ int main(int argc, char** argv) {
 
     const int n = 200;
     // Seconds per step of `n` chained steps (params fed forward), waiting for the last loss.
-    auto time_steps = [&](auto& f, int reps) {
-      return time_median(
-                 [&] {
-                   Array l;
-                   for (int i = 0; i < n; ++i) {
-                     auto [li, pi] = f(p, d.x, d.labels);
-                     p = std::move(pi);
-                     l = li;
-                   }
-                   l.block_until_ready();
-                 },
-                 reps) /
-             n;
-    };
+    auto time_steps = [&](auto& f, int reps) { return time_median([&] { chained_steps(f, p, d, n); }, reps) / n; };
     double t_cjax = time_steps(step, 7);
     double t_blas = time_median(
                         [&] {
@@ -674,13 +661,7 @@ int main(int argc, char** argv) {
     int64_t rss0 = rss_bytes();
     auto t0 = Clock::now();
     const int steps = 10000;
-    Array l;
-    for (int i = 0; i < steps; ++i) {
-      auto [li, pi] = step(p, d.x, d.labels);
-      p = std::move(pi);
-      l = li;
-    }
-    l.block_until_ready();
+    chained_steps(step, p, d, steps);
     double t = seconds_since(t0);
     int64_t rss1 = rss_bytes();
     double growth = double(rss1 - rss0) / double(rss0);

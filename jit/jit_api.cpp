@@ -255,6 +255,16 @@ void drain_in_flight() {
   }
 }
 
+// The program's outputs as arrays that get their buffers when `pending` finishes.
+std::vector<std::shared_ptr<ConcreteArray>> pending_outputs(const Compiled& c, const std::shared_ptr<PendingValue>& pending) {
+  std::vector<std::shared_ptr<ConcreteArray>> out;
+  for (AbstractValue av : c.executable.jaxpr().out_avals()) {
+    av.vma.clear();
+    out.push_back(std::make_shared<ConcreteArray>(std::move(av), pending));
+  }
+  return out;
+}
+
 std::vector<Array> dispatch(const Compiled& c, const std::string& name, const std::vector<Array>& leaves,
                             const std::vector<size_t>& donated) {
   // A donated buffer changes hands now: calls dispatched earlier that still read it must finish
@@ -297,13 +307,8 @@ std::vector<Array> dispatch(const Compiled& c, const std::string& name, const st
     pending->sequence = next_dispatch_sequence();
     f.calls.push_back(pending);
   }
-  std::vector<Array> outs;
-  std::vector<std::shared_ptr<ConcreteArray>> targets;
-  for (AbstractValue av : c.executable.jaxpr().out_avals()) {
-    av.vma.clear();
-    targets.push_back(std::make_shared<ConcreteArray>(std::move(av), pending));
-    outs.emplace_back(targets.back());
-  }
+  std::vector<std::shared_ptr<ConcreteArray>> targets = pending_outputs(c, pending);
+  std::vector<Array> outs(targets.begin(), targets.end());
   std::shared_ptr<const Compiled> keep = c.shared_from_this();
   submit_to_dispatch_queue(device.value_or(default_device()),
                            [keep, args = std::move(args), donated, targets, pending, name]() mutable {
@@ -345,12 +350,8 @@ std::vector<Array> run_inline(const Compiled& c, const std::string& name, const 
     auto failed = std::make_shared<PendingValue>();
     failed->sequence = next_dispatch_sequence();
     failed->finish(with_context(std::current_exception(), fmt::format("jit '{}': ", name)));
-    std::vector<Array> outs;
-    for (AbstractValue av : c.executable.jaxpr().out_avals()) {
-      av.vma.clear();
-      outs.emplace_back(std::make_shared<ConcreteArray>(std::move(av), failed));
-    }
-    return outs;
+    std::vector<std::shared_ptr<ConcreteArray>> targets = pending_outputs(c, failed);
+    return std::vector<Array>(targets.begin(), targets.end());
   }
 }
 
