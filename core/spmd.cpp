@@ -131,10 +131,11 @@ namespace {
 SpmdRunner g_runner = nullptr;
 }
 void set_spmd_runner(SpmdRunner runner) { g_runner = runner; }
-SpmdRunStats& spmd_run_stats() {
-  static SpmdRunStats stats;
-  return stats;
-}
+namespace {
+std::atomic<int64_t> g_lockstep_runs{0}, g_threaded_runs{0};  // runs happen on several threads
+}  // namespace
+SpmdRunStats spmd_run_stats() { return {g_lockstep_runs.load(), g_threaded_runs.load()}; }
+void count_spmd_run(bool lockstep) { ++(lockstep ? g_lockstep_runs : g_threaded_runs); }
 SpmdRunner spmd_runner() {
   if (!g_runner) throw BackendError("no SPMD runner is linked in: the jit layer provides it");
   return g_runner;

@@ -120,5 +120,6 @@ SpmdRunner spmd_runner();  // raises BackendError if no runner was linked in
 struct SpmdRunStats {
   int64_t lockstep = 0, threaded = 0;
 };
-SpmdRunStats& spmd_run_stats();  // counts of runs by kind (for tests)
+SpmdRunStats spmd_run_stats();  // counts of runs by kind so far (for tests)
+void count_spmd_run(bool lockstep);
 }  // namespace cjax

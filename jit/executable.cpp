@@ -118,6 +118,9 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
     for (const JaxprEqn& e : j.eqns()) plan_.steps.push_back({-1, e});
   }
   lower_to_program();
+  lockstep_ = !has_effects_ && std::none_of(program_.begin(), program_.end(), [](const Instr& i) {
+    return i.def && i.def->kind == PrimKind::HigherOrder && contains_collective(i.params);
+  });
   std::string dir = dump_dir();
   std::string ir;
   if (!plan_.kernels.empty()) {
@@ -418,12 +421,6 @@ std::vector<Array> Executable::run(std::span<const Array> args, std::span<const 
   return collect_outputs(slots);
 }
 
-bool Executable::can_run_lockstep() const {
-  if (has_effects_) return false;
-  for (const Instr& instr : program_)
-    if (instr.def && instr.def->kind == PrimKind::HigherOrder && contains_collective(instr.params)) return false;
-  return true;
-}
 
 std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes,
                                                          bool backward, bool parallel,

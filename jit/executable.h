@@ -47,7 +47,7 @@ class Executable {
   // transformer sample: +20%). `can_run_lockstep()` says whether the body qualifies: no effects
   // (debug prints keep their per-device order on threads) and no collective inside control flow
   // (a device's branch or trip count decides which collectives it reaches).
-  bool can_run_lockstep() const;
+  bool can_run_lockstep() const { return lockstep_; }
   // `axes`: the manual axes bound while it runs. With `parallel`, each instruction's per-device
   // instances run on the thread pool.
   std::vector<std::vector<Array>> run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes, bool backward,
@@ -107,6 +107,7 @@ class Executable {
   std::vector<std::unique_ptr<LazyVariant>> out_of_place_;  // per kernel
   bool has_effects_ = false;
   bool cheap_ = false;
+  bool lockstep_ = false;
 };
 
 // Fusion and code generation on (default) or off (CJAX_DISABLE_FUSION=1: every equation runs its

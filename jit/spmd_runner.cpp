@@ -46,20 +46,16 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   std::shared_ptr<const Executable> exe = executable_for(body, axes);
   size_t n = size_t(mesh.size());
   bool backward = is_transposed_body(body.get());
-  if (exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS")) {
-    ++spmd_run_stats().lockstep;
-    std::vector<ManualAxis> run_axes = axes;
-    for (ManualAxis& a : run_axes) a.check_vma = false;
-    return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
-  }
-  ++spmd_run_stats().threaded;
-  std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
-  std::vector<std::vector<Array>> outs(n);
-  std::vector<std::exception_ptr> errors(n);
   // At run time values are concrete (their types carry no varying axes): the axes are bound for
   // the collectives' kernels, with the type checks already done when the body was traced.
   std::vector<ManualAxis> run_axes = axes;
   for (ManualAxis& a : run_axes) a.check_vma = false;
+  bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS");
+  count_spmd_run(lockstep);
+  if (lockstep) return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
+  std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
+  std::vector<std::vector<Array>> outs(n);
+  std::vector<std::exception_ptr> errors(n);
   std::atomic<int64_t> first_failure{-1};
   std::vector<std::future<void>> done;
   done.reserve(n);
