@@ -132,7 +132,8 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
     std::filesystem::create_directories(dir);
-    std::string base = fmt::format("{}/{:04d}.{}", dir, counter++, name_);
+    dump_base_ = fmt::format("{}/{:04d}.{}", dir, counter++, name_);
+    const std::string& base = dump_base_;
     write_file(base + ".jaxpr.txt", j.pretty_print());
     std::string fusion = plan_.describe() + "\n";
     for (const FusedKernel& k : plan_.kernels) fusion += k.spec.name + ": " + k.spec.canonical() + "\n";
@@ -261,7 +262,9 @@ KernelFn Executable::out_of_place_variant(int kernel) const {
     fresh.name += "_out_of_place";
     for (KernelOutput& o : fresh.outputs) o.in_place_of = -1;
     const KernelSpec* one = &fresh;
-    v.compiled = compile_kernels(std::span<const KernelSpec* const>(&one, 1));
+    std::string ir;
+    v.compiled = compile_kernels(std::span<const KernelSpec* const>(&one, 1), dump_base_.empty() ? nullptr : &ir);
+    if (!ir.empty()) write_file(dump_base_ + "." + fresh.name + ".ll", ir);
   });
   return v.compiled.fns[0];
 }

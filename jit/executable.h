@@ -105,6 +105,7 @@ class Executable {
     CompiledKernels compiled;
   };
   std::vector<std::unique_ptr<LazyVariant>> out_of_place_;  // per kernel
+  std::string dump_base_;  // CJAX_DUMP: path prefix of this executable's files, else empty
   bool has_effects_ = false;
   bool cheap_ = false;
   bool lockstep_ = false;

@@ -294,6 +294,45 @@ TEST_CASE("the kernel cache serves compiled code from memory and from disk") {
   std::filesystem::remove_all(dir);
 }
 
+// The LLVM IR CJAX_DUMP writes for one call of jit(f) named `name` (with that of the lazily
+// compiled out-of-place variants: x stays alive, so in-place kernels run out of place).
+template <class F> std::string dumped_ir(const std::string& name, F f, const Array& x) {
+  auto dir = fresh_dir("dump_" + name);
+  setenv("CJAX_DUMP", dir.c_str(), 1);
+  jit(f, {.name = name})(x).block_until_ready();
+  unsetenv("CJAX_DUMP");
+  std::string ir;
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().find(name + ".") != std::string::npos && e.path().extension() == ".ll")
+      ir += read(e.path());
+  std::filesystem::remove_all(dir);
+  return ir;
+}
+
+TEST_CASE("kernels writing more than 16 MB of fresh output use streaming stores, with the eager values" CJAX_JIT_ONLY) {
+  auto softmax = [](const Array& x) { return nn::softmax(x); };
+  // 4099 columns: rows start at every alignment, so each row has a scalar head and tail around
+  // the aligned vector loop.
+  Array big = random::normal(random::key(70), {1031, 4099}) * 3.0f;
+  std::string ir = dumped_ir("big_softmax", softmax, big);
+  CHECK(ir.find("!nontemporal") != std::string::npos);
+  CHECK(ir.find("fence seq_cst") != std::string::npos);
+  CHECK(dumped_ir("small_softmax", softmax, random::normal(random::key(71), {256, 256})).find("!nontemporal") ==
+        std::string::npos);
+  check_same(jit(softmax)(big), softmax(big), 2e-6, "softmax f32[1031, 4099]");
+  // One long row: the runtime splits the columns over threads at arbitrary offsets.
+  Array flat = random::normal(random::key(72), {(int64_t(1) << 22) + 37});
+  CHECK(dumped_ir("big_chain", chain10, flat).find("!nontemporal") != std::string::npos);
+  check_same(jit(chain10)(flat), chain10(flat), 2e-6, "chain of 10 ops on f32[4194341]");
+  // Outputs of 1 and 2 bytes per element (bool, bfloat16) take the same path.
+  Array many = random::normal(random::key(73), {17'000'003});
+  auto positive = [](const Array& x) { return x > 0.0f; };
+  auto to_bf16 = [](const Array& x) { return (x * 2.0f).astype(DType::bfloat16); };
+  check_same(jit(positive)(many), positive(many), 0, "x > 0 into bool[17000003]");
+  Array half = random::normal(random::key(74), {9'000'001});
+  check_same(jit(to_bf16)(half), to_bf16(half), 0, "x * 2 into bfloat16[9000001]");
+}
+
 TEST_CASE("CJAX_DUMP writes the jaxpr, the fusion plan and vectorized LLVM IR" CJAX_JIT_ONLY) {
   auto dir = fresh_dir("dump");
   setenv("CJAX_DUMP", dir.c_str(), 1);

@@ -87,8 +87,14 @@ class KernelEmitter {
   // softmax does). The product is within 1.5 ulp of the quotient (the division: 0.5 ulp).
   std::unordered_map<int, Value*> row_recips_;
   std::unordered_map<int, Value*> full_vals_;  // full-level nodes, this pass and column
+  int lanes_ = 1;          // columns per full-level value: 1, or kStreamLanes in a streaming loop
+  bool streamed_ = false;  // some pass uses streaming stores: fence them before returning
 
   // ---- types ----
+  // storage_type/compute_type are element types (GEPs index by them); value types are
+  // lanes_of(...) of them: a vector of lanes_ elements inside a streaming pass, else the scalar.
+  Type* lanes_of(Type* t) const { return lanes_ > 1 ? llvm::FixedVectorType::get(t, unsigned(lanes_)) : t; }
+  Type* value_type(DType d) { return lanes_of(compute_type(d)); }
   Type* storage_type(DType d) {
     switch (d) {
       case DType::bool_: case DType::int8: case DType::uint8: return b_.getInt8Ty();
@@ -105,27 +111,34 @@ class KernelEmitter {
     if (d == DType::bfloat16 || d == DType::float16) return b_.getFloatTy();
     return storage_type(d);
   }
+  // Conversions between storage and compute values; they keep v's shape (scalar or vector).
   Value* from_storage(Value* v, DType d) {
+    Type* t = v->getType();
     switch (d) {
-      case DType::bool_: return b_.CreateICmpNE(v, b_.getInt8(0));
+      case DType::bool_: return b_.CreateICmpNE(v, iconst(t, 0));
       case DType::bfloat16:
-        return b_.CreateBitCast(b_.CreateShl(b_.CreateZExt(v, b_.getInt32Ty()), 16), b_.getFloatTy());
-      case DType::float16: return b_.CreateFPExt(b_.CreateBitCast(v, b_.getHalfTy()), b_.getFloatTy());
+        return b_.CreateBitCast(b_.CreateShl(b_.CreateZExt(v, t->getWithNewType(b_.getInt32Ty())), 16),
+                                t->getWithNewType(b_.getFloatTy()));
+      case DType::float16:
+        return b_.CreateFPExt(b_.CreateBitCast(v, t->getWithNewType(b_.getHalfTy())), t->getWithNewType(b_.getFloatTy()));
       default: return v;
     }
   }
   Value* to_storage(Value* v, DType d) {
+    Type* t = v->getType();
     switch (d) {
-      case DType::bool_: return b_.CreateZExt(v, b_.getInt8Ty());
+      case DType::bool_: return b_.CreateZExt(v, t->getWithNewType(b_.getInt8Ty()));
       case DType::bfloat16: {  // round to nearest even; NaN stays a quiet NaN (bfloat16_t::from_float)
-        Value* u = b_.CreateBitCast(v, b_.getInt32Ty());
-        Value* lsb = b_.CreateAnd(b_.CreateLShr(u, 16), b_.getInt32(1));
-        Value* rounded = b_.CreateLShr(b_.CreateAdd(u, b_.CreateAdd(b_.getInt32(0x7fff), lsb)), 16);
-        Value* nan = b_.CreateOr(b_.CreateLShr(u, 16), b_.getInt32(0x40));
-        Value* is_nan = b_.CreateICmpUGT(b_.CreateAnd(u, b_.getInt32(0x7fffffff)), b_.getInt32(0x7f800000));
-        return b_.CreateTrunc(b_.CreateSelect(is_nan, nan, rounded), b_.getInt16Ty());
+        Type* i32 = t->getWithNewType(b_.getInt32Ty());
+        Value* u = b_.CreateBitCast(v, i32);
+        Value* lsb = b_.CreateAnd(b_.CreateLShr(u, 16), iconst(i32, 1));
+        Value* rounded = b_.CreateLShr(b_.CreateAdd(u, b_.CreateAdd(iconst(i32, 0x7fff), lsb)), 16);
+        Value* nan = b_.CreateOr(b_.CreateLShr(u, 16), iconst(i32, 0x40));
+        Value* is_nan = b_.CreateICmpUGT(b_.CreateAnd(u, iconst(i32, 0x7fffffff)), iconst(i32, 0x7f800000));
+        return b_.CreateTrunc(b_.CreateSelect(is_nan, nan, rounded), t->getWithNewType(b_.getInt16Ty()));
       }
-      case DType::float16: return b_.CreateBitCast(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getInt16Ty());
+      case DType::float16:
+        return b_.CreateBitCast(b_.CreateFPTrunc(v, t->getWithNewType(b_.getHalfTy())), t->getWithNewType(b_.getInt16Ty()));
       default: return v;
     }
   }
@@ -163,38 +176,51 @@ class KernelEmitter {
     return intrinsic(is_unsigned_like(d) ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, {x, y});
   }
 
+  // The libm function (float: with an f suffix) computing `op` where it has no inline version.
+  static const char* libm_name(ScalarOp op) {
+    switch (op) {
+      case ScalarOp::Logistic: return "exp";  // 1 / (1 + exp(-x))
+      case ScalarOp::Exp: return "exp";
+      case ScalarOp::Exp2: return "exp2";
+      case ScalarOp::Log: return "log";
+      case ScalarOp::Log1p: return "log1p";
+      case ScalarOp::Expm1: return "expm1";
+      case ScalarOp::Tanh: return "tanh";
+      case ScalarOp::Sin: return "sin";
+      case ScalarOp::Cos: return "cos";
+      case ScalarOp::Tan: return "tan";
+      case ScalarOp::Asin: return "asin";
+      case ScalarOp::Acos: return "acos";
+      case ScalarOp::Atan: return "atan";
+      case ScalarOp::Sinh: return "sinh";
+      case ScalarOp::Cosh: return "cosh";
+      case ScalarOp::Asinh: return "asinh";
+      case ScalarOp::Acosh: return "acosh";
+      case ScalarOp::Atanh: return "atanh";
+      case ScalarOp::Cbrt: return "cbrt";
+      case ScalarOp::Erf: return "erf";
+      case ScalarOp::Erfc: return "erfc";
+      case ScalarOp::Pow: return "pow";
+      case ScalarOp::Atan2: return "atan2";
+      case ScalarOp::Nextafter: return "nextafter";
+      default: return nullptr;
+    }
+  }
+  // True when `op` on `dtype` values is a libm call per element (no inline version).
+  bool calls_libm(ScalarOp op, DType dtype) {
+    return libm_name(op) && !cpu::has_math_approx(op, compute_type(compute_dtype(dtype)));
+  }
+
   Value* transcendental(ScalarOp op, std::vector<Value*> a) {
     if (Value* v = cpu::emit_math_approx(b_, op, a)) return v;
-    switch (op) {
-      case ScalarOp::Logistic: {
-        Value* one = fconst(a[0]->getType(), 1.0);
-        return b_.CreateFDiv(one, b_.CreateFAdd(one, libm("exp", {b_.CreateFNeg(a[0])})));
-      }
-      case ScalarOp::Exp: return libm("exp", a);
-      case ScalarOp::Exp2: return libm("exp2", a);
-      case ScalarOp::Log: return libm("log", a);
-      case ScalarOp::Log1p: return libm("log1p", a);
-      case ScalarOp::Expm1: return libm("expm1", a);
-      case ScalarOp::Tanh: return libm("tanh", a);
-      case ScalarOp::Sin: return libm("sin", a);
-      case ScalarOp::Cos: return libm("cos", a);
-      case ScalarOp::Tan: return libm("tan", a);
-      case ScalarOp::Asin: return libm("asin", a);
-      case ScalarOp::Acos: return libm("acos", a);
-      case ScalarOp::Atan: return libm("atan", a);
-      case ScalarOp::Sinh: return libm("sinh", a);
-      case ScalarOp::Cosh: return libm("cosh", a);
-      case ScalarOp::Asinh: return libm("asinh", a);
-      case ScalarOp::Acosh: return libm("acosh", a);
-      case ScalarOp::Atanh: return libm("atanh", a);
-      case ScalarOp::Cbrt: return libm("cbrt", a);
-      case ScalarOp::Erf: return libm("erf", a);
-      case ScalarOp::Erfc: return libm("erfc", a);
-      case ScalarOp::Pow: return libm("pow", a);
-      case ScalarOp::Atan2: return libm("atan2", a);
-      case ScalarOp::Nextafter: return libm("nextafter", a);
-      default: throw Error(fmt::format("internal: no code generation for {}", scalar_op_info(op).name));
+    const char* name = libm_name(op);
+    if (!name) throw Error(fmt::format("internal: no code generation for {}", scalar_op_info(op).name));
+    if (a[0]->getType()->isVectorTy()) throw Error("internal: a libm call in a streaming kernel pass");
+    if (op == ScalarOp::Logistic) {
+      Value* one = fconst(a[0]->getType(), 1.0);
+      return b_.CreateFDiv(one, b_.CreateFAdd(one, libm(name, {b_.CreateFNeg(a[0])})));
     }
+    return libm(name, a);
   }
 
   Value* scalar(ScalarOp op, DType d, std::vector<Value*> a) {
@@ -237,7 +263,7 @@ class KernelEmitter {
         // XLA: x / 0 = -1 (all ones); INT_MIN / -1 = INT_MIN.
         Value* by_zero = b_.CreateICmpEQ(y, zero);
         if (un) return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateUDiv(x, b_.CreateSelect(by_zero, iconst(t, 1), y)));
-        Value* ovf = b_.CreateAnd(b_.CreateICmpEQ(x, llvm::ConstantInt::get(t, llvm::APInt::getSignedMinValue(t->getIntegerBitWidth()))),
+        Value* ovf = b_.CreateAnd(b_.CreateICmpEQ(x, llvm::ConstantInt::get(t, llvm::APInt::getSignedMinValue(t->getScalarSizeInBits()))),
                                   b_.CreateICmpEQ(y, iconst(t, -1)));
         Value* safe = b_.CreateSelect(b_.CreateOr(by_zero, ovf), iconst(t, 1), y);
         return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateSelect(ovf, x, b_.CreateSDiv(x, safe)));
@@ -258,7 +284,7 @@ class KernelEmitter {
       case ScalarOp::ShiftLeft:
       case ScalarOp::ShiftRightLogical:
       case ScalarOp::ShiftRightArithmetic: {
-        unsigned bits = t->getIntegerBitWidth();
+        unsigned bits = t->getScalarSizeInBits();
         Value* out_of_range = b_.CreateICmpUGE(y, iconst(t, bits));  // negative counts are huge unsigned
         if (op == ScalarOp::ShiftLeft) return b_.CreateSelect(out_of_range, zero, b_.CreateShl(x, y));
         if (op == ScalarOp::ShiftRightLogical) return b_.CreateSelect(out_of_range, zero, b_.CreateLShr(x, y));
@@ -276,7 +302,7 @@ class KernelEmitter {
   }
 
   Value* convert(Value* v, DType from, DType to) {
-    Type* dst = compute_type(to);
+    Type* dst = value_type(to);
     Type* src = v->getType();
     if (src == dst) return v;
     bool ffrom = is_float_like(from), fto = is_float_like(to);
@@ -346,18 +372,24 @@ class KernelEmitter {
   }
 
   // ---- node evaluation ----
+  // A row-level value where full-level values are computed (splat across the lanes).
+  llvm::Align elem_align(Type* elem) const { return m_.getDataLayout().getABITypeAlign(elem); }
+  Value* at_full_level(Value* v) { return lanes_ > 1 ? b_.CreateVectorSplat(unsigned(lanes_), v) : v; }
+  Value* row_value(int i) { return at_full_level(row_vals_.at(i)); }
+
   Value* node_value(int i, int pass) {
     const KernelNode& n = spec_.nodes[size_t(i)];
-    if (n.row_level) return row_vals_.at(i);
+    if (n.row_level) return row_value(i);
     if (auto it = full_vals_.find(i); it != full_vals_.end()) return it->second;
     Value* v;
     if (n.op == Op::Load) {
       const KernelInput& in = spec_.inputs[size_t(n.input)];
-      Value* p = b_.CreateInBoundsGEP(storage_type(in.dtype), in_ptr_[size_t(n.input)],
-                                      b_.CreateAdd(in_off_[size_t(n.input)], col_));
-      v = from_storage(b_.CreateLoad(storage_type(in.dtype), p), in.dtype);
+      Type* elem = storage_type(in.dtype);
+      Value* p = b_.CreateInBoundsGEP(elem, in_ptr_[size_t(n.input)], b_.CreateAdd(in_off_[size_t(n.input)], col_));
+      v = from_storage(b_.CreateAlignedLoad(lanes_of(elem), p, elem_align(elem)), in.dtype);
     } else if (n.pass < pass) {
-      v = b_.CreateLoad(compute_type(n.dtype), scratch_ptr(i));
+      Type* elem = compute_type(n.dtype);
+      v = b_.CreateAlignedLoad(lanes_of(elem), scratch_ptr(i), elem_align(elem));
     } else {
       v = compute(i, pass);
     }
@@ -379,7 +411,7 @@ class KernelEmitter {
       case Op::Scalar:
         if (n.scalar_op == ScalarOp::Div && !n.row_level)
           if (auto it = row_recips_.find(n.args[1]); it != row_recips_.end())
-            return round_to(b_.CreateFMul(a[0], it->second), n.dtype);
+            return round_to(b_.CreateFMul(a[0], at_full_level(it->second)), n.dtype);
         return round_to(scalar(n.scalar_op, arg_dtype(0), a), n.dtype);
       case Op::Convert: return round_to(convert(a[0], arg_dtype(0), n.dtype), n.dtype);
       case Op::IntegerPow: return round_to(integer_pow(a[0], n.ivalue, n.dtype), n.dtype);
@@ -433,7 +465,8 @@ class KernelEmitter {
 
   // for (iv = begin; iv < end; ++iv) { body(iv) } with loop-carried values; returns their final values.
   std::vector<Value*> counted_loop(Value* begin, Value* end, std::vector<Value*> init, const char* name,
-                                   const std::function<std::vector<Value*>(Value*, const std::vector<Value*>&)>& body) {
+                                   const std::function<std::vector<Value*>(Value*, const std::vector<Value*>&)>& body,
+                                   int64_t step = 1) {
     llvm::Function* f = b_.GetInsertBlock()->getParent();
     llvm::BasicBlock* pre = b_.GetInsertBlock();
     auto* loop = llvm::BasicBlock::Create(ctx_, std::string(name) + ".loop", f);
@@ -450,7 +483,7 @@ class KernelEmitter {
       cur.push_back(carried.back());
     }
     std::vector<Value*> next = body(iv, cur);
-    Value* iv_next = b_.CreateAdd(iv, b_.getInt64(1), "", true, true);
+    Value* iv_next = b_.CreateAdd(iv, b_.getInt64(uint64_t(step)), "", true, true);
     llvm::BasicBlock* latch = b_.GetInsertBlock();
     iv->addIncoming(iv_next, latch);
     for (size_t k = 0; k < carried.size(); ++k) carried[k]->addIncoming(next[k], latch);
@@ -464,6 +497,97 @@ class KernelEmitter {
       out.push_back(phi);
     }
     return out;
+  }
+
+  // One column (lanes_ columns from c in a streaming pass) of `pass`: its full-level nodes,
+  // scratch stores, reduction steps (returned) and the full outputs available in this pass.
+  std::vector<Value*> emit_column(int pass, Value* c, const std::vector<int>& reduces, const std::vector<Value*>& cur,
+                                  Value* row_base) {
+    col_ = c;
+    full_vals_.clear();
+    for (size_t i = 0; i < spec_.nodes.size(); ++i) {
+      const KernelNode& n = spec_.nodes[i];
+      if (n.row_level || n.pass != pass || n.op == Op::Load) continue;
+      Value* v = node_value(int(i), pass);
+      if (spec_.scratch_slot[i] >= 0) b_.CreateAlignedStore(v, scratch_ptr(int(i)), elem_align(compute_type(n.dtype)));
+    }
+    std::vector<Value*> next;
+    for (size_t k = 0; k < reduces.size(); ++k) {
+      const KernelNode& n = spec_.nodes[size_t(reduces[k])];
+      next.push_back(reduce_step(n, cur[k], node_value(n.args[0], pass)));
+    }
+    for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+      const KernelOutput& out = spec_.outputs[o];
+      if (!stored_in_pass(out, pass)) continue;
+      const KernelNode& n = spec_.nodes[size_t(out.node)];
+      Value* v = n.row_level ? row_value(out.node) : node_value(out.node, pass);
+      // In place: the very address expression of the input's load (equal by layout), so
+      // LLVM sees a same-iteration dependence and vectorizes without run-time overlap checks.
+      Value* index = out.in_place_of >= 0 ? b_.CreateAdd(in_off_[size_t(out.in_place_of)], c) : b_.CreateAdd(row_base, c);
+      Type* elem = storage_type(out.dtype);
+      Value* p = b_.CreateInBoundsGEP(elem, out_ptr_[o], index);
+      llvm::StoreInst* st = b_.CreateAlignedStore(to_storage(v, out.dtype), p, elem_align(elem));
+      if (lanes_ > 1) {  // whole aligned vectors (emit_streaming_columns): a streaming store
+        st->setAlignment(llvm::Align(std::min<uint64_t>(64, uint64_t(lanes_) * elem_align(elem).value())));
+        st->setMetadata(llvm::LLVMContext::MD_nontemporal,
+                        llvm::MDNode::get(ctx_, llvm::ConstantAsMetadata::get(b_.getInt32(1))));
+      }
+    }
+    return next;
+  }
+  bool stored_in_pass(const KernelOutput& out, int pass) const {
+    const KernelNode& n = spec_.nodes[size_t(out.node)];
+    return out.full && (n.op == Op::Reduce ? n.pass + 1 : n.pass) == pass;
+  }
+
+  // ---- streaming stores ----
+  // A kernel that writes more than kStreamingBytes of fresh output (more than this machine's
+  // last-level cache can keep for the consumer) stores it with non-temporal stores: they skip
+  // the read-for-ownership of every written cache line, a third of the memory traffic of a
+  // read-one-write-one kernel (a row softmax of f32[4096, 4096]: 192 -> 128 MB). LLVM's loop
+  // vectorizer does not widen non-temporal scalar stores, so such passes are emitted as explicit
+  // vector code: a scalar head up to the first 16-aligned column, a loop over whole aligned
+  // vectors of 16 lanes, and a scalar tail. Per-element results are those of the scalar code
+  // (the same IR per lane). Passes with reductions, in-place outputs or libm calls stay scalar.
+  static constexpr int kStreamLanes = 16;
+  static constexpr int64_t kStreamingBytes = int64_t(16) << 20;
+
+  bool streams_pass(int pass) {
+    int64_t bytes = 0;
+    bool writes = false;
+    for (const KernelOutput& out : spec_.outputs) {
+      if (out.in_place_of >= 0) return false;
+      if (out.full) bytes += spec_.rows() * spec_.cols * int64_t(itemsize(out.dtype));
+      writes = writes || stored_in_pass(out, pass);
+    }
+    if (!writes || bytes < kStreamingBytes) return false;
+    for (const KernelNode& n : spec_.nodes) {
+      if (n.row_level || n.pass != pass) continue;
+      if (n.op == Op::Reduce) return false;
+      if (n.op == Op::Scalar && calls_libm(n.scalar_op, spec_.nodes[size_t(n.args[0])].dtype)) return false;
+    }
+    return true;
+  }
+
+  void emit_streaming_columns(int pass, Value* cb, Value* ce, Value* row_base) {
+    Type* i64 = b_.getInt64Ty();
+    auto column = [&](Value* c, const std::vector<Value*>&) { return emit_column(pass, c, {}, {}, row_base); };
+    // Output bases are 64-byte aligned (the allocator's alignment); checked, else all scalar.
+    Value* aligned = b_.getTrue();
+    for (size_t o = 0; o < spec_.outputs.size(); ++o)
+      if (spec_.outputs[o].full)
+        aligned = b_.CreateAnd(aligned, b_.CreateICmpEQ(b_.CreateAnd(b_.CreatePtrToInt(out_ptr_[o], i64), 63), b_.getInt64(0)));
+    Value* lanes = b_.getInt64(kStreamLanes);
+    Value* first = b_.CreateAdd(row_base, cb);
+    Value* head = b_.CreateURem(b_.CreateSub(lanes, b_.CreateURem(first, lanes)), lanes);
+    Value* vb = b_.CreateSelect(aligned, intrinsic(llvm::Intrinsic::smin, {ce, b_.CreateAdd(cb, head)}), ce);
+    Value* ve = b_.CreateAdd(vb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(ce, vb), lanes), lanes));
+    counted_loop(cb, vb, {}, "col.head", column);
+    lanes_ = kStreamLanes;
+    counted_loop(vb, ve, {}, "col.stream", column, kStreamLanes);
+    lanes_ = 1;
+    counted_loop(ve, ce, {}, "col.tail", column);
+    streamed_ = true;
   }
 
   void emit_body(size_t nbuf) {
@@ -510,35 +634,14 @@ class KernelEmitter {
             reduces.push_back(int(i));
             init.push_back(reduce_init(spec_.nodes[i]));
           }
-        std::vector<Value*> acc = counted_loop(cb, ce, init, "col", [&](Value* c, const std::vector<Value*>& cur) {
-          col_ = c;
-          full_vals_.clear();
-          for (size_t i = 0; i < spec_.nodes.size(); ++i) {
-            const KernelNode& n = spec_.nodes[i];
-            if (n.row_level || n.pass != pass || n.op == Op::Load) continue;
-            Value* v = node_value(int(i), pass);
-            if (spec_.scratch_slot[i] >= 0) b_.CreateStore(v, scratch_ptr(int(i)));
-          }
-          std::vector<Value*> next;
-          for (size_t k = 0; k < reduces.size(); ++k) {
-            const KernelNode& n = spec_.nodes[size_t(reduces[k])];
-            next.push_back(reduce_step(n, cur[k], node_value(n.args[0], pass)));
-          }
-          for (size_t o = 0; o < spec_.outputs.size(); ++o) {
-            const KernelOutput& out = spec_.outputs[o];
-            const KernelNode& n = spec_.nodes[size_t(out.node)];
-            int avail = n.op == Op::Reduce ? n.pass + 1 : n.pass;
-            if (!out.full || avail != pass) continue;
-            Value* v = n.row_level ? row_vals_.at(out.node) : node_value(out.node, pass);
-            // In place: the very address expression of the input's load (equal by layout), so
-            // LLVM sees a same-iteration dependence and vectorizes without run-time overlap checks.
-            Value* index = out.in_place_of >= 0 ? b_.CreateAdd(in_off_[size_t(out.in_place_of)], c)
-                                                : b_.CreateAdd(row_base, c);
-            Value* p = b_.CreateInBoundsGEP(storage_type(out.dtype), out_ptr_[o], index);
-            b_.CreateStore(to_storage(v, out.dtype), p);
-          }
-          return next;
-        });
+        std::vector<Value*> acc;
+        if (streams_pass(pass)) {
+          emit_streaming_columns(pass, cb, ce, row_base);
+        } else {
+          acc = counted_loop(cb, ce, init, "col", [&](Value* c, const std::vector<Value*>& cur) {
+            return emit_column(pass, c, reduces, cur, row_base);
+          });
+        }
         for (size_t k = 0; k < reduces.size(); ++k)
           set_row_value(reduces[k], round_to(acc[k], spec_.nodes[size_t(reduces[k])].dtype));
       }
@@ -551,6 +654,8 @@ class KernelEmitter {
       }
       return std::vector<Value*>{};
     });
+    // Streaming stores are weakly ordered: fence them before the caller signals completion.
+    if (streamed_) b_.CreateFence(llvm::AtomicOrdering::SequentiallyConsistent);
     b_.CreateRetVoid();
   }
 };
