@@ -320,6 +320,15 @@ TEST_CASE("kernels writing more than 16 MB of fresh output use streaming stores,
   CHECK(dumped_ir("small_softmax", softmax, random::normal(random::key(71), {256, 256})).find("!nontemporal") ==
         std::string::npos);
   check_same(jit(softmax)(big), softmax(big), 2e-6, "softmax f32[1031, 4099]");
+  // A pass that stores a big output while it reduces keeps the scalar loop (and its reduction).
+  auto exp_and_sum = [](const Array& x) {
+    Array e = jnp::exp(x);
+    return std::pair{e, jnp::sum(e, {-1})};
+  };
+  auto [e, sum] = jit(exp_and_sum)(big);
+  auto [e_eager, sum_eager] = exp_and_sum(big);
+  check_same(e, e_eager, 2e-6, "exp f32[1031, 4099]");
+  check_same(sum, sum_eager, 1e-5, "its row sums");
   // One long row: the runtime splits the columns over threads at arbitrary offsets.
   Array flat = random::normal(random::key(72), {(int64_t(1) << 22) + 37});
   CHECK(dumped_ir("big_chain", chain10, flat).find("!nontemporal") != std::string::npos);

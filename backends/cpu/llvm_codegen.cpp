@@ -552,6 +552,7 @@ class KernelEmitter {
   static constexpr int kStreamLanes = 16;
   static constexpr int64_t kStreamingBytes = int64_t(16) << 20;
 
+  // Whether `pass`, which has no reductions, is emitted with streaming stores.
   bool streams_pass(int pass) {
     int64_t bytes = 0;
     bool writes = false;
@@ -563,7 +564,6 @@ class KernelEmitter {
     if (!writes || bytes < kStreamingBytes) return false;
     for (const KernelNode& n : spec_.nodes) {
       if (n.row_level || n.pass != pass) continue;
-      if (n.op == Op::Reduce) return false;
       if (n.op == Op::Scalar && calls_libm(n.scalar_op, spec_.nodes[size_t(n.args[0])].dtype)) return false;
     }
     return true;
@@ -635,7 +635,7 @@ class KernelEmitter {
             init.push_back(reduce_init(spec_.nodes[i]));
           }
         std::vector<Value*> acc;
-        if (streams_pass(pass)) {
+        if (reduces.empty() && streams_pass(pass)) {
           emit_streaming_columns(pass, cb, ce, row_base);
         } else {
           acc = counted_loop(cb, ce, init, "col", [&](Value* c, const std::vector<Value*>& cur) {
