@@ -108,8 +108,8 @@ class Jaxpr;
 // Runs `body` (no constvars) once per device of `mesh`, device d on inputs[d]; returns each
 // device's outputs. Implemented by the jit layer (it compiles the body once); the shard_map
 // primitive calls it. Bodies without effects and without collectives inside control flow run in
-// lockstep (Executable::run_lockstep): each instruction for every device, on the thread pool, a
-// collective once for all devices. The others run concurrently on every device's worker thread,
+// lockstep (Executable::run_lockstep): the instructions between two collectives for every device,
+// on the thread pool, then the collective once for all devices. The others run concurrently on every device's worker thread,
 // their collectives meeting through one communicator (with a timeout instead of a hang).
 // CJAX_SPMD_THREADS=1 runs every body on the device workers.
 using SpmdRunner = std::vector<std::vector<Array>> (*)(const std::shared_ptr<const Jaxpr>& body, const Mesh& mesh,
