@@ -1,4 +1,5 @@
 #include "autodiff/ad.h"
+#include "autodiff/partial_eval.h"
 
 #include <fmt/format.h>
 
@@ -149,7 +150,7 @@ LinearizeResult linearize_flat(const FlatFn& f, std::span<const Array> primals) 
     tangents_out.push_back(std::move(t));
     r.primals_out.push_back(std::move(p));
   }
-  r.linear = lin.to_jaxpr(tangents_out);
+  r.linear = dce_residuals(lin.to_jaxpr(tangents_out));  // residuals of dead tangents are not kept
   return r;
 }
 

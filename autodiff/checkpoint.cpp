@@ -16,6 +16,7 @@
 
 #include "autodiff/ad.h"
 #include "autodiff/custom_derivatives.h"
+#include "autodiff/partial_eval.h"
 #include "core/linalg.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
@@ -201,7 +202,7 @@ std::vector<Array> remat_partial_eval(std::span<const Array> inputs, std::span<c
       (u ? unknown_outs : known_outs).push_back(o);
     }
   }
-  ClosedJaxpr uj = unknown->to_jaxpr(unknown_outs);
+  ClosedJaxpr uj = dce_residuals(unknown->to_jaxpr(unknown_outs));
   std::vector<Array> known_results = known_outs;
   known_results.insert(known_results.end(), uj.consts.begin(), uj.consts.end());
   ClosedJaxpr kj = known_trace.to_jaxpr(known_results);

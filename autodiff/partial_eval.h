@@ -23,6 +23,11 @@ struct PartialEvalResult {
   size_t num_residuals = 0;
 };
 
+// The traced unknown side without its dead equations and without the constvars (residuals) only
+// those read: a tangent that dies (one reaching stop_gradient, as softmax's max does) takes its
+// residuals with it, as JAX DCEs the unknown jaxpr. Used by every partial-eval rule.
+ClosedJaxpr dce_residuals(const ClosedJaxpr& traced);
+
 // `jaxpr` must have no constvars (convert them to inputs first). With `instantiate`, every
 // output is made unknown (known values are forwarded through the unknown jaxpr as residuals).
 PartialEvalResult partial_eval_jaxpr(const Jaxpr& jaxpr, const std::vector<bool>& unknown_inputs,

@@ -171,24 +171,6 @@ std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr) {
   return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(kept), s.all(jaxpr.outvars()));
 }
 
-std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr) {
-  std::unordered_set<const void*> used;
-  for (const Atom& a : jaxpr.outvars())
-    if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
-  std::vector<const JaxprEqn*> keep;
-  for (auto it = jaxpr.eqns().rbegin(); it != jaxpr.eqns().rend(); ++it) {
-    bool live = it->primitive->kind == PrimKind::Collective || it->primitive->effectful;  // effects stay
-    for (const Var& v : it->outputs) live = live || used.count(v.id());
-    if (!live) continue;
-    keep.push_back(&*it);
-    for (const Atom& a : it->inputs)
-      if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
-  }
-  std::vector<JaxprEqn> eqns;
-  for (auto it = keep.rbegin(); it != keep.rend(); ++it) eqns.push_back(**it);
-  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
-}
-
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, int> uses = count_uses(jaxpr);
   std::vector<JaxprEqn> eqns;

@@ -29,7 +29,7 @@ std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
-std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr);
+// dce: trace/jaxpr.h.
 // All of the above, in that order.
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr);
 

@@ -327,6 +327,24 @@ TEST_CASE("S, U: invariant over an unmentioned axis; closed-over scalar with no 
   }
 }
 
+TEST_CASE("a tangent that dies at stop_gradient keeps no residuals (softmax's max)") {
+  // softmax subtracts stop_gradient(max(x)): the jvp of max (its argmax mask and count) is
+  // computed and then dropped. Neither side of the split body may keep it.
+  auto f = shard_map([](const Array& x) { return nn::softmax(x); }, mesh_i(), P("i"), P("i"));
+  auto plain = [](const Array& x) { return jnp::sum(jnp::square(nn::softmax(x))); };
+  auto loss = [&](const Array& x) { return jnp::sum(jnp::square(f(x))); };
+  Array x = jnp::reshape(arange_f(32), {8, 4}) * 0.3f;
+  auto b = bodies(make_jaxpr(grad(loss))(x));
+  REQUIRE(b.size() >= 2);
+  for (const auto& body : b) {
+    CHECK(count(body, "eq") == 0);
+    CHECK(count(body, "reduce_max") <= 1);
+  }
+  std::vector<double> want = v(grad(plain)(x)), got = v(grad(loss)(x));
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+}
+
 TEST_CASE("jvp, vmap and jit compose with shard_map") {
   auto f = shard_map([](const Array& x) { return lax::psum(jnp::sin(x), "i"); }, mesh_i(), P("i"), P());
   auto [y, t] = jvp(f, std::tuple{arange_f(4)}, std::tuple{jnp::ones({4})});

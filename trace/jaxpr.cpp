@@ -377,6 +377,24 @@ std::vector<AbstractValue> ClosedJaxpr::in_avals() const { return jaxpr->in_aval
 std::vector<AbstractValue> ClosedJaxpr::out_avals() const { return jaxpr->out_avals(); }
 std::ostream& operator<<(std::ostream& os, const ClosedJaxpr& j) { return os << j.pretty_print(); }
 
+std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr) {
+  std::unordered_set<const void*> used;
+  for (const Atom& a : jaxpr.outvars())
+    if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
+  std::vector<const JaxprEqn*> keep;
+  for (auto it = jaxpr.eqns().rbegin(); it != jaxpr.eqns().rend(); ++it) {
+    bool live = it->primitive->kind == PrimKind::Collective || it->primitive->effectful;  // effects stay
+    for (const Var& v : it->outputs) live = live || used.count(v.id());
+    if (!live) continue;
+    keep.push_back(&*it);
+    for (const Atom& a : it->inputs)
+      if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
+  }
+  std::vector<JaxprEqn> eqns;
+  for (auto it = keep.rbegin(); it != keep.rend(); ++it) eqns.push_back(**it);
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
+}
+
 std::vector<const Jaxpr*> jaxprs_in_params(const Params& params) {
   std::vector<const Jaxpr*> out;
   for (const auto& [k, v] : params.items())

@@ -116,6 +116,10 @@ struct JaxprListParam final : ParamObject {
   }
 };
 
+// Dead-code elimination: equations none of whose outputs is used are dropped (collectives and
+// effectful equations stay). Constvars, invars and outvars are kept.
+std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr);
+
 // The sub-jaxprs an equation's params hold (a call's body, cond's branches, ...), in param order.
 std::vector<const Jaxpr*> jaxprs_in_params(const Params& params);
 
