@@ -193,6 +193,10 @@ class Planner {
     if (it == virtual_.end()) return;
     Virtual vb = std::move(it->second);
     virtual_.erase(it);
+    if (Group* g = group_of(v)) {  // an alias in its group (try_alias): the group writes it
+      g->sealed = true;
+      return;
+    }
     if (auto* src = std::get_if<Var>(&vb.source)) {
       materialize(*src);
       seal_producer(*src);
@@ -378,6 +382,10 @@ class Planner {
     bool row = any_level ? row_in : s != g->domain;
     define(gi, e.outputs[0], g->value.at(in.id()), row);
     g->eqns.push_back(e);
+    // A row value broadcast back over the domain: other groups read the row value through a
+    // strided index map (as any deferred broadcast) instead of a full-size copy written here
+    // (softmax's row sums, kept for the backward pass, were written once per element).
+    if (row_in && !row) virtual_[e.outputs[0].id()] = Virtual{e.inputs[0], e};
     return true;
   }
 
