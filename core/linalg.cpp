@@ -19,6 +19,7 @@
 
 #include "cjax/lax.h"
 #include "core/array_impl.h"
+#include "core/gemm_xsmm.h"
 #include "core/scalar_fns.h"
 #include "core/spmd.h"
 #include "core/parallel.h"
@@ -108,6 +109,7 @@ template <class T>
 void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
               T alpha = T(1), T beta = T(0)) {
   pin_blas_if_multi_device();
+  if (xsmm_gemm<T>(batch, M, N, K, A, B, C, alpha, beta)) return;
   const T* a = static_cast<const T*>(A.ptr);
   const T* b = static_cast<const T*>(B.ptr);
   auto one = [&](int64_t i) {

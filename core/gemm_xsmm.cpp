@@ -1,0 +1,118 @@
+#include "core/gemm_xsmm.h"
+
+#include <libxsmm.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+
+#include "core/parallel.h"
+
+namespace cjax {
+namespace {
+
+constexpr int64_t kTile = 64;  // rows and columns of C per kernel call
+
+template <class T> using Kernel = std::conditional_t<std::is_same_v<T, float>, libxsmm_smmfunction, libxsmm_dmmfunction>;
+
+// LIBXSMM is column major: a tile C (tm x tn, row major, ld ldc) is C^T (tn x tm, column major)
+// = op(B)^T (tn x K) * op(A)^T (K x tm). op(B) row major [K, N] is op(B)^T column major with the
+// same leading dimension; A row major [M, K] likewise; a transposed A ([K, M] in memory) is
+// LIBXSMM's transposed second operand.
+template <class T> Kernel<T> dispatch(int64_t tm, int64_t tn, int64_t K, int64_t ldb, int64_t lda, bool a_trans,
+                                      int64_t ldc, T beta) {
+  libxsmm_blasint m = tn, n = tm, k = K, la = ldb, lb = lda, lc = ldc;
+  T alpha = 1;
+  int flags = a_trans ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;
+  if constexpr (std::is_same_v<T, float>)
+    return libxsmm_smmdispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, nullptr);
+  else
+    return libxsmm_dmmdispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, nullptr);
+}
+
+void init_once() {
+  static const bool done = [] {
+    libxsmm_init();
+    return true;
+  }();
+  (void)done;
+}
+
+// alpha * op(X)[b] (rows x cols) copied to a contiguous row-major [batch, rows, cols] buffer.
+template <class T>
+std::unique_ptr<T[]> pack(int64_t batch, int64_t rows, int64_t cols, const GemmOperand& X, T alpha) {
+  auto out = std::unique_ptr<T[]>(new T[size_t(batch * rows * cols)]);
+  const T* src = static_cast<const T*>(X.ptr);
+  constexpr int64_t kBlock = 32;  // transposed copies go block by block
+  int64_t nb = (rows + kBlock - 1) / kBlock;
+  parallel_for(batch * nb, 1, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      int64_t b = w / nb, r0 = (w % nb) * kBlock, r1 = std::min(rows, r0 + kBlock);
+      const T* sb = src + X.batch_offset(b);
+      T* ob = out.get() + b * rows * cols;
+      for (int64_t c0 = 0; c0 < cols; c0 += kBlock)
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0, c1 = std::min(cols, c0 + kBlock); c < c1; ++c)
+            ob[r * cols + c] = alpha * (X.trans ? sb[c * X.ld + r] : sb[r * X.ld + c]);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+bool xsmm_gemm_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("CJAX_GEMM");
+    return !(v && std::strcmp(v, "blas") == 0);
+  }();
+  return on;
+}
+
+template <class T>
+bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
+               T alpha, T beta) {
+  if (!xsmm_gemm_enabled() || (beta != T(0) && beta != T(1))) return false;
+  if (batch <= 0 || M <= 0 || N <= 0 || K <= 0) return false;
+  init_once();
+  // The kernels take A as it is (transposed or not) and B row major. A transposed B, or an
+  // alpha != 1, is first copied (scaled by alpha: into the smaller operand).
+  std::unique_ptr<T[]> packed_a, packed_b;
+  bool scale_a = alpha != T(1) && M <= N && !B.trans;
+  if (scale_a) packed_a = pack<T>(batch, M, K, A, alpha);
+  if (B.trans || (alpha != T(1) && !scale_a)) packed_b = pack<T>(batch, K, N, B, scale_a ? T(1) : alpha);
+  bool a_trans = A.trans && !packed_a;
+  int64_t lda = packed_a ? K : A.ld, ldb = packed_b ? N : B.ld;
+  // Edge tiles are smaller: at most four kernel shapes per call (LIBXSMM caches them).
+  int64_t tm = std::min(M, kTile), tn = std::min(N, kTile), rm = M % tm, rn = N % tn;
+  Kernel<T> full = dispatch<T>(tm, tn, K, ldb, lda, a_trans, N, beta);
+  Kernel<T> right = rn ? dispatch<T>(tm, rn, K, ldb, lda, a_trans, N, beta) : full;
+  Kernel<T> bottom = rm ? dispatch<T>(rm, tn, K, ldb, lda, a_trans, N, beta) : full;
+  Kernel<T> corner = rm && rn ? dispatch<T>(rm, rn, K, ldb, lda, a_trans, N, beta) : full;
+  if (!full || !right || !bottom || !corner) return false;
+  int64_t tiles_m = (M + tm - 1) / tm, tiles_n = (N + tn - 1) / tn, per_batch = tiles_m * tiles_n;
+  auto a_of = [&](int64_t bi) {
+    return packed_a ? packed_a.get() + bi * M * K : static_cast<const T*>(A.ptr) + A.batch_offset(bi);
+  };
+  auto b_of = [&](int64_t bi) {
+    return packed_b ? packed_b.get() + bi * K * N : static_cast<const T*>(B.ptr) + B.batch_offset(bi);
+  };
+  parallel_for(batch * per_batch, 1, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      int64_t bi = w / per_batch, t = w % per_batch, i0 = (t / tiles_n) * tm, j0 = (t % tiles_n) * tn;
+      bool last_m = rm && i0 + tm > M, last_n = rn && j0 + tn > N;
+      Kernel<T> k = last_m ? (last_n ? corner : bottom) : (last_n ? right : full);
+      k(b_of(bi) + j0, a_of(bi) + (a_trans ? i0 : i0 * lda), C + bi * M * N + i0 * N + j0);
+    }
+  });
+  return true;
+}
+
+template bool xsmm_gemm<float>(int64_t, int64_t, int64_t, int64_t, const GemmOperand&, const GemmOperand&, float*,
+                               float, float);
+template bool xsmm_gemm<double>(int64_t, int64_t, int64_t, int64_t, const GemmOperand&, const GemmOperand&, double*,
+                                double, double);
+
+}  // namespace cjax
