@@ -25,7 +25,8 @@ EqnClass classify(const JaxprEqn& e) {
   if (n == "convert_element_type")
     return atom_aval(e.inputs[0]).dtype == e.outputs[0].aval().dtype ? EqnClass::Alias : EqnClass::Elementwise;
   if (n == "select_n" || n == "integer_pow" || n == "add_any") return EqnClass::Elementwise;
-  if (n == "stop_gradient") return EqnClass::Alias;
+  // pvary only changes the type (invariant -> varying over mesh axes); the value is the same.
+  if (n == "stop_gradient" || n == "pvary") return EqnClass::Alias;
   if (n == "broadcast_in_dim") return EqnClass::Broadcast;
   if (n == "reshape" || n == "squeeze") return EqnClass::Reshape;
   if (n == "reduce_sum" || n == "reduce_max" || n == "reduce_min" || n == "reduce_prod") return EqnClass::Reduce;
@@ -405,6 +406,10 @@ class Planner {
           virtual_[e.outputs[0].id()] = vb;
           return;
         }
+        if (std::holds_alternative<Literal>(e.inputs[0])) {  // pvary of a constant (an optimizer's betas)
+          virtual_[e.outputs[0].id()] = Virtual{e.inputs[0], e};
+          return;
+        }
         library(e);
         return;
       case EqnClass::Reshape:
@@ -417,6 +422,12 @@ class Planner {
             move_to_end(g);
             return;
           }
+        // No producer to join: a sibling. The group just before, over the same domain, takes it
+        // (an optimizer's m, v and parameter updates become one kernel with three outputs).
+        if (!steps_.empty() && steps_.back().group >= 0) {
+          int g = steps_.back().group;
+          if (groups_[size_t(g)].domain == e.outputs[0].aval().shape && try_elementwise(g, e)) return;
+        }
         int g = new_group(e.outputs[0].aval().shape);
         if (!try_elementwise(g, e)) throw Error(fmt::format("internal: fusion could not start a group at {}", e.primitive->name));
         return;

@@ -7,7 +7,9 @@
 //    library kernels), convert_element_type, select_n, integer_pow, clamp, stop_gradient and
 //    add_any (autodiff's cotangent accumulation)
 //    join the group that produces one of their operands when their shape is the group's domain
-//    (or, after a reduction, the group's row shape), else start a new group;
+//    (or, after a reduction, the group's row shape), else the group just before them over the
+//    same domain (a sibling: an optimizer's m, v and parameter updates share one kernel), else
+//    start a new group; stop_gradient, pvary and same-type converts are the value itself;
 //  * broadcast_in_dim is never materialized when a group can read its operand with a strided
 //    index map (a bias row, a per-row scale, a scalar); it is computed only when a library step
 //    or the program's outputs need it;

@@ -18,6 +18,7 @@
 #include "jit/executable.h"
 #include "jit/passes.h"
 #include "trace/eval_jaxpr.h"
+#include "trace/shard_map.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -340,6 +341,45 @@ TEST_CASE("kernels writing more than 16 MB of fresh output use streaming stores,
   check_same(jit(positive)(many), positive(many), 0, "x > 0 into bool[17000003]");
   Array half = random::normal(random::key(74), {9'000'001});
   check_same(jit(to_bf16)(half), to_bf16(half), 0, "x * 2 into bfloat16[9000001]");
+}
+
+TEST_CASE("independent elementwise updates of one shape are one kernel (an optimizer's m, v and parameter)") {
+  auto adam_like = [](const Array& p, const Array& m, const Array& v, const Array& g) {
+    Array m2 = 0.9f * m + 0.1f * g;
+    Array v2 = 0.99f * v + 0.01f * g * g;
+    return std::tuple{p - 0.001f * m2 / (jnp::sqrt(v2) + 1e-8f), m2, v2};
+  };
+  Array p = random::normal(random::key(80), {64, 32}), m = random::normal(random::key(81), {64, 32}) * 0.1f,
+        v = jnp::abs(random::normal(random::key(82), {64, 32})), g = random::normal(random::key(83), {64, 32});
+  FusionPlan plan = plan_of(adam_like, p, m, v, g);
+  CHECK(plan.kernels.size() == 1);
+  CHECK(plan.steps.size() == 1);
+  auto [p1, m1, v1] = jit(adam_like)(p, m, v, g);
+  auto [p0, m0, v0] = adam_like(p, m, v, g);
+  check_same(p1, p0, 2e-6, "p");
+  check_same(m1, m0, 2e-6, "m");
+  check_same(v1, v0, 2e-6, "v");
+}
+
+TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  auto body = [](const Array& m, const Array& g) {
+    return lax::pvary(Array(0.9f), {"i"}) * m + lax::pvary(Array(0.1f), {"i"}) * g;
+  };
+  auto f = shard_map(body, mesh, {P("i"), P("i")}, P("i"));
+  Array m = jnp::arange(8).astype(DType::float32), g = jnp::ones({8});
+  ClosedJaxpr traced = make_jaxpr(f)(m, g);
+  std::shared_ptr<const Jaxpr> inner;
+  for (const JaxprEqn& e : traced.jaxpr->eqns())
+    if (e.primitive->name == "shard_map") inner = ShardMapInfo::from(e.params).body;
+  REQUIRE(inner);
+  CHECK(inner->pretty_print().find("pvary") != std::string::npos);
+  AxisEnvScope env(ShardMapInfo::from(traced.jaxpr->eqns().back().params).axis_frame());
+  FusionPlan plan = Executable(ClosedJaxpr{inner, {}}).plan();
+  CHECK(plan.kernels.size() == 1);
+  CHECK(plan.steps.size() == 1);  // no library pvary step
+  std::vector<double> want = {0.1, 1, 1.9, 2.8, 3.7, 4.6, 5.5, 6.4}, got = vals(jit(f)(m, g));
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
 }
 
 TEST_CASE("CJAX_DUMP writes the jaxpr, the fusion plan and vectorized LLVM IR" CJAX_JIT_ONLY) {
