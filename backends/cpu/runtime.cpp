@@ -118,6 +118,21 @@ int env_int(const char* name, int fallback) {
 std::atomic<int> g_requested_devices{0};
 std::atomic<int> g_requested_threads{0};
 
+// Spin briefly before blocking: parallel regions often come back to back (a lockstep SPMD body
+// meets at every collective, an executable runs kernel after kernel), and waking a thread
+// blocked on a futex costs tens of microseconds on a VM. ~2000 pauses are ~20-50 us.
+constexpr int kSpinIterations = 2000;
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+template <class Done> void spin_until(Done done) {
+  for (int i = 0; i < kSpinIterations && !done(); ++i) cpu_relax();
+}
+
 // The thread pool: workers wait for a job (a chunked range); the caller takes part too.
 class ThreadPool {
  public:
@@ -143,9 +158,11 @@ class ThreadPool {
       std::lock_guard<std::mutex> lock(mu_);
       job_ = &job;
       ++generation_;
+      published_.store(generation_, std::memory_order_release);
     }
     cv_.notify_all();
     work_on(job);
+    spin_until([&] { return job.settled.load(std::memory_order_acquire); });
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return job.finished == job.nchunks && job.active == 0; });
     job_ = nullptr;
@@ -160,6 +177,7 @@ class ThreadPool {
     std::atomic<int64_t> next{0};
     int64_t finished = 0;  // guarded by mu_
     int active = 0;        // workers inside work_on; guarded by mu_
+    std::atomic<bool> settled{false};  // finished == nchunks && active == 0 (for spinning)
     std::exception_ptr error;
   };
   static thread_local bool tl_in_region;
@@ -185,6 +203,7 @@ class ThreadPool {
     if (done) {
       std::lock_guard<std::mutex> lock(mu_);
       job.finished += done;
+      if (job.finished == job.nchunks && job.active == 0) job.settled.store(true, std::memory_order_release);
       if (job.finished == job.nchunks) done_cv_.notify_all();
     }
   }
@@ -192,6 +211,7 @@ class ThreadPool {
     uint64_t seen = 0;
     for (;;) {
       Job* job;
+      spin_until([&] { return published_.load(std::memory_order_acquire) != seen; });
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || (job_ && generation_ != seen); });
@@ -202,7 +222,10 @@ class ThreadPool {
       }
       work_on(*job);
       std::lock_guard<std::mutex> lock(mu_);
-      if (--job->active == 0) done_cv_.notify_all();
+      if (--job->active == 0) {
+        if (job->finished == job->nchunks) job->settled.store(true, std::memory_order_release);
+        done_cv_.notify_all();
+      }
     }
   }
   int n_;
@@ -211,6 +234,7 @@ class ThreadPool {
   std::condition_variable cv_, done_cv_;
   Job* job_ = nullptr;
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> published_{0};  // generation_, readable without mu_ (for spinning)
   bool stop_ = false;
 };
 thread_local bool ThreadPool::tl_in_region = false;
