@@ -27,7 +27,7 @@ namespace {
 
 struct Options {
   tf::Config cfg;
-  int64_t steps = 2000;
+  int64_t steps = 4000;
   std::string data = CJAX_SAMPLE_DATA;
   std::string out = "train_out";
   int64_t checkpoint_every = 250;
@@ -70,7 +70,7 @@ Model:
   --cookbook-norm     the training cookbook's x*rsqrt(||x||+1e-6) instead of RMSNorm
 
 Training:
-  --steps N           training steps (default 2000)
+  --steps N           training steps (default 4000)
   --batch B           global batch in sequences (default 32)
   --lr X              Adam learning rate (default 3e-3)
   --warmup N          linear warmup steps (default 20)
