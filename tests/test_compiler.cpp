@@ -295,6 +295,44 @@ TEST_CASE("the kernel cache serves compiled code from memory and from disk") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the disk kernel cache stays under CJAX_CACHE_MAX_MB, dropping the least recently used files") {
+  auto dir = fresh_dir("kernel_cache_cap");
+  setenv("CJAX_CACHE_DIR", dir.c_str(), 1);
+  setenv("CJAX_CACHE_MAX_MB", "0.1", 1);  // 104857 bytes
+  // 20 files of 10000 bytes, file k last used k minutes ago; a stale temporary file of a dead writer.
+  auto now = std::filesystem::file_time_type::clock::now();
+  for (int k = 0; k < 20; ++k) {
+    auto path = dir / fmt::format("{:032x}.o", k);
+    std::ofstream(path, std::ios::binary) << std::string(10000, 'x');
+    std::filesystem::last_write_time(path, now - std::chrono::minutes(k));
+  }
+  auto tmp = dir / "dead.o.tmp123.4";
+  std::ofstream(tmp) << "partial";
+  std::filesystem::last_write_time(tmp, now - std::chrono::hours(2));
+  cpu::trim_disk_kernel_cache();
+  std::vector<std::string> left;
+  uint64_t bytes = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir)) {
+    left.push_back(e.path().filename().string());
+    bytes += e.file_size();
+  }
+  std::sort(left.begin(), left.end());
+  CHECK(bytes <= 104857 / 5 * 4);  // down to 80% of the cap
+  REQUIRE(left.size() == 8);
+  for (int k = 0; k < 8; ++k) CHECK(left[size_t(k)] == fmt::format("{:032x}.o", k));  // the 8 most recent
+  // Under the cap nothing goes; a compilation still writes its file.
+  cpu::trim_disk_kernel_cache();
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) == 8);
+  cpu::clear_memory_kernel_cache();
+  Array x = random::normal(random::key(17), {9, 7});
+  Executable fresh(make_jaxpr([](const Array& x) { return jnp::exp(x) * 0.75f - x; })(x));
+  CHECK_FALSE(fresh.compiled().from_cache);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) >= 8);
+  unsetenv("CJAX_CACHE_MAX_MB");
+  setenv("CJAX_CACHE_DIR", "", 1);  // the rest of this process: memory only
+  std::filesystem::remove_all(dir);
+}
+
 // The LLVM IR CJAX_DUMP writes for one call of jit(f) named `name` (with that of the lazily
 // compiled out-of-place variants: x stays alive, so in-place kernels run out of place).
 template <class F> std::string dumped_ir(const std::string& name, F f, const Array& x) {

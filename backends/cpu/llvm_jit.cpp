@@ -19,7 +19,9 @@
 #include <llvm/TargetParser/Host.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -137,6 +139,13 @@ std::filesystem::path cache_dir() {
   return {};
 }
 
+// CJAX_CACHE_MAX_MB (default 512; fractions allowed): the disk cache's size cap.
+uint64_t disk_cache_limit() {
+  const char* v = std::getenv("CJAX_CACHE_MAX_MB");
+  double mb = v && *v ? std::strtod(v, nullptr) : 512.0;
+  return uint64_t(std::max(0.0, mb) * 1024.0 * 1024.0);
+}
+
 std::filesystem::path cache_file(const std::filesystem::path& dir, const std::string& fkey) {
   auto h = llvm::xxh3_128bits(llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t*>(fkey.data()), fkey.size()));
   return dir / fmt::format("{:016x}{:016x}.o", h.high64, h.low64);
@@ -224,6 +233,8 @@ std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key) {
         if (nl + 1 + klen <= data.size() && data.compare(nl + 1, klen, fkey) == 0) {
           std::string object = data.substr(nl + 1 + klen);
           ++c.disk_hits;
+          std::error_code ec;  // recency for trim_disk_kernel_cache (least recently used goes first)
+          std::filesystem::last_write_time(cache_file(dir, fkey), std::filesystem::file_time_type::clock::now(), ec);
           auto buf = llvm::MemoryBuffer::getMemBufferCopy(object, "cjax-kernels");
           c.remember(fkey, std::move(object));
           return buf;
@@ -262,6 +273,48 @@ void store_object(const std::string& key, const llvm::MemoryBuffer& object) {
   std::filesystem::rename(tmp, file, ec);
   if (ec) std::filesystem::remove(tmp, ec);
   else ++c.disk_writes;
+  // Trim on this process's first write and every 64th after: a directory listing per write would
+  // cost more than it saves.
+  if ((c.disk_writes.load() - 1) % 64 == 0) trim_disk_kernel_cache();
+}
+
+void trim_disk_kernel_cache() {
+  std::filesystem::path dir = cache_dir();
+  if (dir.empty()) return;
+  uint64_t limit = disk_cache_limit();
+  struct Entry {
+    std::filesystem::file_time_type time;
+    uint64_t size;
+    std::filesystem::path path;
+  };
+  std::vector<Entry> entries;
+  uint64_t total = 0;
+  std::error_code ec;
+  auto now = std::filesystem::file_time_type::clock::now();
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    std::error_code fe;
+    const std::filesystem::path& path = it->path();
+    auto time = it->last_write_time(fe);
+    uint64_t size = it->file_size(fe);
+    if (fe) continue;
+    // A temporary file an hour old belongs to a writer that died.
+    if (path.filename().string().find(".o.tmp") != std::string::npos) {
+      if (now - time > std::chrono::hours(1)) std::filesystem::remove(path, fe);
+      continue;
+    }
+    if (path.extension() != ".o") continue;
+    entries.push_back({time, size, path});
+    total += size;
+  }
+  if (total <= limit) return;
+  // Least recently used first, down to 80% of the cap (so that trims stay rare).
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.time < b.time; });
+  for (const Entry& e : entries) {
+    if (total <= limit / 5 * 4) break;
+    std::error_code fe;
+    if (std::filesystem::remove(e.path, fe)) total -= e.size;
+  }
 }
 
 KernelCacheStats kernel_cache_stats() {

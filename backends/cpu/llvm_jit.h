@@ -9,7 +9,10 @@
 // disk under $CJAX_CACHE_DIR (default: $XDG_CACHE_HOME/cjax or ~/.cache/cjax; CJAX_CACHE_DIR=""
 // turns the disk cache off). Files are written to a temporary name and renamed, so concurrent
 // processes never read a partial file; each file stores its full key, so a hash collision is a
-// miss, never wrong code.
+// miss, never wrong code. The disk cache is capped at CJAX_CACHE_MAX_MB (default 512): past it,
+// the least recently used files (by modification time, refreshed on every hit) are deleted down
+// to 80% of the cap, on a process's first write and every 64th after. A reader whose file is
+// deleted under it just recompiles.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -53,6 +56,8 @@ struct KernelCacheStats {
   int64_t memory_hits = 0, disk_hits = 0, misses = 0, disk_writes = 0;
 };
 KernelCacheStats kernel_cache_stats();
+// Applies the disk cache's size cap now (store_object also does, from time to time).
+void trim_disk_kernel_cache();
 // Drops the in-memory cache (tests use it to exercise the disk cache within one process).
 void clear_memory_kernel_cache();
 
