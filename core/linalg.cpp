@@ -483,26 +483,24 @@ GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam&
   g.Bop = GemmOperand{raw_ptr(rhs)};
   if (g.K == 0) return g;
   size_t es = itemsize(lhs.dtype());
-  // lhs as [B, M, K]: stored (lf, lc) -> no transpose; stored (lc, lf) -> transpose.
-  if (try_view(ls, lb, lf, lc, g.A)) {
-    g.A.trans = false;
-  } else if (try_view(ls, lb, lc, lf, g.A)) {
-    g.A.trans = true;
-  } else {
-    g.la = std::make_unique<Scratch>(size_t(lhs.size()) * es);
-    permute_copy(raw_ptr(lhs), ls, concat({&lb, &lf, &lc}), es, g.la->p);
-    g.A = GemmOperand{g.la->p, false, std::max<int64_t>(g.K, 1), g.M * g.K, {}};
-  }
-  // rhs as [B, K, N]: stored (rc, rf) -> no transpose; stored (rf, rc) -> transpose.
-  if (try_view(rs, rb, rc, rf, g.Bop)) {
-    g.Bop.trans = false;
-  } else if (try_view(rs, rb, rf, rc, g.Bop)) {
-    g.Bop.trans = true;
-  } else {
-    g.rb = std::make_unique<Scratch>(size_t(rhs.size()) * es);
-    permute_copy(raw_ptr(rhs), rs, concat({&rb, &rc, &rf}), es, g.rb->p);
-    g.Bop = GemmOperand{g.rb->p, false, std::max<int64_t>(g.N, 1), g.K * g.N, {}};
-  }
+  // An operand as [B, rows, cols]: stored (rows, cols) -> no transpose; stored (cols, rows) ->
+  // transpose; else copied into (batch, rows, cols) order.
+  auto view = [&](const Array& x, const std::vector<int64_t>& batch, const std::vector<int64_t>& rows,
+                  const std::vector<int64_t>& cols, int64_t nrows, int64_t ncols, GemmOperand& op,
+                  std::unique_ptr<Scratch>& scratch) {
+    const Shape& shape = x.shape();
+    if (try_view(shape, batch, rows, cols, op)) {
+      op.trans = false;
+    } else if (try_view(shape, batch, cols, rows, op)) {
+      op.trans = true;
+    } else {
+      scratch = std::make_unique<Scratch>(size_t(x.size()) * es);
+      permute_copy(raw_ptr(x), shape, concat({&batch, &rows, &cols}), es, scratch->p);
+      op = GemmOperand{scratch->p, false, std::max<int64_t>(ncols, 1), nrows * ncols, {}};
+    }
+  };
+  view(lhs, lb, lf, lc, g.M, g.K, g.A, g.la);    // lhs as [B, M, K]
+  view(rhs, rb, rc, rf, g.K, g.N, g.Bop, g.rb);  // rhs as [B, K, N]
   return g;
 }
 
