@@ -122,7 +122,7 @@ struct OpSpec {
 };
 
 const OpSpec kOps[] = {
-    {ScalarOp::Exp, "exp", ref_exp, nullptr, 1, 1, -750, 750},
+    {ScalarOp::Exp, "exp", ref_exp, nullptr, 1.5, 1, -750, 750},
     {ScalarOp::Exp2, "exp2", ref_exp2, nullptr, 1, 1, -1080, 1080},
     {ScalarOp::Log, "log", ref_log, nullptr, 1, 1, 0, 4},
     {ScalarOp::Log1p, "log1p", ref_log1p, nullptr, 2, 2, -1, 4},
