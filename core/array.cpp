@@ -127,9 +127,14 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what) {
         what, impl.aval.str(), provenance_of(impl)));
   // A JVP tracer's primal outlives this call through the tracer that holds it.
   auto& c = const_cast<ConcreteArray&>(static_cast<const ConcreteArray&>(*ci));
-  c.await();
-  if (c.buffers.empty()) raise_deleted(what);
+  c.await_live(what);
   return c;
+}
+
+void ConcreteArray::await_live(std::string_view what) const {
+  if (donated.load(std::memory_order_acquire)) raise_deleted(what);
+  await();
+  if (buffers.empty()) raise_deleted(what);
 }
 
 void raise_deleted(std::string_view what) {

@@ -63,7 +63,14 @@ class ConcreteArray final : public ArrayImpl {
   void await() const {
     if (pending) pending->wait();
   }
+  // For a read on the host: raises ValueError naming `what` if the array was deleted by
+  // donation (without waiting for it when a dispatched call has yet to take its buffers), else
+  // waits for the value.
+  void await_live(std::string_view what) const;
   std::vector<std::shared_ptr<Buffer>> buffers;
+  // Donated to a dispatched jit call, which takes the buffers when it starts: deleted for the
+  // caller from the call on.
+  std::atomic<bool> donated{false};
   std::shared_ptr<const Sharding> sharding;  // null: SingleDeviceSharding(device())
   const std::shared_ptr<PendingValue> pending;  // set once at construction (never reassigned)
 };

@@ -196,9 +196,13 @@ namespace {
 
 // At most this many dispatched calls are in flight; the next call waits for the oldest.
 constexpr size_t kMaxRunAhead = 8;
+struct InFlightCall {
+  std::shared_ptr<PendingValue> pending;
+  int queue;  // the device whose dispatch queue runs it
+};
 struct InFlight {
   std::mutex mu;
-  std::deque<std::shared_ptr<PendingValue>> calls;
+  std::deque<InFlightCall> calls;
 };
 InFlight& in_flight() {
   static InFlight f;
@@ -236,22 +240,27 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix)
 
 // Async dispatch (DESIGN.md §7): the call is queued on a device's dispatch queue and its outputs
 // are returned at once, as arrays that become ready when it finishes; reading one waits for it
-// (and raises the call's error, prefixed with the jit's name). The host blocks only for donated
-// arguments (every call in flight must be complete before their buffers change hands: in a
-// training loop, the previous step) and when kMaxRunAhead calls are already in flight.
-// Waits for every call in flight (their errors belong to their outputs' readers).
-void drain_in_flight() {
+// (and raises the call's error, prefixed with the jit's name). The host blocks only when
+// kMaxRunAhead calls are already in flight, and for donated arguments when calls in flight on
+// another queue may still read them. A donated argument is deleted for the caller at once
+// (ConcreteArray::donated); the call takes its buffers when it starts, after every call queued
+// before it on its queue (FIFO) — in a training loop, after the previous step, without the host
+// waiting for it.
+// Waits for every call in flight on a queue other than `queue` (-1: every call).
+void drain_in_flight(int queue = -1) {
   InFlight& f = in_flight();
   std::unique_lock lk(f.mu);
-  while (!f.calls.empty()) {
-    std::shared_ptr<PendingValue> oldest = f.calls.front();
+  for (;;) {
+    while (!f.calls.empty() && f.calls.front().pending->done.load()) f.calls.pop_front();
+    auto other = std::find_if(f.calls.begin(), f.calls.end(), [&](const InFlightCall& k) { return k.queue != queue && !k.pending->done.load(); });
+    if (other == f.calls.end()) return;
+    std::shared_ptr<PendingValue> p = other->pending;
     lk.unlock();
     try {
-      oldest->wait();
-    } catch (...) {
+      p->wait();
+    } catch (...) {  // its error belongs to its outputs' readers
     }
     lk.lock();
-    if (!f.calls.empty() && f.calls.front() == oldest) f.calls.pop_front();
   }
 }
 
@@ -265,72 +274,76 @@ std::vector<std::shared_ptr<ConcreteArray>> pending_outputs(const Compiled& c, c
   return out;
 }
 
+// On the dispatch queue, when the call starts: a donated argument's buffers move to a fresh array
+// that only this call holds (so its kernels may update them in place).
+Array take_donated(const Array& a) {
+  ConcreteArray* c = concrete(a);  // its producer was queued earlier: normally done already
+  auto taken = std::make_shared<ConcreteArray>(c->aval, c->buffers[0]);
+  taken->buffers = std::move(c->buffers);
+  taken->sharding = c->sharding;
+  c->buffers.clear();
+  return Array(taken);
+}
+
 std::vector<Array> dispatch(const Compiled& c, const std::string& name, const std::vector<Array>& leaves,
                             const std::vector<size_t>& donated) {
-  // A donated buffer changes hands now: calls dispatched earlier that still read it must finish
-  // first (in a training loop, the previous step).
-  if (!donated.empty()) drain_in_flight();
-  std::vector<Array> args = leaves;
   std::optional<Device> device;
-  for (size_t k = 0; k < args.size(); ++k) {
-    auto* a = static_cast<ConcreteArray*>(args[k].impl());
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    auto* a = static_cast<ConcreteArray*>(leaves[k].impl());
     if (!a || !a->is_concrete()) throw Error("internal: jit dispatch of a non-concrete argument");
-    bool is_donated = std::find(donated.begin(), donated.end(), k) != donated.end();
-    if (is_donated) {
-      a->await();
-      if (a->buffers.empty()) raise_deleted(fmt::format("jit '{}' argument {}", name, k));
-      auto alias = std::make_shared<ConcreteArray>(a->aval, a->buffers[0]);
-      alias->buffers = a->buffers;
-      alias->sharding = a->sharding;
-      args[k] = Array(alias);
-      a->buffers.clear();  // the caller's handle is deleted from now on
-    } else if (a->ready()) {
-      if (a->buffers.empty()) raise_deleted(fmt::format("jit '{}' argument {}", name, k));
-    }
-    if (!device && a->ready() && !a->buffers.empty() && a->buffers.size() == 1) device = a->buffers[0]->device();
+    if (a->donated.load() || (a->ready() && a->buffers.empty()))
+      raise_deleted(fmt::format("jit '{}' argument {}", name, k));
+    if (!device && a->ready() && a->buffers.size() == 1) device = a->buffers[0]->device();
+  }
+  Device queue_device = device.value_or(default_device());
+  if (!donated.empty()) {
+    // Calls in flight on this queue finish before this one starts; others may still read a
+    // donated buffer.
+    drain_in_flight(queue_device.id());
+    for (size_t k : donated) static_cast<ConcreteArray*>(leaves[k].impl())->donated.store(true);
   }
   auto pending = std::make_shared<PendingValue>();
   {
     InFlight& f = in_flight();
     std::unique_lock lk(f.mu);
-    while (!f.calls.empty() && f.calls.front()->done.load()) f.calls.pop_front();
+    while (!f.calls.empty() && f.calls.front().pending->done.load()) f.calls.pop_front();
     while (f.calls.size() >= kMaxRunAhead) {
-      std::shared_ptr<PendingValue> oldest = f.calls.front();
+      std::shared_ptr<PendingValue> oldest = f.calls.front().pending;
       lk.unlock();
       try {
         oldest->wait();
       } catch (...) {  // its error belongs to its outputs' readers
       }
       lk.lock();
-      while (!f.calls.empty() && f.calls.front()->done.load()) f.calls.pop_front();
+      while (!f.calls.empty() && f.calls.front().pending->done.load()) f.calls.pop_front();
     }
     pending->sequence = next_dispatch_sequence();
-    f.calls.push_back(pending);
+    f.calls.push_back({pending, queue_device.id()});
   }
   std::vector<std::shared_ptr<ConcreteArray>> targets = pending_outputs(c, pending);
   std::vector<Array> outs(targets.begin(), targets.end());
   std::shared_ptr<const Compiled> keep = c.shared_from_this();
-  submit_to_dispatch_queue(device.value_or(default_device()),
-                           [keep, args = std::move(args), donated, targets, pending, name]() mutable {
-                             std::exception_ptr err;
-                             try {
-                               std::vector<Array> res = keep->executable.run(args, donated);
-                               args.clear();
-                               for (size_t i = 0; i < res.size(); ++i) {
-                                 ConcreteArray* r = concrete(res[i]);
-                                 targets[i]->buffers = r->buffers;
-                                 targets[i]->sharding = r->sharding;
-                               }
-                             } catch (...) {
-                               err = with_context(std::current_exception(), fmt::format("jit '{}': ", name));
-                             }
-                             // Drop what the call held (inputs, the program and its constants)
-                             // before readers wake: after a wait, memory is as after a sync call.
-                             args.clear();
-                             targets.clear();
-                             keep.reset();
-                             pending->finish(err);
-                           });
+  submit_to_dispatch_queue(queue_device, [keep, args = leaves, donated, targets, pending, name]() mutable {
+    std::exception_ptr err;
+    try {
+      for (size_t k : donated) args[k] = take_donated(args[k]);
+      std::vector<Array> res = keep->executable.run(args, donated);
+      args.clear();
+      for (size_t i = 0; i < res.size(); ++i) {
+        ConcreteArray* r = concrete(res[i]);
+        targets[i]->buffers = r->buffers;
+        targets[i]->sharding = r->sharding;
+      }
+    } catch (...) {
+      err = with_context(std::current_exception(), fmt::format("jit '{}': ", name));
+    }
+    // Drop what the call held (inputs, the program and its constants) before readers wake:
+    // after a wait, memory is as after a sync call.
+    args.clear();
+    targets.clear();
+    keep.reset();
+    pending->finish(err);
+  });
   return outs;
 }
 

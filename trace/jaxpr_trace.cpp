@@ -82,8 +82,8 @@ Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_ind
                                  out_index));
   }
   ArrayImpl* impl = x.impl();
-  if (impl->is_concrete() && concrete(x)->buffers.empty())
-    raise_deleted(def ? fmt::format("'{}'", def->name) : std::string("make_jaxpr"));
+  if (impl->is_concrete())
+    static_cast<ConcreteArray*>(impl)->await_live(def ? fmt::format("'{}'", def->name) : std::string("make_jaxpr"));
   if (impl->is_concrete() && x.ndim() == 0) return Literal(x);
   if (auto* jt = dynamic_cast<JaxprTracer*>(impl); jt && jt->state == state_) return jt->var;
   auto* t = dynamic_cast<Tracer*>(impl);

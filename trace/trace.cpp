@@ -52,8 +52,8 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   for (const Array& a : inputs) {
     if (!a.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
     if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
-    auto* c = concrete(a);
-    if (c->buffers.empty()) raise_deleted(fmt::format("'{}'", def.name));
+    auto* c = static_cast<ConcreteArray*>(a.impl());
+    c->await_live(fmt::format("'{}'", def.name));
     if (c->buffers.size() > 1 && !(c->sharding && is_fully_replicated(*c->sharding))) sharded = true;
   }
   // shard_map takes sharded operands block by block; other primitives run per shard.
