@@ -131,8 +131,14 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what) {
   return c;
 }
 
+namespace {
+thread_local bool tl_in_dispatched_call = false;
+}
+DispatchedCallScope::DispatchedCallScope() : previous_(tl_in_dispatched_call) { tl_in_dispatched_call = true; }
+DispatchedCallScope::~DispatchedCallScope() { tl_in_dispatched_call = previous_; }
+
 void ConcreteArray::await_live(std::string_view what) const {
-  if (donated.load(std::memory_order_acquire)) raise_deleted(what);
+  if (!tl_in_dispatched_call && donated.load(std::memory_order_acquire)) raise_deleted(what);
   await();
   if (buffers.empty()) raise_deleted(what);
 }

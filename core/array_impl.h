@@ -69,7 +69,7 @@ class ConcreteArray final : public ArrayImpl {
   void await_live(std::string_view what) const;
   std::vector<std::shared_ptr<Buffer>> buffers;
   // Donated to a dispatched jit call, which takes the buffers when it starts: deleted for the
-  // caller from the call on.
+  // caller from the call on (calls dispatched before it still read the value).
   std::atomic<bool> donated{false};
   std::shared_ptr<const Sharding> sharding;  // null: SingleDeviceSharding(device())
   const std::shared_ptr<PendingValue> pending;  // set once at construction (never reassigned)
@@ -104,6 +104,19 @@ struct AsyncDispatchStats {
 int64_t next_dispatch_sequence();
 AsyncDispatchStats async_dispatch_stats();
 void reset_async_dispatch_stats();
+
+// While alive, this thread runs a dispatched jit call: it may read arrays donated to calls
+// dispatched after it (those take the buffers only when it has finished: queues are FIFO).
+class DispatchedCallScope {
+ public:
+  DispatchedCallScope();
+  ~DispatchedCallScope();
+  DispatchedCallScope(const DispatchedCallScope&) = delete;
+  DispatchedCallScope& operator=(const DispatchedCallScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Helpers used by kernels and ops.
 // (Waits for an asynchronously computed value.)

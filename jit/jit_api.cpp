@@ -326,6 +326,7 @@ std::vector<Array> dispatch(const Compiled& c, const std::string& name, const st
   submit_to_dispatch_queue(queue_device, [keep, args = leaves, donated, targets, pending, name]() mutable {
     std::exception_ptr err;
     try {
+      DispatchedCallScope scope;
       for (size_t k : donated) args[k] = take_donated(args[k]);
       std::vector<Array> res = keep->executable.run(args, donated);
       args.clear();

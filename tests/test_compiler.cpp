@@ -546,6 +546,34 @@ TEST_CASE("async dispatch: donating the previous step's outputs never blocks the
   CHECK(async_w == sync_w);
 }
 
+TEST_CASE("async dispatch: calls dispatched before a donation still read the donated value" CJAX_JIT_ONLY) {
+  Mesh mesh = make_mesh({4}, {"i"});
+  Array xh = random::normal(random::key(74), {1024, 256});
+  Array x = device_put(xh, NamedSharding(mesh, P("i")));
+  auto make = jit([](const Array& x) { return jnp::tanh(x) * 2.0f; }, {.name = "make"});
+  // Reads its sharded argument through eager per-shard instructions of its program.
+  auto block_sums = shard_map([](const Array& b) { return jnp::sum(b, 0); }, mesh, P("i"), P("i"));
+  auto read = jit([&](const Array& a) { return block_sums(a * 1.0f) - 1.0f; }, {.name = "read"});
+  auto consume = jit([](const Array& a) { return a + 1.0f; }, {.name = "consume", .donate_argnums = {0}});
+  Array want = make(xh);
+  Array want_sums = jnp::sum(jnp::reshape(want, {4, 256, 256}), 1);
+  // A slow call ahead of them on the queue keeps `read` queued until `consume` is dispatched.
+  auto slow = jit([](const Array& m) {
+    Array p = m;
+    for (int i = 0; i < 8; ++i) p = jnp::tanh(jnp::matmul(p, m));
+    return p;
+  });
+  Array s = slow(random::normal(random::key(75), {768, 768}));
+  Array a = make(x);
+  Array r = read(a);     // queued before the donation
+  Array c = consume(a);  // takes a's buffers after `read` has run
+  CHECK_THROWS_AS(a.to_vector<float>(), ValueError);
+  auto local = [](const Array& v) { return device_put(v, SingleDeviceSharding(default_device())); };
+  CHECK(jnp::allclose(jnp::reshape(local(r), {4, 256}), want_sums - 1.0f, 1e-5, 1e-4));
+  CHECK(jnp::allclose(local(c), want + 1.0f, 1e-6, 1e-6));
+  CHECK(s.is_ready());
+}
+
 TEST_CASE("async dispatch: outputs are futures; eager ops and reads wait for them") {
   Array x = random::normal(random::key(72), {2048, 2048});
   auto f = jit([](const Array& x) { return nn::softmax(jnp::tanh(x) * 3.0f); });
