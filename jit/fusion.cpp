@@ -356,6 +356,42 @@ class Planner {
     return out;
   }
 
+  // Two open elementwise groups over one domain that both produce operands of `e` become one
+  // (at the later one's step), so `e` reads neither from memory: an optimizer written as three
+  // tree maps (all m, then all v, then all parameter updates) gets one kernel per parameter.
+  // Legal because an open group's values have no reader outside it yet (a reader seals it), and
+  // the later step comes after the earlier group's inputs.
+  void merge_producers(const JaxprEqn& e) {
+    std::vector<int> open = candidates(e);  // latest step first
+    const Shape& d = e.outputs[0].aval().shape;
+    auto mergeable = [&](int g) { return groups_[size_t(g)].domain == d && !groups_[size_t(g)].reduces(); };
+    if (open.size() < 2 || !mergeable(open[0])) return;
+    for (size_t k = 1; k < open.size(); ++k)
+      if (mergeable(open[k])) merge_group(open[0], open[k]);
+  }
+  void merge_group(int into, int from) {
+    Group& src = groups_[size_t(from)];
+    Group& dst = groups_[size_t(into)];
+    std::vector<int> node_map(src.nodes.size());
+    for (size_t i = 0; i < src.nodes.size(); ++i) {
+      KernelNode n = src.nodes[i];
+      if (n.op == KernelNode::Op::Load) {
+        node_map[i] = dst.load(src.input_vars[size_t(n.input)], src.input_strides[size_t(n.input)]);
+        continue;
+      }
+      for (int& a : n.args) a = node_map[size_t(a)];
+      node_map[i] = dst.add_node(std::move(n));
+    }
+    for (const Var& v : src.produced) {
+      dst.define(v, node_map[size_t(src.value.at(v.id()))], src.is_row.at(v.id()));
+      producer_group_[v.id()] = into;
+    }
+    dst.eqns.insert(dst.eqns.begin(), src.eqns.begin(), src.eqns.end());
+    steps_.erase(std::find_if(steps_.begin(), steps_.end(), [&](const StepRef& s) { return s.group == from; }));
+    src = Group{};
+    src.sealed = true;  // gone: its values live in `into`
+  }
+
   // An alias of a row-level value of its group (keepdims broadcast/reshape, or the broadcast of
   // a row value back over the domain): no computation, the same node.
   bool try_alias(const JaxprEqn& e, bool any_level) {
@@ -417,6 +453,7 @@ class Planner {
         library(e);
         return;
       case EqnClass::Elementwise: {
+        merge_producers(e);
         for (int g : candidates(e))
           if (try_elementwise(g, e)) {
             move_to_end(g);

@@ -399,6 +399,38 @@ TEST_CASE("independent elementwise updates of one shape are one kernel (an optim
   check_same(v1, v0, 2e-6, "v");
 }
 
+TEST_CASE("an optimizer written as three tree maps is one kernel per parameter (open producer groups merge)") {
+  // All m updates, then all v updates, then the parameter updates: each parameter's update reads
+  // two groups that were started apart (with other shapes in between).
+  auto adam_maps = [](const std::vector<Array>& p, const std::vector<Array>& m, const std::vector<Array>& v,
+                      const std::vector<Array>& g) {
+    std::vector<Array> m2, v2, p2;
+    for (size_t i = 0; i < p.size(); ++i) m2.push_back(0.9f * m[i] + 0.1f * g[i]);
+    for (size_t i = 0; i < p.size(); ++i) v2.push_back(0.99f * v[i] + 0.01f * jnp::square(g[i]));
+    for (size_t i = 0; i < p.size(); ++i) p2.push_back(p[i] - 0.001f * (m2[i] / 0.1f) / (jnp::sqrt(v2[i] / 0.01f) + 1e-8f));
+    return std::tuple{p2, m2, v2};
+  };
+  std::vector<Shape> shapes{{64, 32}, {48}, {32, 64}};
+  std::vector<Array> p, m, v, g;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    int k = 90 + 4 * int(i);
+    p.push_back(random::normal(random::key(k), shapes[i]));
+    m.push_back(random::normal(random::key(k + 1), shapes[i]) * 0.1f);
+    v.push_back(jnp::abs(random::normal(random::key(k + 2), shapes[i])));
+    g.push_back(random::normal(random::key(k + 3), shapes[i]));
+  }
+  FusionPlan plan = plan_of(adam_maps, p, m, v, g);
+  CHECK(plan.kernels.size() == 3);
+  for (const FusedKernel& k : plan.kernels) CHECK(k.outputs.size() == 3);
+  auto [p1, m1, v1] = jit(adam_maps)(p, m, v, g);
+  auto [p0, m0, v0] = adam_maps(p, m, v, g);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    check_same(p1[i], p0[i], 2e-6, "p");
+    check_same(m1[i], m0[i], 2e-6, "m");
+    check_same(v1[i], v0[i], 2e-6, "v");
+  }
+}
+
 TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
   Mesh mesh = make_mesh({4}, {"i"});
   auto body = [](const Array& m, const Array& g) {
