@@ -108,7 +108,7 @@ bool fusion_enabled() {
 }
 
 Executable::Executable(const ClosedJaxpr& traced, std::string name)
-    : name_(std::move(name)), optimized_(optimize(*traced)), consts_(traced.consts) {
+    : name_(std::move(name)), optimized_(optimize(*splat_constants(*traced, traced.consts))), consts_(traced.consts) {
   const Jaxpr& j = *optimized_;
   has_effects_ = jaxpr_has_effects(j);
   cheap_ = estimated_cost(j) < kCheapProgramCost;

@@ -3,10 +3,12 @@
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
+#include <cstring>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "cjax/lax.h"
 #include "core/linalg.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/trace.h"
@@ -102,6 +104,48 @@ std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr) {
   std::vector<Atom> results;
   inline_into(jaxpr, args, eqns, results);
   return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), std::move(results));
+}
+
+namespace {
+// Whether every element of a single-buffer array has the bytes of the first.
+bool uniform(const Array& c) {
+  ConcreteArray* ca = concrete(c);
+  if (!ca || ca->buffers.size() != 1 || c.size() < 2) return false;
+  const auto* p = static_cast<const unsigned char*>(ca->buffers[0]->data());
+  size_t es = itemsize(c.dtype()), n = size_t(c.size());
+  for (size_t i = 1; i < n; ++i)
+    if (std::memcmp(p, p + i * es, es) != 0) return false;
+  return true;
+}
+}  // namespace
+
+std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vector<Array>& consts) {
+  std::vector<JaxprEqn> eqns;
+  Subst s;
+  for (size_t i = 0; i < jaxpr.constvars().size() && i < consts.size(); ++i) {
+    const Var& cv = jaxpr.constvars()[i];
+    const Array& c = consts[i];
+    if (c.ndim() == 0 || cv.aval().shape != c.shape() || !uniform(c)) continue;
+    Array scalar;
+    {
+      TraceScope scope(eval_trace());
+      scalar = lax::reshape(lax::slice(c, Shape(size_t(c.ndim()), 0), Shape(size_t(c.ndim()), 1)), {});
+    }
+    JaxprEqn e;
+    e.primitive = find_primitive("broadcast_in_dim");
+    e.inputs = {Literal(scalar)};
+    e.outputs = {Var(cv.aval())};
+    e.params = Params{{"shape", c.shape()}, {"broadcast_dimensions", std::vector<int64_t>{}}, {"sharding", std::monostate{}}};
+    s.map[cv.id()] = e.outputs[0];
+    eqns.push_back(std::move(e));
+  }
+  if (eqns.empty()) return std::make_shared<const Jaxpr>(jaxpr);
+  for (const JaxprEqn& e : jaxpr.eqns()) {
+    JaxprEqn c = e;
+    c.inputs = s.all(e.inputs);
+    eqns.push_back(std::move(c));
+  }
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), s.all(jaxpr.outvars()));
 }
 
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr) {

@@ -16,6 +16,10 @@
 //                    BLAS call with beta = 1 that the executable runs in place over a dying or
 //                    donated acc: the gradient is never materialized (f32/f64, single-use dot),
 //   dce            : equations none of whose outputs is used are dropped.
+// splat_constants runs first, with the closed jaxpr's values: a constant whose elements are all
+// equal (jnp::zeros, ones, full, full_like evaluated while tracing: an attention mask's fill
+// value, an all-true mask) becomes broadcast_in_dim of a scalar literal, which the fusion
+// planner folds into the kernels that read it instead of loading the array element by element.
 // All passes keep the jaxpr's constvars, invars and output types.
 #pragma once
 #include <memory>
@@ -24,6 +28,7 @@
 
 namespace cjax {
 
+std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vector<Array>& consts);
 std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);

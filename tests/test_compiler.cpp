@@ -431,6 +431,30 @@ TEST_CASE("an optimizer written as three tree maps is one kernel per parameter (
   }
 }
 
+TEST_CASE("uniform constants made while tracing are kernel constants, not arrays read per element") {
+  // jnp::ones and jnp::full with a concrete fill of the result's type run eagerly while tracing
+  // (their values do not depend on the arguments) and become the jaxpr's constants;
+  // splat_constants turns them into literals.
+  auto masked = [](const Array& x) {
+    Array keep = jnp::logical_and(jnp::ones(x.shape(), DType::bool_), x > 0.0f);
+    return nn::softmax(lax::select(keep, x, jnp::full(x.shape(), jnp::full({}, -1e9, DType::float32))), -1);
+  };
+  Array x = random::normal(random::key(100), {48, 40});
+  ClosedJaxpr traced = make_jaxpr(masked)(x);
+  CHECK(traced.consts.size() == 2);  // the all-true mask and the fill
+  FusionPlan plan = Executable(traced).plan();
+  REQUIRE(plan.kernels.size() == 1);
+  CHECK(plan.kernels[0].inputs.size() == 1);  // only x
+  check_same(jit(masked)(x), masked(x), 2e-6, "masked softmax");
+  // A constant that is not uniform stays an input.
+  Array ramp = jnp::arange(40, DType::float32);
+  auto shifted = [&](const Array& x) { return x + ramp; };
+  FusionPlan p2 = plan_of(shifted, x);
+  REQUIRE(p2.kernels.size() == 1);
+  CHECK(p2.kernels[0].inputs.size() == 2);
+  check_same(jit(shifted)(x), shifted(x), 0, "x + ramp");
+}
+
 TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
   Mesh mesh = make_mesh({4}, {"i"});
   auto body = [](const Array& m, const Array& g) {
