@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -146,6 +147,63 @@ std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vect
     eqns.push_back(std::move(c));
   }
   return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), s.all(jaxpr.outvars()));
+}
+
+std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
+  auto elementwise = [](const JaxprEqn& e) {
+    const std::string& n = e.primitive->name;
+    return e.outputs.size() == 1 && (e.primitive->scalar_op || n == "integer_pow" || n == "convert_element_type" ||
+                                     n == "select_n" || n == "add_any");
+  };
+  std::unordered_map<const void*, JaxprEqn> broadcast_of;  // a var -> the broadcast_in_dim defining it
+  std::unordered_map<const void*, Literal> splat_of;        // a var -> the scalar literal it broadcasts
+  std::vector<JaxprEqn> eqns;
+  std::function<void(JaxprEqn)> emit = [&](JaxprEqn e) {
+    if (e.primitive->name == "broadcast_in_dim") {
+      if (std::holds_alternative<Var>(e.inputs[0])) broadcast_of[e.outputs[0].id()] = e;
+      else if (atom_aval(e.inputs[0]).ndim() == 0) splat_of.emplace(e.outputs[0].id(), std::get<Literal>(e.inputs[0]));
+    }
+    if (elementwise(e)) {
+      const JaxprEqn* first = nullptr;
+      bool ok = true;
+      for (const Atom& a : e.inputs) {
+        if (auto* l = std::get_if<Literal>(&a)) {
+          ok = ok && l->aval().ndim() == 0;
+          continue;
+        }
+        if (splat_of.count(std::get<Var>(a).id())) continue;
+        auto it = broadcast_of.find(std::get<Var>(a).id());
+        if (it == broadcast_of.end()) {
+          ok = false;
+          break;
+        }
+        const JaxprEqn& b = it->second;
+        if (!first) first = &b;
+        else ok = ok && b.params == first->params && atom_aval(b.inputs[0]).shape == atom_aval(first->inputs[0]).shape;
+      }
+      if (ok && first && atom_aval(first->inputs[0]).shape != e.outputs[0].aval().shape) {
+        JaxprEqn inner = e;
+        for (Atom& a : inner.inputs)
+          if (auto* v = std::get_if<Var>(&a)) {
+            auto splat = splat_of.find(v->id());
+            a = splat != splat_of.end() ? Atom(splat->second) : broadcast_of.at(v->id()).inputs[0];
+          }
+        AbstractValue av = e.outputs[0].aval();
+        av.shape = atom_aval(first->inputs[0]).shape;
+        inner.outputs = {Var(av)};
+        JaxprEqn outer = *first;
+        outer.inputs = {inner.outputs[0]};
+        outer.outputs = e.outputs;
+        outer.source_info = e.source_info;
+        emit(std::move(inner));
+        emit(std::move(outer));
+        return;
+      }
+    }
+    eqns.push_back(std::move(e));
+  };
+  for (const JaxprEqn& e : jaxpr.eqns()) emit(e);
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
 }
 
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr) {
@@ -332,6 +390,7 @@ std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr) {
 
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr) {
   auto j = inline_calls(jaxpr);
+  j = sink_broadcasts(*j);
   j = fold_constants(*j);
   j = cse(*j);
   j = simplify_transposes(*j);

@@ -3,6 +3,10 @@
 //                    by their bodies (they run as one program and fuse; remat bodies can then be
 //                    CSE'd with identical values outside them, which XLA prevents with
 //                    optimization barriers and we do not yet: a memory, not a value, difference),
+//   sink_broadcasts: an elementwise equation whose operands are all the same broadcast_in_dim
+//                    (of equal-shaped sources; scalar literals aside) runs on the sources and is
+//                    broadcast after: a softmax's 1 / sum^2, kept for the backward pass, is one
+//                    value per row instead of one per element,
 //   fold_constants : equations whose inputs are all literals and whose outputs are scalars are
 //                    evaluated at compile time and become literals,
 //   cse            : an equation identical to an earlier one (primitive, params, inputs) reuses
@@ -30,6 +34,7 @@ namespace cjax {
 
 std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vector<Array>& consts);
 std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);

@@ -455,6 +455,31 @@ TEST_CASE("uniform constants made while tracing are kernel constants, not arrays
   check_same(jit(shifted)(x), shifted(x), 0, "x + ramp");
 }
 
+TEST_CASE("elementwise ops on broadcast row values run per row (sink_broadcasts)") {
+  // The backward of x / sum(x) keeps sum^-2, computed on the broadcast sum: per element before
+  // the pass, per row after it; so is an op mixing a row value with a broadcast scalar constant.
+  auto f = [](const Array& x) {
+    Array s = lax::broadcast_in_dim(jnp::sum(x, -1), x.shape(), {0});
+    Array one = lax::broadcast_in_dim(jnp::full({}, 1.0, DType::float32), x.shape(), {});
+    return std::tuple{x / s, lax::integer_pow(s, -2), one / s};
+  };
+  Array x = jnp::abs(random::normal(random::key(101), {24, 56})) + 0.5f;
+  ClosedJaxpr traced = make_jaxpr(f)(x);
+  auto sunk = sink_broadcasts(*traced);
+  int row_ops = 0, full_ops = 0;
+  for (const JaxprEqn& e : sunk->eqns()) {
+    if (e.primitive->name != "integer_pow" && e.primitive->name != "div") continue;
+    (e.outputs[0].aval().shape == Shape{24} ? row_ops : full_ops) += 1;
+  }
+  CHECK(row_ops == 2);   // s^-2 and 1 / s
+  CHECK(full_ops == 1);  // x / s
+  auto [a1, b1, c1] = jit(f)(x);
+  auto [a0, b0, c0] = f(x);
+  check_same(a1, a0, 2e-6, "x / s");
+  check_same(b1, b0, 2e-6, "s^-2");
+  check_same(c1, c0, 2e-6, "1 / s");
+}
+
 TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
   Mesh mesh = make_mesh({4}, {"i"});
   auto body = [](const Array& m, const Array& g) {
