@@ -436,7 +436,7 @@ class Planner {
       case EqnClass::Alias:
         if (try_alias(e, true)) return;
         if (auto* v = std::get_if<Var>(&e.inputs[0]); v && virtual_.count(v->id()) &&
-                                                        e.primitive->name == "stop_gradient") {
+                                                        (e.primitive->name == "stop_gradient" || e.primitive->name == "pvary")) {
           Virtual vb = virtual_.at(v->id());
           vb.eqn.outputs = e.outputs;  // the same broadcast, deferred, defining this equation's output
           virtual_[e.outputs[0].id()] = vb;

@@ -12,6 +12,7 @@
 #include "cjax/lax.h"
 #include "core/linalg.h"
 #include "trace/eval_jaxpr.h"
+#include "trace/shard_map.h"
 #include "trace/trace.h"
 
 namespace cjax {
@@ -108,6 +109,26 @@ std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr) {
 }
 
 namespace {
+// `out` = broadcast_in_dim of the scalar literal `value` to out's shape.
+JaxprEqn splat_eqn(const Literal& value, const Var& out) {
+  JaxprEqn b;
+  b.primitive = find_primitive("broadcast_in_dim");
+  b.inputs = {value};
+  b.outputs = {out};
+  b.params = Params{{"shape", out.aval().shape}, {"broadcast_dimensions", std::vector<int64_t>{}},
+                    {"sharding", std::monostate{}}};
+  return b;
+}
+// Records in `splat_of` the vars that broadcast a scalar literal (through pvary too).
+void track_splat(const JaxprEqn& e, std::unordered_map<const void*, Literal>& splat_of) {
+  const std::string& name = e.primitive->name;
+  if (name == "broadcast_in_dim" && std::holds_alternative<Literal>(e.inputs[0]) && atom_aval(e.inputs[0]).ndim() == 0)
+    splat_of.emplace(e.outputs[0].id(), std::get<Literal>(e.inputs[0]));
+  if (name == "pvary" && e.inputs.size() == 1 && std::holds_alternative<Var>(e.inputs[0]))
+    if (auto it = splat_of.find(std::get<Var>(e.inputs[0]).id()); it != splat_of.end())
+      splat_of.emplace(e.outputs[0].id(), it->second);
+}
+
 // Whether every element of a single-buffer array has the bytes of the first.
 bool uniform(const Array& c) {
   ConcreteArray* ca = concrete(c);
@@ -132,13 +153,8 @@ std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vect
       TraceScope scope(eval_trace());
       scalar = lax::reshape(lax::slice(c, Shape(size_t(c.ndim()), 0), Shape(size_t(c.ndim()), 1)), {});
     }
-    JaxprEqn e;
-    e.primitive = find_primitive("broadcast_in_dim");
-    e.inputs = {Literal(scalar)};
-    e.outputs = {Var(cv.aval())};
-    e.params = Params{{"shape", c.shape()}, {"broadcast_dimensions", std::vector<int64_t>{}}, {"sharding", std::monostate{}}};
-    s.map[cv.id()] = e.outputs[0];
-    eqns.push_back(std::move(e));
+    eqns.push_back(splat_eqn(Literal(scalar), Var(cv.aval())));
+    s.map[cv.id()] = eqns.back().outputs[0];
   }
   if (eqns.empty()) return std::make_shared<const Jaxpr>(jaxpr);
   for (const JaxprEqn& e : jaxpr.eqns()) {
@@ -159,10 +175,9 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, Literal> splat_of;        // a var -> the scalar literal it broadcasts
   std::vector<JaxprEqn> eqns;
   std::function<void(JaxprEqn)> emit = [&](JaxprEqn e) {
-    if (e.primitive->name == "broadcast_in_dim") {
-      if (std::holds_alternative<Var>(e.inputs[0])) broadcast_of[e.outputs[0].id()] = e;
-      else if (atom_aval(e.inputs[0]).ndim() == 0) splat_of.emplace(e.outputs[0].id(), std::get<Literal>(e.inputs[0]));
-    }
+    if (e.primitive->name == "broadcast_in_dim" && std::holds_alternative<Var>(e.inputs[0]))
+      broadcast_of[e.outputs[0].id()] = e;
+    track_splat(e, splat_of);
     if (elementwise(e)) {
       const JaxprEqn* first = nullptr;
       bool ok = true;
@@ -203,6 +218,59 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
     eqns.push_back(std::move(e));
   };
   for (const JaxprEqn& e : jaxpr.eqns()) emit(e);
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
+}
+
+std::shared_ptr<const Jaxpr> splat_shard_map_operands(const Jaxpr& jaxpr) {
+  std::unordered_map<const void*, Literal> splat_of;  // a var -> the scalar literal it broadcasts
+  std::vector<JaxprEqn> eqns;
+  bool changed = false;
+  for (const JaxprEqn& e : jaxpr.eqns()) {
+    track_splat(e, splat_of);
+    if (e.primitive != &g_shard_map) {
+      eqns.push_back(e);
+      continue;
+    }
+    ShardMapInfo info = ShardMapInfo::from(e.params);
+    const Jaxpr& body = *info.body;
+    std::vector<JaxprEqn> body_eqns;
+    std::vector<Var> invars;
+    std::vector<PartitionSpec> in_specs;
+    std::vector<Atom> inputs;
+    Subst sub;
+    for (size_t i = 0; i < e.inputs.size(); ++i) {
+      const Var& bv = body.invars()[i];
+      auto* v = std::get_if<Var>(&e.inputs[i]);
+      auto it = v ? splat_of.find(v->id()) : splat_of.end();
+      if (it == splat_of.end() || !spec_vma(info.in_specs[i]).empty() || !bv.aval().vma.empty()) {
+        invars.push_back(bv);
+        in_specs.push_back(info.in_specs[i]);
+        inputs.push_back(e.inputs[i]);
+        continue;
+      }
+      body_eqns.push_back(splat_eqn(it->second, Var(bv.aval())));
+      sub.map[bv.id()] = body_eqns.back().outputs[0];
+    }
+    JaxprEqn c = e;
+    if (!body_eqns.empty()) {
+      for (const JaxprEqn& be : body.eqns()) {
+        JaxprEqn r = be;
+        r.inputs = sub.all(be.inputs);
+        body_eqns.push_back(std::move(r));
+      }
+      auto new_body = std::make_shared<const Jaxpr>(body.constvars(), std::move(invars), std::move(body_eqns),
+                                                    sub.all(body.outvars()));
+      std::shared_ptr<const Jaxpr> inner = splat_shard_map_operands(*new_body);
+      if (is_transposed_body(info.body.get())) mark_transposed_body(inner);
+      info.body = inner;
+      info.in_specs = std::move(in_specs);
+      c.inputs = std::move(inputs);
+      c.params = info.params();
+      changed = true;
+    }
+    eqns.push_back(std::move(c));
+  }
+  if (!changed) return std::make_shared<const Jaxpr>(jaxpr);
   return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
 }
 
@@ -390,6 +458,7 @@ std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr) {
 
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr) {
   auto j = inline_calls(jaxpr);
+  j = splat_shard_map_operands(*j);
   j = sink_broadcasts(*j);
   j = fold_constants(*j);
   j = cse(*j);

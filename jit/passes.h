@@ -3,6 +3,9 @@
 //                    by their bodies (they run as one program and fuse; remat bodies can then be
 //                    CSE'd with identical values outside them, which XLA prevents with
 //                    optimization barriers and we do not yet: a memory, not a value, difference),
+//   splat_shard_map_operands : a replicated shard_map operand that is a broadcast scalar
+//                    literal becomes that broadcast inside the body (recursively), so neither
+//                    the caller materializes it nor the body's kernels load it,
 //   sink_broadcasts: an elementwise equation whose operands are all the same broadcast_in_dim
 //                    (of equal-shaped sources; scalar literals aside) runs on the sources and is
 //                    broadcast after: a softmax's 1 / sum^2, kept for the backward pass, is one
@@ -34,6 +37,7 @@ namespace cjax {
 
 std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vector<Array>& consts);
 std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> splat_shard_map_operands(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);

@@ -480,6 +480,26 @@ TEST_CASE("elementwise ops on broadcast row values run per row (sink_broadcasts)
   check_same(c1, c0, 2e-6, "1 / s");
 }
 
+TEST_CASE("a replicated shard_map operand that is a broadcast constant is built inside the body") {
+  Mesh mesh = make_mesh({4}, {"i"});
+  auto body = [](const Array& xb, const Array& floor) { return jnp::maximum(xb, floor) * 2.0f; };
+  auto f = [&](const Array& x) {
+    Array floor = jnp::full({x.shape()[1]}, jnp::full({}, -0.5, DType::float32));  // a constant while tracing
+    return shard_map(body, mesh, {P("i"), P()}, P("i"))(x, floor);
+  };
+  Array x = random::normal(random::key(102), {32, 24});
+  Executable exe(make_jaxpr(f)(x));
+  int shard_maps = 0;
+  for (const JaxprEqn& e : exe.jaxpr().eqns())
+    if (e.primitive->name == "shard_map") {
+      ++shard_maps;
+      CHECK(e.inputs.size() == 1);  // only x: the floor is a literal broadcast in the body
+      CHECK(ShardMapInfo::from(e.params).body->invars().size() == 1);
+    }
+  CHECK(shard_maps == 1);
+  check_same(jit(f)(x), f(x), 0, "max(x, -0.5) * 2");
+}
+
 TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
   Mesh mesh = make_mesh({4}, {"i"});
   auto body = [](const Array& m, const Array& g) {
