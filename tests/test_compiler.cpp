@@ -500,6 +500,35 @@ TEST_CASE("a replicated shard_map operand that is a broadcast constant is built 
   check_same(jit(f)(x), f(x), 0, "max(x, -0.5) * 2");
 }
 
+TEST_CASE("row values cross shard_map boundaries at row size (unbroadcast_shard_map_boundaries)") {
+  // As a forward body returning softmax's row sums broadcast (a residual) and a backward body
+  // reading them: the first returns the [rows] sums, the caller broadcasts, the second takes the
+  // sums and broadcasts in its body; the full-size array is never written.
+  Mesh mesh = make_mesh({4}, {"i"});
+  auto row_sums = shard_map([](const Array& xb) { return lax::broadcast_in_dim(jnp::sum(xb, -1), xb.shape(), {0}); },
+                            mesh, P("i"), P("i"));
+  auto normalize = shard_map([](const Array& xb, const Array& sb) { return xb / sb; }, mesh, {P("i"), P("i")}, P("i"));
+  auto f = [&](const Array& x) { return normalize(x, row_sums(x)); };
+  Array x = jnp::abs(random::normal(random::key(103), {32, 24})) + 0.5f;
+  Executable exe(make_jaxpr(f)(x));
+  std::vector<const JaxprEqn*> sms;
+  for (const JaxprEqn& e : exe.jaxpr().eqns())
+    if (e.primitive->name == "shard_map") sms.push_back(&e);
+  REQUIRE(sms.size() == 2);
+  CHECK(sms[0]->outputs[0].aval().shape == Shape{32});           // the sums, not [32, 24]
+  CHECK(atom_aval(sms[1]->inputs[1]).shape == Shape{32});         // taken as they are
+  CHECK(ShardMapInfo::from(sms[1]->params).body->invars()[1].aval().shape == Shape{8});
+  check_same(jit(f)(x), f(x), 1e-6, "x / row sums");
+  // A broadcast along a sharded dimension stays as it was.
+  auto col_sums = shard_map([](const Array& xb) { return lax::broadcast_in_dim(jnp::sum(xb, 0), xb.shape(), {1}); },
+                            mesh, P("i"), P("i"));
+  auto g = [&](const Array& x) { return normalize(x, col_sums(x)); };
+  Executable exe2(make_jaxpr(g)(x));
+  for (const JaxprEqn& e : exe2.jaxpr().eqns())
+    if (e.primitive->name == "shard_map") CHECK(e.outputs[0].aval().shape == Shape{32, 24});
+  check_same(jit(g)(x), g(x), 1e-6, "x / block column sums");
+}
+
 TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
   Mesh mesh = make_mesh({4}, {"i"});
   auto body = [](const Array& m, const Array& g) {
