@@ -118,6 +118,10 @@ JaxprEqn broadcast_eqn(const Atom& src, const Var& out, const std::vector<int64_
   b.params = Params{{"shape", out.aval().shape}, {"broadcast_dimensions", dims}, {"sharding", std::monostate{}}};
   return b;
 }
+// Whether `e` is broadcast_in_dim of a variable (not of a literal).
+bool broadcasts_a_var(const JaxprEqn& e) {
+  return e.primitive->name == "broadcast_in_dim" && std::holds_alternative<Var>(e.inputs[0]);
+}
 // `out` = broadcast_in_dim of the scalar literal `value` to out's shape.
 JaxprEqn splat_eqn(const Literal& value, const Var& out) { return broadcast_eqn(value, out, {}); }
 // Records in `splat_of` the vars that broadcast a scalar literal (through pvary too).
@@ -176,8 +180,7 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, Literal> splat_of;        // a var -> the scalar literal it broadcasts
   std::vector<JaxprEqn> eqns;
   std::function<void(JaxprEqn)> emit = [&](JaxprEqn e) {
-    if (e.primitive->name == "broadcast_in_dim" && std::holds_alternative<Var>(e.inputs[0]))
-      broadcast_of[e.outputs[0].id()] = e;
+    if (broadcasts_a_var(e)) broadcast_of[e.outputs[0].id()] = e;
     track_splat(e, splat_of);
     if (elementwise(e)) {
       const JaxprEqn* first = nullptr;
@@ -222,59 +225,6 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
   return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
 }
 
-std::shared_ptr<const Jaxpr> splat_shard_map_operands(const Jaxpr& jaxpr) {
-  std::unordered_map<const void*, Literal> splat_of;  // a var -> the scalar literal it broadcasts
-  std::vector<JaxprEqn> eqns;
-  bool changed = false;
-  for (const JaxprEqn& e : jaxpr.eqns()) {
-    track_splat(e, splat_of);
-    if (e.primitive != &g_shard_map) {
-      eqns.push_back(e);
-      continue;
-    }
-    ShardMapInfo info = ShardMapInfo::from(e.params);
-    const Jaxpr& body = *info.body;
-    std::vector<JaxprEqn> body_eqns;
-    std::vector<Var> invars;
-    std::vector<PartitionSpec> in_specs;
-    std::vector<Atom> inputs;
-    Subst sub;
-    for (size_t i = 0; i < e.inputs.size(); ++i) {
-      const Var& bv = body.invars()[i];
-      auto* v = std::get_if<Var>(&e.inputs[i]);
-      auto it = v ? splat_of.find(v->id()) : splat_of.end();
-      if (it == splat_of.end() || !spec_vma(info.in_specs[i]).empty() || !bv.aval().vma.empty()) {
-        invars.push_back(bv);
-        in_specs.push_back(info.in_specs[i]);
-        inputs.push_back(e.inputs[i]);
-        continue;
-      }
-      body_eqns.push_back(splat_eqn(it->second, Var(bv.aval())));
-      sub.map[bv.id()] = body_eqns.back().outputs[0];
-    }
-    JaxprEqn c = e;
-    if (!body_eqns.empty()) {
-      for (const JaxprEqn& be : body.eqns()) {
-        JaxprEqn r = be;
-        r.inputs = sub.all(be.inputs);
-        body_eqns.push_back(std::move(r));
-      }
-      auto new_body = std::make_shared<const Jaxpr>(body.constvars(), std::move(invars), std::move(body_eqns),
-                                                    sub.all(body.outvars()));
-      std::shared_ptr<const Jaxpr> inner = splat_shard_map_operands(*new_body);
-      if (is_transposed_body(info.body.get())) mark_transposed_body(inner);
-      info.body = inner;
-      info.in_specs = std::move(in_specs);
-      c.inputs = std::move(inputs);
-      c.params = info.params();
-      changed = true;
-    }
-    eqns.push_back(std::move(c));
-  }
-  if (!changed) return std::make_shared<const Jaxpr>(jaxpr);
-  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
-}
-
 namespace {
 // The spec of a broadcast_in_dim operand (shape `src`, dims `dims` into shape `dst`) whose result
 // has spec `spec`, when every sharded result dimension is one of the operand's (not expanded):
@@ -295,11 +245,12 @@ std::optional<PartitionSpec> spec_through_broadcast(const PartitionSpec& spec, c
 
 std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, JaxprEqn> broadcast_of;  // top-level var -> its broadcast_in_dim of a var
+  std::unordered_map<const void*, Literal> splat_of;        // top-level var -> the scalar literal it broadcasts
   std::vector<JaxprEqn> eqns;
   bool changed = false;
   for (const JaxprEqn& e0 : jaxpr.eqns()) {
-    if (e0.primitive->name == "broadcast_in_dim" && std::holds_alternative<Var>(e0.inputs[0]))
-      broadcast_of[e0.outputs[0].id()] = e0;
+    if (broadcasts_a_var(e0)) broadcast_of[e0.outputs[0].id()] = e0;
+    track_splat(e0, splat_of);
     if (e0.primitive != &g_shard_map) {
       eqns.push_back(e0);
       continue;
@@ -310,9 +261,17 @@ std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr
     const Jaxpr& body = *sunk;
     std::vector<Var> invars = body.invars();
     std::vector<JaxprEqn> prologue;  // body: broadcasts of the operands' sources
-    // Operands that are broadcasts: the body takes the source's blocks and broadcasts them.
+    std::vector<bool> dropped(e.inputs.size(), false);
+    // Operands that are broadcasts: the body takes the source's blocks and broadcasts them; a
+    // replicated broadcast scalar literal is built in the body and the operand dropped.
     for (size_t i = 0; i < e.inputs.size(); ++i) {
       auto* v = std::get_if<Var>(&e.inputs[i]);
+      if (auto splat = v ? splat_of.find(v->id()) : splat_of.end();
+          splat != splat_of.end() && spec_vma(info.in_specs[i]).empty() && invars[i].aval().vma.empty()) {
+        prologue.push_back(splat_eqn(splat->second, invars[i]));
+        dropped[i] = true;
+        continue;
+      }
       auto it = v ? broadcast_of.find(v->id()) : broadcast_of.end();
       if (it == broadcast_of.end()) continue;
       const JaxprEqn& b = it->second;
@@ -332,8 +291,7 @@ std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr
     // Outputs that are broadcasts in the body: the body returns the source; the caller broadcasts.
     std::unordered_map<const void*, const JaxprEqn*> body_broadcast;
     for (const JaxprEqn& be : body.eqns())
-      if (be.primitive->name == "broadcast_in_dim" && std::holds_alternative<Var>(be.inputs[0]))
-        body_broadcast[be.outputs[0].id()] = &be;
+      if (broadcasts_a_var(be)) body_broadcast[be.outputs[0].id()] = &be;
     std::vector<Atom> outvars = body.outvars();
     std::vector<JaxprEqn> epilogue;  // caller: broadcasts of the returned sources
     for (size_t j = 0; j < outvars.size(); ++j) {
@@ -361,12 +319,24 @@ std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr
       eqns.push_back(e0);
       continue;
     }
+    std::vector<Var> kept_invars;
+    std::vector<PartitionSpec> kept_specs;
+    std::vector<Atom> kept_inputs;
+    for (size_t i = 0; i < e.inputs.size(); ++i)
+      if (!dropped[i]) {
+        kept_invars.push_back(invars[i]);
+        kept_specs.push_back(info.in_specs[i]);
+        kept_inputs.push_back(e.inputs[i]);
+      }
     std::vector<JaxprEqn> body_eqns = std::move(prologue);
     body_eqns.insert(body_eqns.end(), body.eqns().begin(), body.eqns().end());
-    auto new_body = std::make_shared<const Jaxpr>(body.constvars(), std::move(invars), std::move(body_eqns),
-                                                  std::move(outvars));
+    // Nested shard_maps in the body get the same treatment (the splats just built reach them).
+    std::shared_ptr<const Jaxpr> new_body = unbroadcast_shard_map_boundaries(
+        Jaxpr(body.constvars(), std::move(kept_invars), std::move(body_eqns), std::move(outvars)));
     if (is_transposed_body(info.body.get())) mark_transposed_body(new_body);
     info.body = new_body;
+    info.in_specs = std::move(kept_specs);
+    e.inputs = std::move(kept_inputs);
     e.params = info.params();
     eqns.push_back(std::move(e));
     for (JaxprEqn& b : epilogue) {
@@ -563,7 +533,6 @@ std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr) {
 
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr) {
   auto j = inline_calls(jaxpr);
-  j = splat_shard_map_operands(*j);
   j = unbroadcast_shard_map_boundaries(*j);
   j = sink_broadcasts(*j);
   j = fold_constants(*j);

@@ -3,15 +3,14 @@
 //                    by their bodies (they run as one program and fuse; remat bodies can then be
 //                    CSE'd with identical values outside them, which XLA prevents with
 //                    optimization barriers and we do not yet: a memory, not a value, difference),
-//   splat_shard_map_operands : a replicated shard_map operand that is a broadcast scalar
-//                    literal becomes that broadcast inside the body (recursively), so neither
-//                    the caller materializes it nor the body's kernels load it,
 //   unbroadcast_shard_map_boundaries : a shard_map output that its body computes as a broadcast
 //                    (a softmax's row sums, kept for the backward pass) is returned as the source
 //                    and broadcast by the caller; a shard_map operand that is a broadcast is
 //                    passed as its source and broadcast in the body. Only where the broadcast
 //                    dimensions are unsharded. Row values then cross from the forward body to the
-//                    backward one at row size instead of per element,
+//                    backward one at row size instead of per element; a replicated operand that
+//                    broadcasts a scalar literal is dropped and built in the body (recursively),
+//                    so neither the caller materializes it nor the body's kernels load it,
 //   sink_broadcasts: an elementwise equation whose operands are all the same broadcast_in_dim
 //                    (of equal-shaped sources; scalar literals aside) runs on the sources and is
 //                    broadcast after: a softmax's 1 / sum^2, kept for the backward pass, is one
@@ -43,7 +42,6 @@ namespace cjax {
 
 std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vector<Array>& consts);
 std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
-std::shared_ptr<const Jaxpr> splat_shard_map_operands(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
