@@ -360,7 +360,7 @@ TEST_CASE("kernels writing more than 16 MB of fresh output use streaming stores,
   CHECK(dumped_ir("small_softmax", softmax, random::normal(random::key(71), {256, 256})).find("!nontemporal") ==
         std::string::npos);
   check_same(jit(softmax)(big), softmax(big), 2e-6, "softmax f32[1031, 4099]");
-  // A pass that stores a big output while it reduces keeps the scalar loop (and its reduction).
+  // A pass that stores a big output while it reduces uses plain stores (here: explicit vector code).
   auto exp_and_sum = [](const Array& x) {
     Array e = jnp::exp(x);
     return std::pair{e, jnp::sum(e, {-1})};
@@ -382,6 +382,43 @@ TEST_CASE("kernels writing more than 16 MB of fresh output use streaming stores,
   check_same(jit(positive)(many), positive(many), 0, "x > 0 into bool[17000003]");
   Array half = random::normal(random::key(74), {9'000'001});
   check_same(jit(to_bf16)(half), to_bf16(half), 0, "x * 2 into bfloat16[9000001]");
+}
+
+TEST_CASE("passes computing an f32 exp are explicit vector code; special inputs take exp's rare path" CJAX_JIT_ONLY) {
+  // 1000 columns: 62 whole vectors of 16 columns, then a scalar tail of 8.
+  const int64_t R = 6, C = 1000;
+  std::vector<float> v(size_t(R * C));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 4.0f * std::sin(float(i) * 0.37f);
+  for (int64_t c = 300; c < C; ++c) v[size_t(c)] = -INFINITY;  // row 0: masked from column 300 on
+  v[size_t(C + 517)] = NAN;                                      // row 1: a NaN
+  v[size_t(2 * C + 40)] = INFINITY;                              // row 2: +inf
+  for (float e : {89.0f, -90.0f, -103.99f, 88.5f, -87.5f}) v[size_t(3 * C + 10 + int64_t(e < 0))] = e;  // row 3
+  v[size_t(4 * C + 998)] = 88.0f;                                // row 4: large, in the tail
+  Array x = jnp::array(v, {R, C});
+  auto softmax = [](const Array& x) { return nn::softmax(x); };
+  std::string ir = dumped_ir("vector_softmax", softmax, x);
+  CHECK(ir.find("exp.rare") != std::string::npos);
+  check_same(jit(softmax)(x), softmax(x), 2e-6, "softmax f32[6, 1000]");
+  Array y = jit(softmax)(x);
+  CHECK(std::isnan(vals(y)[size_t(C)]));             // the NaN row is NaN
+  CHECK(vals(y)[size_t(C - 1)] == 0.0);              // the masked columns are 0
+  // exp with reductions of several kinds and dtypes in one vector pass.
+  auto stats = [](const Array& x) {
+    Array e = jnp::exp(x);
+    return std::tuple{e, jnp::sum(e, {-1}), jnp::max(e, {-1}), jnp::sum((e > 1.0f).astype(DType::int32), {-1})};
+  };
+  auto [e, sum, max, count] = jit(stats)(x);
+  auto [e0, sum0, max0, count0] = stats(x);
+  check_same(e, e0, 2e-6, "exp");  // exp's special values: inf, 0, NaN, denormals
+  for (float t : {89.0f, -90.0f, -103.99f, 88.5f, -87.5f, 88.0f, -INFINITY, INFINITY})
+    CHECK(vals(jit([](const Array& a) { return jnp::exp(a); })(jnp::full({64}, t)))[0] == double(std::exp(t)));
+  check_same(sum, sum0, 1e-5, "row sums of exp");
+  check_same(max, max0, 0, "row maxima of exp");
+  check_same(count, count0, 0, "row counts of exp > 1");
+  // The same program on shapes whose rows are too short for a vector loop agrees too.
+  Array small = jnp::array(std::vector<float>(v.begin(), v.begin() + 6 * 40), {6, 40});
+  CHECK(dumped_ir("short_rows", softmax, small).find("exp.rare") == std::string::npos);
+  check_same(jit(softmax)(small), softmax(small), 2e-6, "softmax f32[6, 40]");
 }
 
 TEST_CASE("independent elementwise updates of one shape are one kernel (an optimizer's m, v and parameter)") {

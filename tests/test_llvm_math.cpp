@@ -671,6 +671,43 @@ TEST_CASE("llvm_math: vector operands give the same results as the vectorized sc
   }
 }
 
+// f32 exp on vector operands branches: vectors whose lanes are all in [-80, 80] or below -103.98
+// take a short path, others the full one. Both must give the loop's results bit for bit; every 64th
+// bit pattern in order (nearly all vectors uniform: both paths) and shuffled (mixed vectors).
+TEST_CASE("llvm_math: f32 exp on 16-lane vectors matches the loop bit for bit on both of its paths") {
+  llvm::LLVMContext ctx;
+  auto m = std::make_unique<llvm::Module>("exp16", ctx);
+  cpu::configure_for_host(*m);
+  build_vector(*m, "exp16", ScalarOp::Exp, llvm::Type::getFloatTy(ctx), 1, 16);
+  std::string ir;
+  llvm::raw_string_ostream os(ir);
+  m->print(os, nullptr);
+  CHECK(ir.find("exp.rare") != std::string::npos);
+  auto code = cpu::link_object(cpu::compile_to_object(*m));
+  auto exp16 = reinterpret_cast<void (*)(const float*, float*)>(code->lookup("exp16"));
+  const int64_t n = (int64_t(1) << 32) / 64;
+  std::vector<float> in(static_cast<size_t>(n)), want(in.size()), got(in.size());
+  for (int64_t i = 0; i < n; ++i) in[size_t(i)] = std::bit_cast<float>(uint32_t(i * 64 + (i >> 6) % 64));
+  for (int shuffled = 0; shuffled < 2; ++shuffled) {
+    if (shuffled) std::shuffle(in.begin(), in.end(), std::mt19937(5));
+    run<float>(spec(ScalarOp::Exp), in.data(), in.data(), want.data(), n);
+    int64_t common = 0, rare = 0, bad = 0;
+    for (int64_t v = 0; v < n; v += 16) {
+      bool all = true;
+      for (int64_t i = v; i < v + 16; ++i) all = all && (std::fabs(in[size_t(i)]) < 80 || in[size_t(i)] < -103.98f);
+      ++(all ? common : rare);
+      exp16(&in[size_t(v)], &got[size_t(v)]);
+    }
+    for (int64_t i = 0; i < n && bad < 5; ++i)
+      if (std::memcmp(&got[size_t(i)], &want[size_t(i)], 4) != 0 && !(std::isnan(got[size_t(i)]) && std::isnan(want[size_t(i)]))) {
+        ++bad;
+        FAIL_CHECK("exp(" << in[size_t(i)] << ") = " << got[size_t(i)] << " on vectors, " << want[size_t(i)] << " in the loop");
+      }
+    CHECK(common > 1000);
+    CHECK(rare > 1000);
+  }
+}
+
 TEST_CASE("llvm_math: special values match C/IEEE libm") {
   const double tiny32 = 0x1p-149, tiny64 = 0x1p-1074;
   for (bool dbl : {false, true}) {

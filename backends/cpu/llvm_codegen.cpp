@@ -87,8 +87,9 @@ class KernelEmitter {
   // softmax does). The product is within 1.5 ulp of the quotient (the division: 0.5 ulp).
   std::unordered_map<int, Value*> row_recips_;
   std::unordered_map<int, Value*> full_vals_;  // full-level nodes, this pass and column
-  int lanes_ = 1;          // columns per full-level value: 1, or kStreamLanes in a streaming loop
-  bool streamed_ = false;  // some pass uses streaming stores: fence them before returning
+  int lanes_ = 1;           // columns per full-level value: 1, or kVectorLanes in explicit vector code
+  bool streaming_ = false;  // the columns being emitted store their outputs with streaming stores
+  bool streamed_ = false;   // some pass uses streaming stores: fence them before returning
 
   // ---- types ----
   // storage_type/compute_type are element types (GEPs index by them); value types are
@@ -466,7 +467,7 @@ class KernelEmitter {
   // for (iv = begin; iv < end; ++iv) { body(iv) } with loop-carried values; returns their final values.
   std::vector<Value*> counted_loop(Value* begin, Value* end, std::vector<Value*> init, const char* name,
                                    const std::function<std::vector<Value*>(Value*, const std::vector<Value*>&)>& body,
-                                   int64_t step = 1) {
+                                   int64_t step = 1, int interleave = 0) {
     llvm::Function* f = b_.GetInsertBlock()->getParent();
     llvm::BasicBlock* pre = b_.GetInsertBlock();
     auto* loop = llvm::BasicBlock::Create(ctx_, std::string(name) + ".loop", f);
@@ -487,7 +488,14 @@ class KernelEmitter {
     llvm::BasicBlock* latch = b_.GetInsertBlock();
     iv->addIncoming(iv_next, latch);
     for (size_t k = 0; k < carried.size(); ++k) carried[k]->addIncoming(next[k], latch);
-    b_.CreateCondBr(b_.CreateICmpSLT(iv_next, end), loop, exit);
+    llvm::BranchInst* back = b_.CreateCondBr(b_.CreateICmpSLT(iv_next, end), loop, exit);
+    if (interleave > 0) {
+      llvm::Metadata* ic[] = {llvm::MDString::get(ctx_, "llvm.loop.interleave.count"),
+                              llvm::ConstantAsMetadata::get(b_.getInt32(uint32_t(interleave)))};
+      llvm::MDNode* self = llvm::MDNode::getDistinct(ctx_, {nullptr, llvm::MDNode::get(ctx_, ic)});
+      self->replaceOperandWith(0, self);
+      back->setMetadata(llvm::LLVMContext::MD_loop, self);
+    }
     b_.SetInsertPoint(exit);
     std::vector<Value*> out;
     for (size_t k = 0; k < carried.size(); ++k) {
@@ -527,13 +535,28 @@ class KernelEmitter {
       Type* elem = storage_type(out.dtype);
       Value* p = b_.CreateInBoundsGEP(elem, out_ptr_[o], index);
       llvm::StoreInst* st = b_.CreateAlignedStore(to_storage(v, out.dtype), p, elem_align(elem));
-      if (lanes_ > 1) {  // whole aligned vectors (emit_streaming_columns): a streaming store
+      if (streaming_) {  // whole aligned vectors (emit_streaming_columns): a streaming store
         st->setAlignment(llvm::Align(std::min<uint64_t>(64, uint64_t(lanes_) * elem_align(elem).value())));
         st->setMetadata(llvm::LLVMContext::MD_nontemporal,
                         llvm::MDNode::get(ctx_, llvm::ConstantAsMetadata::get(b_.getInt32(1))));
       }
     }
     return next;
+  }
+  // A pass whose work is a float max/min reduction and cheap elementwise ops (softmax's first
+  // pass). llvm.maximum lowers to a dependent chain of ~5 instructions per vector, so the loop is
+  // latency-bound at the vectorizer's default of 4 accumulators; 8 halve its time (row max of
+  // f32[512,4096] in cache: 0.032 -> 0.023 ns per element). Passes with transcendentals keep
+  // the default: 8 copies of an exp spill registers.
+  bool minmax_only_pass(int pass) const {
+    bool minmax = false;
+    for (const KernelNode& n : spec_.nodes) {
+      if (n.pass != pass || (n.row_level && n.op != Op::Reduce)) continue;
+      if (n.op == Op::Reduce && is_floating(n.dtype) && (n.reduce == KernelReduce::Max || n.reduce == KernelReduce::Min))
+        minmax = true;
+      if (n.op == Op::Scalar && libm_name(n.scalar_op)) return false;  // a transcendental
+    }
+    return minmax;
   }
   bool stored_in_pass(const KernelOutput& out, int pass) const {
     const KernelNode& n = spec_.nodes[size_t(out.node)];
@@ -549,7 +572,7 @@ class KernelEmitter {
   // vector code: a scalar head up to the first 16-aligned column, a loop over whole aligned
   // vectors of 16 lanes, and a scalar tail. Per-element results are those of the scalar code
   // (the same IR per lane). Passes with reductions, in-place outputs or libm calls stay scalar.
-  static constexpr int kStreamLanes = 16;
+  static constexpr int kVectorLanes = 16;
   static constexpr int64_t kStreamingBytes = int64_t(16) << 20;
 
   // Whether `pass`, which has no reductions, is emitted with streaming stores.
@@ -577,13 +600,14 @@ class KernelEmitter {
     for (size_t o = 0; o < spec_.outputs.size(); ++o)
       if (spec_.outputs[o].full)
         aligned = b_.CreateAnd(aligned, b_.CreateICmpEQ(b_.CreateAnd(b_.CreatePtrToInt(out_ptr_[o], i64), 63), b_.getInt64(0)));
-    Value* lanes = b_.getInt64(kStreamLanes);
+    Value* lanes = b_.getInt64(kVectorLanes);
     Value* first = b_.CreateAdd(row_base, cb);
     Value* head = b_.CreateURem(b_.CreateSub(lanes, b_.CreateURem(first, lanes)), lanes);
     Value* vb = b_.CreateSelect(aligned, intrinsic(llvm::Intrinsic::smin, {ce, b_.CreateAdd(cb, head)}), ce);
     Value* ve = b_.CreateAdd(vb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(ce, vb), lanes), lanes));
     counted_loop(cb, vb, {}, "col.head", column);
-    lanes_ = kStreamLanes;
+    lanes_ = kVectorLanes;
+    streaming_ = true;
     // In a later pass of a multi-pass kernel (softmax's normalization), the row's inputs are in
     // cache and memory would sit idle: fetch the next row's inputs, a cache line per vector, so
     // the next row's first pass does not wait for DRAM (row softmax of f32[4096,4096]: -20%).
@@ -601,10 +625,54 @@ class KernelEmitter {
         }
       return r;
     };
-    counted_loop(vb, ve, {}, "col.stream", column_prefetch, kStreamLanes);
+    counted_loop(vb, ve, {}, "col.stream", column_prefetch, kVectorLanes);
     lanes_ = 1;
+    streaming_ = false;
     counted_loop(ve, ce, {}, "col.tail", column);
     streamed_ = true;
+  }
+
+  // ---- explicit vector passes ----
+  // A pass that computes an f32 exp (softmax's exp-and-sum, attention's probabilities) is emitted
+  // as explicit vector code too: a loop over whole vectors of kVectorLanes columns, reductions in
+  // vector accumulators combined by a fixed tree at the end, then a scalar tail. In vector code
+  // exp branches over its special cases instead of selecting (llvm_math.h): ~16 ops per vector
+  // instead of ~25, and without the vectorizer's four interleaved copies the exp's constants
+  // stay in registers. Results per element are the scalar code's; a reduction's combine order is
+  // fixed by the code, so it is deterministic run to run.
+  bool vector_pass(int pass) {
+    if (spec_.cols < 4 * kVectorLanes) return false;
+    bool exp = false;
+    for (const KernelNode& n : spec_.nodes) {
+      if (n.row_level || n.pass != pass || n.op != Op::Scalar) continue;
+      DType in = spec_.nodes[size_t(n.args[0])].dtype;
+      if (calls_libm(n.scalar_op, in)) return false;
+      exp = exp || (n.scalar_op == ScalarOp::Exp && compute_type(compute_dtype(in))->isFloatTy());
+    }
+    return exp;
+  }
+  // Combines the lanes of a vector accumulator of reduction `n`: halves, then quarters, ...
+  Value* combine_lanes(const KernelNode& n, Value* v) {
+    for (unsigned w = unsigned(kVectorLanes); w > 1; w /= 2) {
+      std::vector<int> lo(w / 2), hi(w / 2);
+      for (unsigned i = 0; i < w / 2; ++i) lo[i] = int(i), hi[i] = int(i + w / 2);
+      v = reduce_step(n, b_.CreateShuffleVector(v, lo), b_.CreateShuffleVector(v, hi));
+    }
+    return b_.CreateExtractElement(v, uint64_t(0));
+  }
+  std::vector<Value*> emit_vector_columns(int pass, Value* cb, Value* ce, const std::vector<int>& reduces,
+                                          const std::vector<Value*>& init, Value* row_base) {
+    auto column = [&](Value* c, const std::vector<Value*>& cur) { return emit_column(pass, c, reduces, cur, row_base); };
+    Value* lanes = b_.getInt64(kVectorLanes);
+    Value* ve = b_.CreateAdd(cb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(ce, cb), lanes), lanes));
+    std::vector<Value*> vinit;
+    for (Value* v : init) vinit.push_back(b_.CreateVectorSplat(unsigned(kVectorLanes), v));
+    lanes_ = kVectorLanes;
+    std::vector<Value*> vacc = counted_loop(cb, ve, vinit, "col.vec", column, kVectorLanes);
+    lanes_ = 1;
+    std::vector<Value*> acc;
+    for (size_t k = 0; k < reduces.size(); ++k) acc.push_back(combine_lanes(spec_.nodes[size_t(reduces[k])], vacc[k]));
+    return counted_loop(ve, ce, acc, "col.tail", column);
   }
 
   void emit_body(size_t nbuf) {
@@ -654,10 +722,12 @@ class KernelEmitter {
         std::vector<Value*> acc;
         if (reduces.empty() && streams_pass(pass)) {
           emit_streaming_columns(pass, cb, ce, row_base);
+        } else if (vector_pass(pass)) {
+          acc = emit_vector_columns(pass, cb, ce, reduces, init, row_base);
         } else {
           acc = counted_loop(cb, ce, init, "col", [&](Value* c, const std::vector<Value*>& cur) {
             return emit_column(pass, c, reduces, cur, row_base);
-          });
+          }, 1, minmax_only_pass(pass) ? 8 : 0);
         }
         for (size_t k = 0; k < reduces.size(); ++k)
           set_row_value(reduces[k], round_to(acc[k], spec_.nodes[size_t(reduces[k])].dtype));

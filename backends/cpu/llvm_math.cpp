@@ -21,6 +21,7 @@
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/MDBuilder.h>
 #include <llvm/IR/Module.h>
 
 #include <cmath>
@@ -173,20 +174,54 @@ class Em {
   // NaN lane is never poison), and 2^k goes straight into p's exponent field; only arguments
   // below -80 (denormal results) take a second multiply, by 2^-64.
   Value* exp_f32(Value* x) {
-    const double shifter = 0x1.8p23;  // x log2e + shifter: k in the low mantissa bits
     Value* xc = sel(lt(x, C(-104)), C(-104), x);  // NaN stays NaN
-    Value* t = fma(xc, C(0x1.715476p+0), C(shifter));
-    Value* kf = sub(t, C(shifter));
-    Value* r = fma(kf, C(-0x1.7f7d1cp-20), fma(kf, C(-0x1.62e4p-1), xc));
-    Value* q = fma(r, horner(r, poly(kExpS4_f)), C(0.5));     // expm1(r) = r + r^2 q
-    Value* p = add(C(1), fma(mul(r, r), q, r));                // exp(r), in [0.70, 1.42]
+    ExpCore e = exp_f32_core(xc);
     Value* low = lt(xc, C(-80));
-    Value* kbits = iadd(shl(bits(t), mbits_), sel(low, I(int64_t(64) << mbits_), I(0)));
+    Value* kbits = iadd(e.kbits, sel(low, I(int64_t(64) << mbits_), I(0)));
     Value* scale = sel(lt(xc, C(exp_zero())), C(0), sel(low, C(0x1p-64), C(1)));
-    Value* res = mul(from_bits(iadd(bits(p), kbits)), scale);
+    Value* res = mul(from_bits(iadd(bits(e.p), kbits)), scale);
     // From the first float above ln(FLT_MAX) (k = 128 with p >= 1 would overflow the exponent
     // field) and for NaN: x + inf.
     return sel(lt(x, C(0x1.62e43p+6)), res, add(x, C(inf())));
+  }
+  // exp(r) = p in [0.70, 1.42] and 2^k's exponent field for x (in [-104, 128]), k = round(x log2e).
+  struct ExpCore {
+    Value* p;
+    Value* kbits;
+  };
+  ExpCore exp_f32_core(Value* x) {
+    const double shifter = 0x1.8p23;  // x log2e + shifter: k in the low mantissa bits
+    Value* t = fma(x, C(0x1.715476p+0), C(shifter));
+    Value* kf = sub(t, C(shifter));
+    Value* r = fma(kf, C(-0x1.7f7d1cp-20), fma(kf, C(-0x1.62e4p-1), x));
+    Value* q = fma(r, horner(r, poly(kExpS4_f)), C(0.5));  // expm1(r) = r + r^2 q
+    return {add(C(1), fma(mul(r, r), q, r)), shl(bits(t), mbits_)};
+  }
+  // f32 exp of a whole vector in explicit vector code (a vector kernel pass), with a branch
+  // instead of selects for the special cases: when every lane is in [-80, 80] or rounds to 0
+  // (below -103.98: softmax's masked -inf), about 16 ops; otherwise exp_f32 (NaN, infinities,
+  // overflow, denormal results). The results are exp_f32's bit for bit (2^k in range is exact,
+  // and exp_f32 gives +0 below -103.98), so its accuracy tests cover both paths.
+  Value* exp_f32_branching(Value* x) {
+    ExpCore e = exp_f32_core(x);
+    Value* zero = lt(x, C(exp_zero()));
+    Value* fast = sel(zero, C(0), from_bits(iadd(bits(e.p), e.kbits)));
+    Value* common = b_.CreateAndReduce(lor(lt(fabs(x), C(80)), zero));
+    llvm::BasicBlock* from = b_.GetInsertBlock();
+    llvm::Function* fn = from->getParent();
+    auto* rare = llvm::BasicBlock::Create(b_.getContext(), "exp.rare", fn);
+    auto* join = llvm::BasicBlock::Create(b_.getContext(), "exp.join", fn);
+    llvm::MDNode* likely = llvm::MDBuilder(b_.getContext()).createLikelyBranchWeights();
+    b_.CreateCondBr(common, join, rare, likely);
+    b_.SetInsertPoint(rare);
+    Value* slow = exp_f32(x);
+    llvm::BasicBlock* rare_end = b_.GetInsertBlock();
+    b_.CreateBr(join);
+    b_.SetInsertPoint(join);
+    llvm::PHINode* res = b_.CreatePHI(ty_, 2);
+    res->addIncoming(fast, from);
+    res->addIncoming(slow, rare_end);
+    return res;
   }
 
   Value* exp2(Value* x) {
@@ -732,7 +767,9 @@ Value* emit_math_approx(llvm::IRBuilder<>& b, ScalarOp op, llvm::ArrayRef<Value*
     return via_double(b, x, [&](Em& d, Value* xd) { return fn(d, xd); });
   };
   switch (op) {
-    case ScalarOp::Exp: return m.exp(x);
+    case ScalarOp::Exp:
+      if (f32 && ty->isVectorTy() && b.GetInsertBlock()) return m.exp_f32_branching(x);
+      return m.exp(x);
     case ScalarOp::Exp2: return m.exp2(x);
     case ScalarOp::Log: return m.log(x);
     case ScalarOp::Log1p: return m.log1p(x);
