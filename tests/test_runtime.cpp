@@ -2,6 +2,11 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
@@ -78,6 +83,39 @@ TEST_CASE("buffers are 64-byte aligned") {
     Array a = make_uninitialized(AbstractValue{{n}, DType::int8, false, {}}, default_device());
     CHECK(reinterpret_cast<uintptr_t>(raw_ptr(a)) % 64 == 0);
   }
+}
+
+// Huge pages: blocks of 2 MB and more start on a 2 MB boundary (madvise(MADV_HUGEPAGE) needs a
+// page-aligned start; at 64-byte alignment it failed and no buffer ever got huge pages). Where
+// transparent huge pages are on, a touched 64 MiB buffer is then (mostly) backed by them.
+TEST_CASE("large buffers are 2 MB aligned and backed by transparent huge pages where the kernel has them") {
+  for (int64_t n : {int64_t(2) << 20, int64_t(3) << 20, int64_t(64) << 20}) {
+    Array a = make_uninitialized(AbstractValue{{n}, DType::int8, false, {}}, Device(Platform::cpu, 3));
+    CHECK(reinterpret_cast<uintptr_t>(raw_ptr(a)) % (size_t(2) << 20) == 0);
+  }
+  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string thp((std::istreambuf_iterator<char>(mode)), std::istreambuf_iterator<char>());
+  if (thp.find("[never]") != std::string::npos || thp.empty()) {
+    MESSAGE("transparent huge pages are off on this machine: only the alignment is checked");
+    return;
+  }
+  Array big = make_uninitialized(AbstractValue{{int64_t(64) << 20}, DType::int8, false, {}}, Device(Platform::cpu, 3));
+  auto* p = static_cast<char*>(raw_ptr(big));
+  std::memset(p, 1, size_t(64) << 20);
+  // The smaps entry of the mapping that holds the buffer: its AnonHugePages line.
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  int64_t huge_kb = -1;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo, hi;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' '))
+      inside = lo <= reinterpret_cast<uintptr_t>(p) && reinterpret_cast<uintptr_t>(p) < hi;
+    else if (inside && line.rfind("AnonHugePages:", 0) == 0)
+      huge_kb = std::atoll(line.c_str() + 14);
+  }
+  INFO("AnonHugePages of the buffer's mapping: " << huge_kb << " kB (THP mode: " << thp << ")");
+  CHECK(huge_kb >= 32 * 1024);  // at least half of it; the kernel may not find every 2 MB page
 }
 
 TEST_CASE("parallel_for covers the range exactly once with deterministic chunks") {

@@ -45,6 +45,12 @@ size_t round_size(size_t n) {
 // The cache holds at most `limit` bytes; beyond that, freed blocks go back to the system.
 class CachingAllocator {
  public:
+  // Blocks of 2 MB and more are aligned to 2 MB and marked MADV_HUGEPAGE, so that where the
+  // kernel's transparent huge pages are on (the default "madvise" mode included) they are backed
+  // by huge pages: a kernel streaming through 64 MB then takes no TLB miss every 4 KB. (At
+  // 64-byte alignment the madvise failed: it needs a page-aligned start.)
+  static constexpr size_t kHugePage = size_t(2) << 20;
+  static void* aligned_block(size_t sz) { return std::aligned_alloc(sz >= kHugePage ? kHugePage : kAlignment, sz); }
   void* allocate(size_t nbytes) {
     size_t sz = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
@@ -59,16 +65,16 @@ class CachingAllocator {
       stats_.num_cache_hits++;
       return p;
     }
-    void* p = std::aligned_alloc(kAlignment, sz);
+    void* p = aligned_block(sz);
     if (!p) {
       release_cache_locked();
-      p = std::aligned_alloc(kAlignment, sz);
+      p = aligned_block(sz);
     }
     if (!p) {
       stats_.bytes_in_use -= int64_t(sz);
       throw BackendError(fmt::format("out of host memory allocating {} bytes", nbytes));
     }
-    if (sz >= (2u << 20)) madvise(p, sz, MADV_HUGEPAGE);
+    if (sz >= kHugePage) madvise(p, sz, MADV_HUGEPAGE);
     return p;
   }
   void deallocate(void* p, size_t nbytes) {
