@@ -50,7 +50,11 @@ class CachingAllocator {
   // by huge pages: a kernel streaming through 64 MB then takes no TLB miss every 4 KB. (At
   // 64-byte alignment the madvise failed: it needs a page-aligned start.)
   static constexpr size_t kHugePage = size_t(2) << 20;
-  static void* aligned_block(size_t sz) { return std::aligned_alloc(sz >= kHugePage ? kHugePage : kAlignment, sz); }
+  // posix_memalign: C11 aligned_alloc wants the size to be a multiple of the alignment.
+  static void* aligned_block(size_t sz) {
+    void* p = nullptr;
+    return posix_memalign(&p, sz >= kHugePage ? kHugePage : kAlignment, sz) == 0 ? p : nullptr;
+  }
   void* allocate(size_t nbytes) {
     size_t sz = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
