@@ -609,17 +609,19 @@ class KernelEmitter {
     lanes_ = kVectorLanes;
     streaming_ = true;
     // In a later pass of a multi-pass kernel (softmax's normalization), the row's inputs are in
-    // cache and memory would sit idle: fetch the next row's inputs, a cache line per vector, so
-    // the next row's first pass does not wait for DRAM (row softmax of f32[4096,4096]: -20%).
-    // A prefetch past the last row is harmless (it never faults).
+    // cache and memory would sit idle: fetch the inputs of the row after next, a cache line per
+    // vector, so that a row's first pass finds its data in cache, requested a whole row's time
+    // earlier (row softmax of f32[4096,4096]: -20% with the next row, another -5% with the row
+    // after; fetching during the exp pass instead was slower). A prefetch past the last row is
+    // harmless (it never faults).
     auto column_prefetch = [&](Value* c, const std::vector<Value*>& cur) {
       std::vector<Value*> r = column(c, cur);
       if (pass > 0 && !spec_.outer.empty())
         for (size_t i = 0; i < spec_.inputs.size(); ++i) {
           const KernelInput& in = spec_.inputs[i];
-          int64_t next_row = in.outer_strides.back();
-          if (in.col_stride != 1 || next_row == 0) continue;
-          Value* at = b_.CreateAdd(b_.CreateAdd(in_off_[i], b_.getInt64(uint64_t(next_row))), c);
+          int64_t ahead = 2 * in.outer_strides.back();
+          if (in.col_stride != 1 || ahead == 0) continue;
+          Value* at = b_.CreateAdd(b_.CreateAdd(in_off_[i], b_.getInt64(uint64_t(ahead))), c);
           Value* p = b_.CreateGEP(storage_type(in.dtype), in_ptr_[i], at);
           b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {p->getType()}, {p, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
         }
