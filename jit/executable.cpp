@@ -315,7 +315,7 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   KernelFn fn = in_place ? compiled_.fns[size_t(in.kernel)] : out_of_place_variant(in.kernel);
   int64_t rows = spec.rows(), cols = spec.cols;
   if (rows > 0 && (cols > 0 || spec.has_reduction)) {
-    size_t scratch_doubles = size_t(spec.num_scratch) * size_t(cols);
+    size_t scratch_doubles = size_t(spec.scratch_bytes()) / sizeof(double);
     auto call = [&](int64_t rb, int64_t re, int64_t cb, int64_t ce) {
       thread_local std::vector<double> scratch;
       if (scratch.size() < scratch_doubles) scratch.resize(scratch_doubles);

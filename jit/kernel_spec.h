@@ -80,8 +80,9 @@ struct KernelSpec {
   int64_t rows() const;
   // Assigns levels, passes and scratch rows; call once the nodes and outputs are final.
   void finalize();
-  // Scratch bytes one thread needs (num_scratch rows of C values of 8 bytes).
-  int64_t scratch_bytes() const { return int64_t(num_scratch) * cols * 8; }
+  // Scratch bytes one thread needs: two sets of num_scratch rows of C values of 8 bytes (a code
+  // generator may alternate between them from row to row, to overlap consecutive rows).
+  int64_t scratch_bytes() const { return 2 * int64_t(num_scratch) * cols * 8; }
   // Canonical text: equal texts <=> same machine code (the symbol name excluded). Used as the
   // kernel cache key and in CJAX_DUMP output.
   std::string canonical() const;

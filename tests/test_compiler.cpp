@@ -238,6 +238,14 @@ TEST_CASE("fused reductions are deterministic and accurate") {
   Array m = random::normal(random::key(11), {300, 3000});
   auto rows = jit([](const Array& m) { return jnp::sum(jnp::exp(m), {1}); });
   CHECK(dv(rows(m).astype(f64)) == dv(rows(m).astype(f64)));
+  // A row of 4M: the vector accumulators are summed in blocks, so the error stays near the
+  // float rounding of the result (one accumulator per lane: 1e-4).
+  Array row = random::normal(random::key(12), {1, 1 << 22}) * 3.0f;  // terms from e^-15 to e^15
+  double exact_row = 0;
+  for (double v : dv(row.astype(f64))) exact_row += std::exp(v);
+  double got = dv(rows(row).astype(f64))[0];
+  INFO("relative error " << (got - exact_row) / exact_row);
+  CHECK(got == doctest::Approx(exact_row).epsilon(1e-6));
 }
 
 TEST_CASE("outputs are written in place over donated and dying inputs, never over live ones" CJAX_JIT_ONLY) {
@@ -382,6 +390,28 @@ TEST_CASE("kernels writing more than 16 MB of fresh output use streaming stores,
   check_same(jit(positive)(many), positive(many), 0, "x > 0 into bool[17000003]");
   Array half = random::normal(random::key(74), {9'000'001});
   check_same(jit(to_bf16)(half), to_bf16(half), 0, "x * 2 into bfloat16[9000001]");
+}
+
+TEST_CASE("big softmax rows are pipelined: row r's exp pass hosts row r-1's streaming stores" CJAX_JIT_ONLY) {
+  auto softmax = [](const Array& x) { return nn::softmax(x); };
+  Array x = random::normal(random::key(74), {1031, 4099}) * 3.0f;
+  CHECK(dumped_ir("pipelined_softmax", softmax, x).find("col.fused") != std::string::npos);
+  check_same(jit(softmax)(x), softmax(x), 2e-6, "softmax f32[1031, 4099]");
+  // A row value of the last pass (log of the sum) is carried to the next row's loop; a row-level
+  // output (logsumexp) is stored with its own row.
+  auto log_softmax = [](const Array& x) { return nn::log_softmax(x); };
+  CHECK(dumped_ir("pipelined_log_softmax", log_softmax, x).find("col.fused") != std::string::npos);
+  check_same(jit(log_softmax)(x), log_softmax(x), 2e-6, "log_softmax f32[1031, 4099]");
+  auto both = [](const Array& x) { return std::pair{nn::softmax(x), nn::logsumexp(x, {-1})}; };
+  auto [p, lse] = jit(both)(x);
+  auto [p0, lse0] = both(x);
+  check_same(p, p0, 2e-6, "softmax beside logsumexp");
+  check_same(lse, lse0, 2e-6, "logsumexp rows");
+  // One row (no previous row to overlap) and two rows, each a 17 MB output.
+  for (int64_t rows : {1, 2}) {
+    Array y = random::normal(random::key(75), {rows, 4200007 / rows}) * 3.0f;
+    check_same(jit(softmax)(y), softmax(y), 2e-6, fmt::format("softmax of {} long rows", rows));
+  }
 }
 
 TEST_CASE("passes computing an f32 exp are explicit vector code; special inputs take exp's rare path" CJAX_JIT_ONLY) {

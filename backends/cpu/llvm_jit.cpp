@@ -36,7 +36,7 @@ namespace cjax::cpu {
 namespace {
 
 constexpr std::string_view kCacheMagic = "CJAXOBJ1";
-constexpr const char* kCjaxCodegenVersion = "cjax-codegen-9";
+constexpr const char* kCjaxCodegenVersion = "cjax-codegen-11";
 
 [[noreturn]] void fail(std::string_view what, llvm::Error err) {
   std::string msg;
