@@ -1,4 +1,5 @@
-// A small benchmark harness: median wall time of repeated runs, and ratio printing.
+// A small benchmark harness: median wall time of repeated runs (alone, or interleaved with
+// peers), and ratio printing.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -21,6 +22,26 @@ inline double time_median(const std::function<void()>& fn, int reps) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Medians of fns[k] over `reps` rounds that run each fn once in turn: this VM's memory bandwidth
+// changes state for minutes at a time (STREAM copy reads 45-50 GB/s in one, 78-90 in the other),
+// so a peer and the measured code are timed in the same rounds, not one after the other.
+inline std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int reps) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (const auto& f : fns) f();
+  for (int r = 0; r < reps; ++r)
+    for (size_t k = 0; k < fns.size(); ++k) {
+      auto a = std::chrono::steady_clock::now();
+      fns[k]();
+      t[k].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    }
+  std::vector<double> out;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
 }
 
 inline void row(const std::string& what, const std::string& ours, const std::string& peer, double ratio,

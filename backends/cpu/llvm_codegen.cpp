@@ -390,17 +390,21 @@ class KernelEmitter : private cpu::ScalarCodegen {
     auto [vb, ve] = streaming_range(cb, ce, row_base);
     counted_loop(cb, vb, {}, "col.head", column);
     lanes_ = kVectorLanes;
-    streaming_ = true;
-    auto column_prefetch = [&](Value* c, const std::vector<Value*>& cur) {
-      std::vector<Value*> r = column(c, cur);
-      if (pass > 0 && !spec_.outer.empty()) prefetch_row_ahead(c, 2);
-      return r;
-    };
-    counted_loop(vb, ve, {}, "col.stream", column_prefetch, kVectorLanes);
+    counted_loop(vb, ve, {}, "col.stream", [&](Value* c, const std::vector<Value*>&) {
+      stream_vector(pass, c, row_base, pass > 0 && !spec_.outer.empty() ? 2 : 0);
+      return std::vector<Value*>{};
+    }, kVectorLanes);
     lanes_ = 1;
-    streaming_ = false;
     counted_loop(ve, ce, {}, "col.tail", column);
     streamed_ = true;
+  }
+  // One aligned vector of columns from c of streaming pass `pass`, then a prefetch of the inputs
+  // `rows_ahead` rows ahead (none: 0).
+  void stream_vector(int pass, Value* c, Value* row_base, int rows_ahead) {
+    streaming_ = true;
+    emit_column(pass, c, {}, {}, row_base);
+    if (rows_ahead > 0) prefetch_row_ahead(c, rows_ahead);
+    streaming_ = false;
   }
 
   // ---- explicit vector passes ----
@@ -480,12 +484,25 @@ class KernelEmitter : private cpu::ScalarCodegen {
     }
     return acc;
   }
+  // With a guest, the vectors from cb to guest_end also emit guest(c) (pipelined rows below).
+  using Guest = std::function<void(Value*)>;
   std::vector<Value*> emit_vector_columns(int pass, Value* cb, Value* ce, const std::vector<int>& reduces,
-                                          const std::vector<Value*>& init, Value* row_base) {
+                                          const std::vector<Value*>& init, Value* row_base,
+                                          const Guest& guest = nullptr, Value* guest_end = nullptr) {
     Value* lanes = b_.getInt64(kVectorLanes);
     Value* ve = b_.CreateAdd(cb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(ce, cb), lanes), lanes));
     lanes_ = kVectorLanes;
-    std::vector<Value*> vacc = counted_loop(cb, ve, vector_init(init), "col.vec", [&](Value* c, const std::vector<Value*>& cur) {
+    std::vector<Value*> vacc = vector_init(init);
+    Value* own_begin = cb;
+    if (guest) {
+      vacc = counted_loop(cb, guest_end, vacc, "col.fused", [&](Value* c, const std::vector<Value*>& cur) {
+        std::vector<Value*> next = vector_column(pass, c, cb, reduces, cur, row_base);
+        guest(c);
+        return next;
+      }, kVectorLanes);
+      own_begin = guest_end;
+    }
+    vacc = counted_loop(own_begin, ve, vacc, "col.vec", [&](Value* c, const std::vector<Value*>& cur) {
       return vector_column(pass, c, cb, reduces, cur, row_base);
     }, kVectorLanes);
     lanes_ = 1;
@@ -563,13 +580,16 @@ class KernelEmitter : private cpu::ScalarCodegen {
       set_row_value(reduces[k], round_to(acc[k], spec_.nodes[size_t(reduces[k])].dtype));
   }
 
-  // One pass over the columns [cb, ce) of the current row.
-  void run_pass(int pass, Value* cb, Value* ce) {
+  // One pass over the columns [cb, ce) of the current row; with `prev`, a vector pass that also
+  // runs the last pass of that previous row (pipelined rows, below).
+  void run_pass(int pass, Value* cb, Value* ce, RowState* prev = nullptr) {
     emit_row_nodes(pass);
     std::vector<int> reduces = reductions_of(pass);
     std::vector<Value*> init = reduce_inits(reduces), acc;
     Value* row_base = row_base_;
-    if (reduces.empty() && streams_pass(pass)) {
+    if (prev) {
+      acc = emit_hosting_columns(pass, *prev, cb, ce, reduces, init);
+    } else if (reduces.empty() && streams_pass(pass)) {
       emit_streaming_columns(pass, cb, ce, row_base);
     } else if (vector_pass(pass)) {
       acc = emit_vector_columns(pass, cb, ce, reduces, init, row_base);
@@ -626,45 +646,28 @@ class KernelEmitter : private cpu::ScalarCodegen {
     return r;
   }
 
-  // Pass `pass` (a vector pass) of the current row with the last pass of `prev` in its loop.
-  void run_fused_pass(int pass, RowState& prev, Value* cb, Value* ce) {
+  // Vector pass `pass` of the current row with the last pass of `prev` in its loop: prev's scalar
+  // head, one vector of each per iteration while prev has aligned vectors, prev's scalar tail.
+  std::vector<Value*> emit_hosting_columns(int pass, RowState& prev, Value* cb, Value* ce,
+                                           const std::vector<int>& reduces, const std::vector<Value*>& init) {
     const int last = spec_.num_passes - 1;
-    emit_row_nodes(pass);
-    std::vector<int> reduces = reductions_of(pass);
-    std::vector<Value*> init = reduce_inits(reduces);
     Value* row_base = row_base_;
     auto prev_columns = [&](Value* c, const std::vector<Value*>&) { return emit_column(last, c, {}, {}, row_base_); };
     swap_row(prev);
     auto [vb, ve] = streaming_range(cb, ce, row_base_);
     counted_loop(cb, vb, {}, "prev.head", prev_columns);
     swap_row(prev);
-    Value* lanes = b_.getInt64(kVectorLanes);
-    Value* shared_end = b_.CreateAdd(cb, b_.CreateSub(ve, vb));  // one vector of each per iteration
-    Value* own_end = b_.CreateAdd(cb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(ce, cb), lanes), lanes));
-    lanes_ = kVectorLanes;
-    std::vector<Value*> vacc = counted_loop(cb, shared_end, vector_init(init), "col.fused", [&](Value* c, const std::vector<Value*>& cur) {
-      std::vector<Value*> next = vector_column(pass, c, cb, reduces, cur, row_base);
+    auto guest = [&](Value* c) {
       swap_row(prev);
-      streaming_ = true;
-      Value* pc = b_.CreateAdd(vb, b_.CreateSub(c, cb));
-      emit_column(last, pc, {}, {}, row_base_);
-      prefetch_row_ahead(pc, 3);  // the row after the current one
-      streaming_ = false;
+      stream_vector(last, b_.CreateAdd(vb, b_.CreateSub(c, cb)), row_base_, 3);  // 3: the row after this one
       swap_row(prev);
-      return next;
-    }, kVectorLanes);
-    vacc = counted_loop(shared_end, own_end, vacc, "col.vec", [&](Value* c, const std::vector<Value*>& cur) {
-      return vector_column(pass, c, cb, reduces, cur, row_base);
-    }, kVectorLanes);
-    lanes_ = 1;
-    std::vector<Value*> acc = counted_loop(own_end, ce, vector_result(reduces, vacc), "col.tail", [&](Value* c, const std::vector<Value*>& cur) {
-      return emit_column(pass, c, reduces, cur, row_base);
-    });
+    };
+    std::vector<Value*> acc = emit_vector_columns(pass, cb, ce, reduces, init, row_base, guest, b_.CreateAdd(cb, b_.CreateSub(ve, vb)));
     swap_row(prev);
     counted_loop(ve, ce, {}, "prev.tail", prev_columns);
     swap_row(prev);
     streamed_ = true;
-    finish_reductions(reduces, acc);
+    return acc;
   }
 
   void emit_pipelined_rows(Value* rb, Value* re, Value* cb, Value* ce) {
@@ -676,10 +679,7 @@ class KernelEmitter : private cpu::ScalarCodegen {
     auto all_but_last = [&](Value* row, RowState* prev) {
       begin_row(row);
       for (int pass = 0; pass < last; ++pass) {
-        if (prev && pass == fused_pass_)
-          run_fused_pass(pass, *prev, cb, ce);
-        else
-          run_pass(pass, cb, ce);
+        run_pass(pass, cb, ce, pass == fused_pass_ ? prev : nullptr);
       }
       emit_row_nodes(last);
       finish_row();
