@@ -7,13 +7,22 @@
 #
 # Where the text comes from:
 #  1. the library itself: the printer calls `cjax_debug_string(&x)` in the inferior (numpy's text,
-#     summarised with `...` past 1000 elements; works for every array the library can read);
+#     summarised with `...` past 1000 elements; works for every array the library can read). It
+#     does so only for an Array it has validated from memory first (its impl has the vtable of a
+#     cjax ArrayImpl class, its shared_ptr control block is live with a plausible count, its
+#     dtype and shape are plausible): an Array whose constructor has not run yet, or that was
+#     destroyed, prints as `cjax::Array <uninitialized or destroyed: ...>` and no code runs;
 #  2. when calling into the inferior is not possible (a core file, a process that is not running,
 #     or gdb failing to set up the call: gdb 13 cannot on CPUs with AMX and reports "Couldn't
 #     write extended state status"), the printer reads the array's metadata and host buffer from
 #     memory and formats it with numpy in gdb's Python (same text), or, without numpy, with a
 #     plain formatter (same brackets, values with 8 significant digits).
 # `set cjax-inferior-calls off` makes it use 2 always (no code runs in the inferior then).
+#
+# The printer never re-enters itself: while it is calling into the inferior (or reading it), an
+# Array that gdb asks it to print (for example an argument of the frame where the call faulted,
+# which gdb shows when it reports the fault) prints as a placeholder. If a call faults, gdb
+# restores the program (`unwindonsignal`) and the printer stops calling into that process.
 #
 # Loading: libcjax.so carries this file in its .debug_gdb_scripts section, so gdb loads it with
 # the library once the build (or install) directory is trusted:
@@ -75,6 +84,12 @@ except (gdb.error, RuntimeError):
 
 # pids of processes in which a call failed: the printer stops trying there.
 _calls_failed = {}
+# True while the printer is running: gdb may ask it to print an Array during a call it made (a
+# faulting frame's arguments); it must not start another call then.
+_busy = False
+# The function the printer calls (tests substitute one that faults) and how often it did.
+_DEBUG_STRING_FN = "cjax_debug_string"
+_calls_made = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,23 +139,84 @@ def _impl_pointer(val):
     return _shared_ptr_get(val["impl_"])
 
 
-def _looks_like_array_impl(ptr):
-    """True if `ptr` points at an object whose vtable is one of cjax's ArrayImpl classes.
-
-    Guards against reading through an uninitialised Array (a breakpoint before the variable's
-    constructor ran). None when it cannot tell (no symbols): the caller goes ahead.
-    """
+def _vtable_symbol(address):
+    """The symbol text of the vtable pointer stored at `address`: False if unreadable, None if
+    gdb has no symbol for it."""
     try:
-        vptr = int(ptr.cast(gdb.lookup_type("void").pointer().pointer()).dereference())
+        void_pp = gdb.lookup_type("void").pointer().pointer()
+        vptr = int(gdb.Value(address).cast(void_pp).dereference())
     except (gdb.MemoryError, gdb.error):
         return False
     try:
         sym = gdb.execute("info symbol 0x%x" % vptr, to_string=True)
     except gdb.error:
         return None
-    if sym.startswith("No symbol"):
-        return None
+    return None if sym.startswith("No symbol") else sym
+
+
+def _looks_like_array_impl(ptr):
+    """True if `ptr` points at an object whose vtable is one of cjax's ArrayImpl classes.
+
+    Guards against reading through an uninitialised Array (a breakpoint before the variable's
+    constructor ran). None when it cannot tell (no symbols).
+    """
+    if int(ptr) % 8:
+        return False
+    sym = _vtable_symbol(int(ptr))
+    if sym is False or sym is None:
+        return sym
     return "vtable for cjax::" in sym
+
+
+def _control_block_state(val):
+    """The state of the Array's shared_ptr control block: "alive" (a libstdc++ control block with
+    a plausible use count), "dead" (unreadable, not a control block, or a zero count: a destroyed
+    Array's block was freed and overwritten), "no-symbol" (its vtable pointer has no symbol) or
+    "unknown" (another standard library's layout)."""
+    try:
+        pi = val["impl_"]["_M_refcount"]["_M_pi"]
+    except gdb.error:
+        return "unknown"
+    address = int(pi)
+    if address == 0 or address % 8:
+        return "dead"
+    sym = _vtable_symbol(address)
+    if sym is False:
+        return "dead"
+    if sym is None:
+        return "no-symbol"
+    if "_Sp_counted" not in sym:
+        return "dead"
+    try:
+        use = int(pi.dereference()["_M_use_count"])
+    except (gdb.error, gdb.MemoryError):
+        return "dead"
+    return "alive" if 1 <= use < (1 << 30) else "dead"
+
+
+def _looks_dead(val, ptr):
+    """True if the Array is certainly not a constructed, live one."""
+    impl = _looks_like_array_impl(ptr)
+    if impl is False:
+        return True
+    block = _control_block_state(val)
+    # With symbols, a live control block's vtable always has one.
+    return block == "dead" or (impl is True and block == "no-symbol")
+
+
+def _validate(val, ptr):
+    """None if the Array may be handed to cjax_debug_string, else why not (a short text).
+
+    Everything is read from memory; nothing runs in the inferior."""
+    if _looks_like_array_impl(ptr) is not True:
+        return "its impl pointer 0x%x is not a cjax array" % int(ptr)
+    if _control_block_state(val) != "alive":
+        return "its reference count is not live"
+    try:
+        _aval(ptr.dereference())
+    except (gdb.error, gdb.MemoryError, ValueError) as e:
+        return "its type is unreadable (%s)" % e
+    return None
 
 
 def _aval(impl):
@@ -278,13 +354,15 @@ def _float_text(v):
 
 def _call_debug_string(address):
     """Evaluates cjax_debug_string(address) in the inferior; returns its text."""
+    global _calls_made
     # If the call faults, unwind back to where the user was instead of leaving the inferior
     # stopped inside the called function.
     old = gdb.parameter("unwindonsignal")
     gdb.execute("set unwindonsignal on", to_string=True)
     try:
+        _calls_made += 1
         result = gdb.parse_and_eval(
-            "(const char*)cjax_debug_string((const void*)0x%x)" % address)
+            "(const char*)%s((const void*)0x%x)" % (_DEBUG_STRING_FN, address))
         return result.string()
     finally:
         gdb.execute("set unwindonsignal %s" % ("on" if old else "off"), to_string=True)
@@ -297,22 +375,33 @@ class ArrayPrinter:
         self.val = val
 
     def to_string(self):
+        global _busy
+        if _busy:
+            return "cjax::Array <not printed: the cjax printer is busy with another value>"
+        _busy = True
+        try:
+            return self._text()
+        finally:
+            _busy = False
+
+    def _text(self):
         try:
             ptr = _impl_pointer(self.val)
         except gdb.error as e:
             return "cjax::Array (no debug info for its members: %s)" % e
         if int(ptr) == 0:
             return "Array(empty)"
-        if _looks_like_array_impl(ptr) is False:
-            return "cjax::Array (uninitialized: impl=0x%x)" % int(ptr)
+        if _looks_dead(self.val, ptr):
+            return "cjax::Array <uninitialized or destroyed: impl=0x%x>" % int(ptr)
         text = None
         pid = gdb.selected_inferior().pid
         if (pid and pid not in _calls_failed and self.val.address is not None
-                and gdb.parameter("cjax-inferior-calls")):
+                and gdb.parameter("cjax-inferior-calls") and _validate(self.val, ptr) is None):
             try:
                 text = _call_debug_string(int(self.val.address))
             except gdb.error as e:
-                _calls_failed[pid] = str(e)  # e.g. gdb 13 on AMX CPUs: don't try again
+                # e.g. gdb 13 on AMX CPUs, or a fault in the call: don't try again in this process
+                _calls_failed[pid] = str(e)
         if text is None:
             try:
                 text = _read_text(ptr.dereference())
