@@ -74,6 +74,7 @@ const PrimitiveDef& g_remat = register_primitive([] {
   PrimitiveDef def;
   def.name = "remat2";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();  // checked against the jaxpr
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
     auto j = jaxpr_of(p);
     if (in.size() != j->invars().size())

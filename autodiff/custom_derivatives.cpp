@@ -114,6 +114,7 @@ PrimitiveDef call_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();  // checked against call_jaxpr
   def.leading_params = {"name"};
   def.abstract_eval = call_abstract_eval;
   def.cpu_impl = call_impl;
@@ -128,6 +129,7 @@ const PrimitiveDef& g_custom_lin = register_primitive([] {
   PrimitiveDef def;
   def.name = "custom_lin";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();
   def.abstract_eval = [](std::span<const Array>, const Params& p) { return p.object<BwdParam>("bwd")->out_avals; };
   def.cpu_impl = [](std::span<const Array>, std::span<const AbstractValue>, const Params&) -> std::vector<Array> {
     throw ValueError(kForwardModeError);

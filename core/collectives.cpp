@@ -117,10 +117,6 @@ std::string what_of(const PrimitiveDef& def, const Params& p, const Array& x) {
 
 // ---- abstract evaluation ----
 
-void check_one(const PrimitiveDef& def, std::span<const Array> in) {
-  if (in.size() != 1) throw ValueError(fmt::format("{} takes one operand, got {}", def.name, in.size()));
-}
-
 // The axes must be bound; when varying axes are checked, the operand must vary over them.
 void require_varying(std::string_view name, const Array& x, const std::vector<std::string>& axes) {
   if (vma_checked(axes) && !vma_subset(axes, x.aval().vma))
@@ -132,7 +128,6 @@ void require_varying(std::string_view name, const Array& x, const std::vector<st
 
 std::vector<AbstractValue> reduction_eval(const PrimitiveDef& def, std::span<const Array> in, const Params& p,
                                           bool invariant_out) {
-  check_one(def, in);
   const auto& axes = collective_axes(p);
   bound_group_size(axes, def.name);
   AbstractValue out = in[0].aval();
@@ -147,10 +142,11 @@ std::vector<AbstractValue> reduction_eval(const PrimitiveDef& def, std::span<con
 
 int64_t group_size_param(const Params& p) { return p.i("axis_size"); }
 
-PrimitiveDef collective_def(const char* name) {
+PrimitiveDef collective_def(const char* name, Arity arity = Arity::exactly(1)) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Collective;
+  def.arity = arity;
   return def;
 }
 
@@ -171,7 +167,6 @@ PrimitiveDef make_reduction(const char* name, bool invariant_out) {
 PrimitiveDef make_pvary() {
   PrimitiveDef def = collective_def("pvary");
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_one(g_pvary, in);
     const auto& axes = collective_axes(p);
     bound_group_size(axes, "pvary");
     AbstractValue out = in[0].aval();
@@ -194,8 +189,6 @@ PrimitiveDef make_gather_like(const char* name) {
   PrimitiveDef def = collective_def(name);
   bool invariant = std::string_view(name) == "all_gather_invariant";
   def.abstract_eval = [name, invariant](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    const PrimitiveDef& self = *find_primitive(name);
-    check_one(self, in);
     const auto& axes = collective_axes(p);
     bound_group_size(axes, name);
     require_varying(name, in[0], axes);
@@ -220,7 +213,6 @@ PrimitiveDef make_gather_like(const char* name) {
 PrimitiveDef make_reduce_scatter() {
   PrimitiveDef def = collective_def("reduce_scatter");
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_one(g_reduce_scatter, in);
     const auto& axes = collective_axes(p);
     bound_group_size(axes, "psum_scatter");
     require_varying("psum_scatter", in[0], axes);
@@ -251,7 +243,6 @@ PrimitiveDef make_reduce_scatter() {
 PrimitiveDef make_ppermute() {
   PrimitiveDef def = collective_def("ppermute");
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_one(g_ppermute, in);
     const auto& axes = collective_axes(p);
     int64_t n = bound_group_size(axes, "ppermute");
     require_varying("ppermute", in[0], axes);
@@ -283,7 +274,6 @@ PrimitiveDef make_ppermute() {
 PrimitiveDef make_all_to_all() {
   PrimitiveDef def = collective_def("all_to_all");
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_one(g_all_to_all, in);
     const auto& axes = collective_axes(p);
     bound_group_size(axes, "all_to_all");
     require_varying("all_to_all", in[0], axes);
@@ -319,9 +309,8 @@ PrimitiveDef make_all_to_all() {
 }
 
 PrimitiveDef make_axis_index() {
-  PrimitiveDef def = collective_def("axis_index");
-  def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (!in.empty()) throw ValueError("axis_index takes no operands");
+  PrimitiveDef def = collective_def("axis_index", Arity::exactly(0));
+  def.abstract_eval = [](std::span<const Array>, const Params& p) -> std::vector<AbstractValue> {
     const auto& axes = collective_axes(p);
     bound_group_size(axes, "axis_index");
     AbstractValue out{{}, DType::int32, false, {}};
@@ -337,7 +326,6 @@ PrimitiveDef make_axis_index() {
 PrimitiveDef make_pbroadcast() {
   PrimitiveDef def = collective_def("pbroadcast");
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_one(g_pbroadcast, in);
     const auto& axes = collective_axes(p);
     int64_t n = bound_group_size(axes, "pbroadcast");
     require_varying("pbroadcast", in[0], axes);

@@ -43,6 +43,7 @@ const PrimitiveDef& g_cond = register_primitive([] {
   PrimitiveDef def;
   def.name = "cond";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::at_least(1);  // the branch index, then the branches' operands
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
     auto branches = cond_branches(p);
     if (branches.empty()) throw Error("internal: cond without branches");
@@ -73,11 +74,13 @@ const PrimitiveDef& g_while = register_primitive([] {
   PrimitiveDef def;
   def.name = "while";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();  // checked against the jaxprs below
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
     WhileParams wp = while_params(p);
     size_t nc = size_t(wp.cond_nconsts), nb = size_t(wp.body_nconsts);
     size_t ncarry = wp.body_jaxpr->invars().size() - nb;
-    if (in.size() != nc + nb + ncarry || wp.cond_jaxpr->invars().size() != nc + ncarry)
+    if (nb > wp.body_jaxpr->invars().size() || in.size() != nc + nb + ncarry ||
+        wp.cond_jaxpr->invars().size() != nc + ncarry || wp.body_jaxpr->outvars().size() != ncarry)
       throw Error("internal: while input count does not match its jaxprs");
     std::vector<AbstractValue> out;
     for (size_t i = 0; i < ncarry; ++i) out.push_back(in[nc + nb + i].aval());
@@ -114,6 +117,7 @@ const PrimitiveDef& g_scan = register_primitive([] {
   PrimitiveDef def;
   def.name = "scan";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();  // checked against the body below
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
     ScanParams sp = scan_params(p);
     const Jaxpr& j = *sp.jaxpr;

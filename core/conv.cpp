@@ -76,7 +76,6 @@ ConvGeom geometry(const Array& lhs, const Array& rhs, const Params& p) {
 }
 
 std::vector<AbstractValue> conv_abstract_eval(std::span<const Array> in, const Params& p) {
-  if (in.size() != 2) throw ValueError(fmt::format("conv_general_dilated takes 2 operands, got {}", in.size()));
   const Array &lhs = in[0], &rhs = in[1];
   auto dn = p.object<ConvDimsParam>("dimension_numbers");
   if (lhs.dtype() != rhs.dtype())
@@ -319,6 +318,7 @@ const PrimitiveDef& g_conv = register_primitive([] {
   PrimitiveDef def;
   def.name = "conv_general_dilated";
   def.kind = PrimKind::Linalg;
+  def.arity = Arity::exactly(2);
   def.abstract_eval = conv_abstract_eval;
   def.cpu_impl = conv_impl;
   return def;

@@ -54,6 +54,7 @@ const PrimitiveDef& g_debug_print = register_primitive([] {
   PrimitiveDef def;
   def.name = "debug_print";
   def.kind = PrimKind::Opaque;
+  def.arity = Arity::any();
   def.effectful = true;
   def.abstract_eval = [](std::span<const Array>, const Params&) { return std::vector<AbstractValue>{}; };
   def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {

@@ -132,10 +132,9 @@ template <ScalarOp op, int arity> PrimitiveDef make_elementwise_def() {
   def.name = std::string(info.name);
   def.kind = PrimKind::Elementwise;
   def.scalar_op = op;
+  def.arity = Arity::exactly(size_t(arity));
   def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
     const ScalarOpInfo& info = scalar_op_info(op);
-    if (int(in.size()) != info.arity)
-      throw ValueError(fmt::format("{} takes {} operands, got {}", info.name, info.arity, in.size()));
     AbstractValue out = elementwise_out(info.name, in);
     if (!dtype_in_domain(out.dtype, info.domain))
       throw DTypeError(fmt::format("{} does not accept dtype {}: it needs a {} dtype", info.name,
@@ -178,6 +177,7 @@ const PrimitiveDef& g_convert = register_primitive([] {
   PrimitiveDef def;
   def.name = "convert_element_type";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     return {AbstractValue{in[0].shape(), p.get<DType>("new_dtype"), p.get<bool>("weak_type"), {}}};
   };
@@ -205,6 +205,7 @@ const PrimitiveDef& g_bitcast = register_primitive([] {
   PrimitiveDef def;
   def.name = "bitcast_convert_type";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     DType to = p.get<DType>("new_dtype");
     if (itemsize(to) != itemsize(in[0].dtype()))
@@ -224,8 +225,8 @@ const PrimitiveDef& g_select_n = register_primitive([] {
   PrimitiveDef def;
   def.name = "select_n";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::at_least(2);  // a predicate and at least one case
   def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
-    if (in.size() < 2) throw ValueError("select_n needs a predicate and at least one case");
     const Array& which = in[0];
     if (which.dtype() != DType::bool_ && which.dtype() != DType::int32)
       throw DTypeError(fmt::format("select_n predicate must be bool or int32, got {}", dtype_name(which.dtype())));
@@ -287,6 +288,7 @@ const PrimitiveDef& g_integer_pow = register_primitive([] {
   PrimitiveDef def;
   def.name = "integer_pow";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     DType d = in[0].dtype();
     if (d == DType::bool_) throw DTypeError("integer_pow does not accept bool; cast to an integer or float first");
@@ -336,8 +338,8 @@ const PrimitiveDef& g_threefry = register_primitive([] {
   PrimitiveDef def;
   def.name = "threefry2x32";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::exactly(4);  // k0, k1, x0, x1
   def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
-    if (in.size() != 4) throw ValueError("threefry2x32 takes 4 operands (k0, k1, x0, x1)");
     for (auto& a : in)
       if (a.dtype() != DType::uint32)
         throw DTypeError(fmt::format("threefry2x32 operands must be uint32, got {}", dtype_name(a.dtype())));
@@ -485,6 +487,7 @@ const PrimitiveDef& g_stop_gradient = register_primitive([] {
   PrimitiveDef def;
   def.name = "stop_gradient";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
     return {in[0].aval()};
   };

@@ -382,8 +382,8 @@ const PrimitiveDef& g_gather = register_primitive([] {
   PrimitiveDef def;
   def.name = "gather";
   def.kind = PrimKind::Indexing;
+  def.arity = Arity::exactly(2);  // operand, indices
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.size() != 2) throw ValueError(fmt::format("gather takes 2 operands (operand, indices), got {}", in.size()));
     GatherGeom g = gather_geometry(in[0], in[1], gather_dimension_numbers(p), p.ints("slice_sizes"));
     return {AbstractValue{g.out_shape, in[0].dtype(), in[0].weak_type(), {}}};
   };
@@ -625,10 +625,9 @@ template <ScatterKind kind> PrimitiveDef make_scatter_def() {
   PrimitiveDef def;
   def.name = scatter_name(kind);
   def.kind = PrimKind::Indexing;
+  def.arity = Arity::exactly(3);  // operand, indices, updates
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     const char* name = scatter_name(kind);
-    if (in.size() != 3)
-      throw ValueError(fmt::format("{} takes 3 operands (operand, indices, updates), got {}", name, in.size()));
     scatter_geometry(name, in[0], in[1], in[2], scatter_dimension_numbers(p));
     return {AbstractValue{in[0].shape(), in[0].dtype(), in[0].weak_type(), {}}};
   };

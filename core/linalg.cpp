@@ -407,7 +407,6 @@ void check_distinct(const char* which, const std::vector<int64_t>& c, const std:
 }
 
 std::vector<AbstractValue> dot_general_abstract_eval(std::span<const Array> in, const Params& p) {
-  if (in.size() != 2) throw ValueError(fmt::format("dot_general takes 2 operands, got {}", in.size()));
   const Array &lhs = in[0], &rhs = in[1];
   auto dn = p.object<DotDimsParam>("dimension_numbers");
   if (lhs.dtype() != rhs.dtype())
@@ -518,6 +517,7 @@ const PrimitiveDef& g_dot_general = register_primitive([] {
   PrimitiveDef def;
   def.name = "dot_general";
   def.kind = PrimKind::Linalg;
+  def.arity = Arity::exactly(2);
   def.abstract_eval = dot_general_abstract_eval;
   def.cpu_impl = dot_general_impl;
   return def;
@@ -548,8 +548,8 @@ const PrimitiveDef& g_dot_general_accumulate = register_primitive([] {
   PrimitiveDef def;
   def.name = "dot_general_accumulate";
   def.kind = PrimKind::Linalg;
+  def.arity = Arity::exactly(3);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
-    if (in.size() != 3) throw ValueError(fmt::format("dot_general_accumulate takes 3 operands, got {}", in.size()));
     Params dp{{"dimension_numbers", p.at("dimension_numbers")}, {"preferred_element_type", std::monostate{}}};
     AbstractValue dot = dot_general_abstract_eval(in.first(2), dp)[0];
     AbstractValue out = in[2].aval();

@@ -101,7 +101,28 @@ Registry& registry() {
 }
 }  // namespace
 
+namespace {
+void check_count(std::string_view name, const Arity& a, size_t got) {
+  if (got >= a.min && got <= a.max) return;
+  auto n = [](size_t k) { return fmt::format("{} operand{}", k, k == 1 ? "" : "s"); };
+  std::string want = a.min == a.max                 ? n(a.min)
+                     : a.max == Arity::kUnbounded ? "at least " + n(a.min)
+                                                  : fmt::format("{} to {}", a.min, n(a.max));
+  throw ValueError(fmt::format("{} takes {}, got {}", name, want, got));
+}
+}  // namespace
+
+void check_operand_count(const PrimitiveDef& def, size_t n) { check_count(def.name, *def.arity, n); }
+
 const PrimitiveDef& register_primitive(PrimitiveDef def) {
+  if (!def.arity) throw Error(fmt::format("internal: primitive '{}' is registered without an arity", def.name));
+  if (def.abstract_eval) {
+    def.abstract_eval = [name = def.name, arity = *def.arity, eval = std::move(def.abstract_eval)](
+                            std::span<const Array> in, const Params& p) {
+      check_count(name, arity, in.size());
+      return eval(in, p);
+    };
+  }
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.by_name.count(def.name)) throw Error(fmt::format("internal: primitive '{}' registered twice", def.name));

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -62,6 +63,18 @@ std::string param_value_str(const ParamValue& v);  // JAX's text: (0, 1), True, 
 
 enum class PrimKind : uint8_t { Elementwise, Broadcast, Reduction, Shape, Indexing, Linalg, Collective, HigherOrder, Opaque };
 
+// How many operands a primitive takes. register_primitive requires one and checks it before
+// every abstract_eval, so no rule reads past its operands (the jaxpr parser and custom rules can
+// bind any operand list).
+struct Arity {
+  static constexpr size_t kUnbounded = SIZE_MAX;
+  size_t min = 0;
+  size_t max = kUnbounded;
+  static constexpr Arity exactly(size_t n) { return {n, n}; }
+  static constexpr Arity at_least(size_t n) { return {n, kUnbounded}; }
+  static constexpr Arity any() { return {0, kUnbounded}; }
+};
+
 struct PrimitiveDef {
   using AbstractEvalFn = std::function<std::vector<AbstractValue>(std::span<const Array>, const Params&)>;
   // Eager kernel on one device: inputs are concrete; out_avals come from abstract_eval.
@@ -70,6 +83,7 @@ struct PrimitiveDef {
 
   std::string name;
   PrimKind kind = PrimKind::Opaque;
+  std::optional<Arity> arity;  // required
   AbstractEvalFn abstract_eval;
   ImplFn cpu_impl;
   std::optional<ScalarOp> scalar_op;  // elementwise primitives: the row of the scalar-op table
@@ -82,8 +96,11 @@ struct PrimitiveDef {
   // does not depend on them.
 };
 
-// Registers a primitive under its name (unique) and returns the stable definition.
+// Registers a primitive under its name (unique) and returns the stable definition; its
+// abstract_eval is wrapped so that a wrong operand count raises ValueError naming the primitive.
 const PrimitiveDef& register_primitive(PrimitiveDef def);
+// Raises ValueError ("sin takes 1 operand, got 2") unless `n` operands fit the def's arity.
+void check_operand_count(const PrimitiveDef& def, size_t n);
 const PrimitiveDef* find_primitive(std::string_view name);
 std::vector<const PrimitiveDef*> all_primitives();
 

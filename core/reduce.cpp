@@ -477,9 +477,6 @@ std::string red_accepts_desc(RedOp op) {
   }
 }
 
-void check_unary(std::string_view name, std::span<const Array> in) {
-  if (in.size() != 1) throw ValueError(fmt::format("{} takes 1 operand, got {}", name, in.size()));
-}
 // Validates already-canonical axes (JAX's reduce shape rule).
 void check_axes(std::string_view name, const Shape& shape, const std::vector<int64_t>& axes) {
   int64_t nd = int64_t(shape.size());
@@ -499,8 +496,8 @@ template <RedOp op> PrimitiveDef make_reduce_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Reduction;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_unary(name, in);
     const Array& x = in[0];
     if (!red_accepts(op, x.dtype()))
       throw DTypeError(fmt::format("{} does not accept dtype {}: it needs {}", name, dtype_name(x.dtype()),
@@ -539,8 +536,8 @@ template <bool is_max> PrimitiveDef make_arg_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Reduction;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_unary(name, in);
     const Array& x = in[0];
     const auto& axes = p.ints("axes");
     if (axes.size() != 1)
@@ -578,8 +575,8 @@ template <RedOp op> PrimitiveDef make_cum_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Reduction;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_unary(name, in);
     const Array& x = in[0];
     bool ok = op == RedOp::LogAddExp ? is_floating(x.dtype()) : x.dtype() != DType::bool_;
     if (!ok)

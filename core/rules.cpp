@@ -35,10 +35,10 @@ const PrimitiveDef& g_add_any = register_primitive([] {
   PrimitiveDef def;
   def.name = "add_any";
   def.kind = PrimKind::Elementwise;
+  def.arity = Arity::exactly(2);
   def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
-    if (in.size() != 2 || in[0].shape() != in[1].shape() || in[0].dtype() != in[1].dtype())
-      throw Error(fmt::format("internal: add_any of {} and {}", in[0].aval().str(),
-                              in.size() > 1 ? in[1].aval().str() : "nothing"));
+    if (in[0].shape() != in[1].shape() || in[0].dtype() != in[1].dtype())
+      throw Error(fmt::format("internal: add_any of {} and {}", in[0].aval().str(), in[1].aval().str()));
     AbstractValue out = in[0].aval();
     out.weak_type = in[0].aval().weak_type && in[1].aval().weak_type;
     return {out};

@@ -198,9 +198,6 @@ std::string tup(const std::vector<int64_t>& v) { return param_value_str(ParamVal
 Device device_of(const Array& a) { return concrete(a)->device(); }
 char* bytes_of(const Array& a) { return static_cast<char*>(raw_ptr(a)); }
 
-void check_arity(std::string_view name, std::span<const Array> in, size_t n) {
-  if (in.size() != n) throw ValueError(fmt::format("{} takes {} operand(s), got {}", name, n, in.size()));
-}
 void check_dims_nonneg(std::string_view name, std::string_view what, const Shape& s) {
   for (int64_t d : s)
     if (d < 0)
@@ -222,8 +219,8 @@ const PrimitiveDef& g_broadcast_in_dim = register_primitive([] {
   PrimitiveDef def;
   def.name = "broadcast_in_dim";
   def.kind = PrimKind::Broadcast;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("broadcast_in_dim", in, 1);
     const Shape& shape = p.ints("shape");
     const auto& bd = p.ints("broadcast_dimensions");
     const Shape& os = in[0].shape();
@@ -275,8 +272,8 @@ const PrimitiveDef& g_reshape = register_primitive([] {
   PrimitiveDef def;
   def.name = "reshape";
   def.kind = PrimKind::Shape;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("reshape", in, 1);
     const Shape& ns = p.ints("new_sizes");
     if (p.has("dimensions") && !std::holds_alternative<std::monostate>(p.at("dimensions")))
       throw ValueError("reshape: the `dimensions` parameter must be None; transpose the operand first");
@@ -298,8 +295,8 @@ const PrimitiveDef& g_transpose = register_primitive([] {
   PrimitiveDef def;
   def.name = "transpose";
   def.kind = PrimKind::Shape;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("transpose", in, 1);
     const auto& perm = p.ints("permutation");
     const Shape& s = in[0].shape();
     std::vector<bool> seen(s.size(), false);
@@ -341,8 +338,8 @@ const PrimitiveDef& g_squeeze = register_primitive([] {
   PrimitiveDef def;
   def.name = "squeeze";
   def.kind = PrimKind::Shape;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("squeeze", in, 1);
     const auto& dims = p.ints("dimensions");
     const Shape& s = in[0].shape();
     std::vector<bool> drop(s.size(), false);
@@ -373,8 +370,8 @@ const PrimitiveDef& g_rev = register_primitive([] {
   PrimitiveDef def;
   def.name = "rev";
   def.kind = PrimKind::Shape;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("rev", in, 1);
     const auto& dims = p.ints("dimensions");
     const Shape& s = in[0].shape();
     std::vector<bool> seen(s.size(), false);
@@ -411,8 +408,8 @@ const PrimitiveDef& g_concatenate = register_primitive([] {
   PrimitiveDef def;
   def.name = "concatenate";
   def.kind = PrimKind::Shape;
+  def.arity = Arity::at_least(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.empty()) throw ValueError("concatenate requires a non-empty sequence of arrays");
     int64_t dim = p.i("dimension");
     const Shape& s0 = in[0].shape();
     bool weak = true;
@@ -468,8 +465,8 @@ const PrimitiveDef& g_pad = register_primitive([] {
   PrimitiveDef def;
   def.name = "pad";
   def.kind = PrimKind::Shape;
+  def.arity = Arity::exactly(2);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("pad", in, 2);
     const auto& cfg = p.get<std::vector<std::vector<int64_t>>>("padding_config");
     const Shape& s = in[0].shape();
     if (in[1].ndim() != 0)
@@ -529,8 +526,8 @@ const PrimitiveDef& g_iota = register_primitive([] {
   PrimitiveDef def;
   def.name = "iota";
   def.kind = PrimKind::Broadcast;
-  def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    check_arity("iota", in, 0);
+  def.arity = Arity::exactly(0);
+  def.abstract_eval = [](std::span<const Array>, const Params& p) -> std::vector<AbstractValue> {
     DType dt = p.get<DType>("dtype");
     const Shape& s = p.ints("shape");
     int64_t dim = p.i("dimension");

@@ -51,8 +51,8 @@ Params params_of(std::shared_ptr<const Sharding> s) { return {{"sharding", std::
 PrimitiveDef make_def() {
   PrimitiveDef def;
   def.name = "sharding_constraint";
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.size() != 1) throw ValueError(fmt::format("sharding_constraint takes one operand, got {}", in.size()));
     if (auto* n = dynamic_cast<const NamedSharding*>(&sharding_of(p))) n->check_shape(in[0].shape());
     return {in[0].aval()};
   };

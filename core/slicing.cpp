@@ -23,8 +23,8 @@ const PrimitiveDef& g_slice = register_primitive([] {
   PrimitiveDef def;
   def.name = "slice";
   def.kind = PrimKind::Indexing;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.size() != 1) throw ValueError(fmt::format("slice takes 1 operand, got {}", in.size()));
     const Shape& s = in[0].shape();
     const auto& start = p.ints("start_indices");
     const auto& limit = p.ints("limit_indices");
@@ -116,8 +116,8 @@ const PrimitiveDef& g_dynamic_slice = register_primitive([] {
   PrimitiveDef def;
   def.name = "dynamic_slice";
   def.kind = PrimKind::Indexing;
+  def.arity = Arity::at_least(1);  // the operand, then one scalar index per dimension
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.empty()) throw ValueError("dynamic_slice needs an operand");
     const Shape& s = in[0].shape();
     const auto& sizes = p.ints("slice_sizes");
     check_indices("dynamic_slice", in.subspan(1), s.size(), s);
@@ -153,8 +153,8 @@ const PrimitiveDef& g_dynamic_update_slice = register_primitive([] {
   PrimitiveDef def;
   def.name = "dynamic_update_slice";
   def.kind = PrimKind::Indexing;
+  def.arity = Arity::at_least(2);  // the operand, the update, then one scalar index per dimension
   def.abstract_eval = [](std::span<const Array> in, const Params&) -> std::vector<AbstractValue> {
-    if (in.size() < 2) throw ValueError("dynamic_update_slice needs an operand and an update");
     const Shape& s = in[0].shape();
     const Shape& u = in[1].shape();
     if (in[0].dtype() != in[1].dtype())

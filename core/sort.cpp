@@ -113,8 +113,8 @@ const PrimitiveDef& g_sort = register_primitive([] {
   PrimitiveDef def;
   def.name = "sort";
   def.kind = PrimKind::Opaque;
+  def.arity = Arity::at_least(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.empty()) throw ValueError("sort needs at least one operand");
     const Shape& shape = in[0].shape();
     for (size_t k = 1; k < in.size(); ++k)
       if (in[k].shape() != shape)
@@ -145,8 +145,8 @@ const PrimitiveDef& g_top_k = register_primitive([] {
   PrimitiveDef def;
   def.name = "top_k";
   def.kind = PrimKind::Opaque;
+  def.arity = Arity::exactly(1);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
-    if (in.size() != 1) throw ValueError(fmt::format("top_k takes 1 operand, got {}", in.size()));
     const Array& x = in[0];
     int64_t k = p.i("k");
     if (x.ndim() == 0)

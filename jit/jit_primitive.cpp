@@ -19,6 +19,7 @@ const PrimitiveDef& g_jit = register_primitive([] {
   PrimitiveDef def;
   def.name = "jit";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();  // checked against the jaxpr
   def.leading_params = {"name"};
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
     auto j = jaxpr_of(p);

@@ -86,6 +86,7 @@ TEST_CASE("transformation misuse") {
   static const PrimitiveDef& bare = register_primitive([] {
     PrimitiveDef d;
     d.name = "test_rule_less";
+    d.arity = Arity::exactly(1);
     d.abstract_eval = [](std::span<const Array> in, const Params&) { return std::vector<AbstractValue>{in[0].aval()}; };
     d.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
       return std::vector<Array>{in[0]};

@@ -305,7 +305,7 @@ namespace {
 // A call-like primitive holding a sub-jaxpr, registered by this test only.
 const PrimitiveDef& test_call() {
   static const PrimitiveDef& def = register_primitive(PrimitiveDef{
-      "test_call", PrimKind::HigherOrder,
+      "test_call", PrimKind::HigherOrder, Arity::any(),
       [](std::span<const Array>, const Params& p) { return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals(); },
       nullptr, std::nullopt, {}});
   return def;

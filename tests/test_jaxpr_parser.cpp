@@ -51,7 +51,7 @@ template <class F, class... A> void check_same_values(F f, const A&... args) {
 // A call-like primitive holding a sub-jaxpr, registered by this test only.
 const PrimitiveDef& parser_test_call() {
   static const PrimitiveDef& def = register_primitive(PrimitiveDef{
-      "parser_test_call", PrimKind::HigherOrder,
+      "parser_test_call", PrimKind::HigherOrder, Arity::any(),
       [](std::span<const Array>, const Params& p) { return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals(); },
       [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
         return eval_jaxpr(*p.object<JaxprParam>("jaxpr")->jaxpr, {}, in);
@@ -460,4 +460,41 @@ TEST_CASE("malformed texts name the line, the column and what was expected") {
   // A malformed hoisted jaxpr is reported where it is, even when nothing references it.
   CHECK_ERR(parse_jaxpr("let j = { lambda ; a:f32[3]. let b = sin a in (b,) } in\n{ lambda ; c:f32[3]. let  in (c,) }"),
             ValueError, "line 1, column 36", "expected ':' after variable 'b'", "found '='");
+}
+
+// Every primitive's operand count is checked in one place (register_primitive) before its
+// abstract_eval runs, so an equation with too few (or too many) operands is an error, never a read
+// past the operand list.
+TEST_CASE("an equation with the wrong number of operands is an error for every primitive") {
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = stop_gradient in (b,) }"), ValueError,
+            "line 1, column 37", "stop_gradient takes 1 operand, got 0");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = add_any a in (b,) }"), ValueError,
+            "add_any takes 2 operands, got 1");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = sin a a in (b,) }"), ValueError,
+            "sin takes 1 operand, got 2");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = select_n a in (b,) }"), ValueError,
+            "select_n takes at least 2 operands, got 1");
+  size_t checked = 0;
+  for (const PrimitiveDef* def : all_primitives()) {
+    CAPTURE(def->name);
+    REQUIRE(def->arity.has_value());
+    const Arity& arity = *def->arity;
+    Array a = jnp::zeros({3}, f32);
+    // Direct: infer_avals with one operand too few and one too many.
+    if (arity.min > 0) {
+      std::vector<Array> few(arity.min - 1, a);
+      CHECK_THROWS_AS(infer_avals(*def, few, Params{}), ValueError);
+    }
+    if (arity.max != Arity::kUnbounded) {
+      std::vector<Array> many(arity.max + 1, a);
+      CHECK_THROWS_AS(infer_avals(*def, many, Params{}), ValueError);
+    }
+    // Through the parser: an equation without operands (and without params).
+    std::string text = fmt::format("{{ lambda ; a:f32[3]. let b:f32[3] = {} in (b,) }}", def->name);
+    if (arity.min > 0) {
+      CHECK_THROWS_AS(parse_jaxpr(text), ValueError);
+      ++checked;
+    }
+  }
+  CHECK(checked > 60);
 }

@@ -861,6 +861,11 @@ class Parser {
     if (!eqn.primitive) fail_at(prim_at, fmt::format("unknown primitive '{}'", name));
     if (pos_ < s_.size() && s_[pos_] == '[') eqn.params = parse_params(*eqn.primitive);
     while (auto a = parse_eqn_input()) eqn.inputs.push_back(std::move(*a));
+    try {
+      check_operand_count(*eqn.primitive, eqn.inputs.size());
+    } catch (const ValueError& e) {
+      fail_at(prim_at, e.what());
+    }
     infer_weak_types(eqn, outs);
     for (Binder& b : outs) {
       eqn.outputs.emplace_back(b.aval);

@@ -414,6 +414,7 @@ PrimitiveDef make_shard_map_def() {
   PrimitiveDef def;
   def.name = "shard_map";
   def.kind = PrimKind::HigherOrder;
+  def.arity = Arity::any();  // checked against the body
   def.abstract_eval = shard_map_abstract_eval;
   def.cpu_impl = shard_map_impl;
   return def;
