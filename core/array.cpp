@@ -13,8 +13,20 @@ namespace cjax {
 
 int64_t shape_size(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  bool overflow = false;
+  for (int64_t d : s) overflow |= __builtin_mul_overflow(n, d, &n);
+  if (overflow)
+    throw ShapeError(fmt::format("shape {} has more elements than a 64-bit count can hold; use smaller dimensions",
+                                 shape_str(s)));
   return n;
+}
+void check_aval(const AbstractValue& a) {
+  for (int64_t d : a.shape)
+    if (d < 0) throw ShapeError(fmt::format("shape {} has a negative dimension; sizes must be >= 0", shape_str(a.shape)));
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(shape_size(a.shape), int64_t(itemsize(a.dtype)), &bytes))
+    throw ShapeError(fmt::format("shape {} of {} needs more bytes than a 64-bit size can hold; use smaller dimensions",
+                                 shape_str(a.shape), dtype_name(a.dtype)));
 }
 std::vector<int64_t> row_major_strides(const Shape& s) {
   std::vector<int64_t> st(s.size());

@@ -16,9 +16,13 @@ namespace cjax {
 
 class Trace;
 
+// Raises ShapeError for a negative dimension or a shape whose element count or byte size overflows
+// 64 bits. Every ArrayImpl checks its aval at construction, so no kernel sees such a shape.
+void check_aval(const AbstractValue& a);
+
 class ArrayImpl {
  public:
-  explicit ArrayImpl(AbstractValue a) : aval(std::move(a)) {}
+  explicit ArrayImpl(AbstractValue a) : aval(std::move(a)) { check_aval(aval); }
   virtual ~ArrayImpl() = default;
   virtual bool is_concrete() const { return false; }
   AbstractValue aval;

@@ -503,3 +503,26 @@ TEST_CASE("jnp.tri / tril / triu") {
   CHECK_ERR(jnp::tril(jnp::arange(3)), ShapeError, "2-D", "(3,)");
   CHECK_ERR(jnp::tri(-1), ValueError, "negative");
 }
+
+// ------------------------------------------------------------------------------------------
+// Shapes are checked once, where an array (concrete or traced) is created
+// ------------------------------------------------------------------------------------------
+TEST_CASE("a shape whose element count overflows 64 bits is a ShapeError, eagerly and traced") {
+  const int64_t big = int64_t(1) << 40;
+  CHECK_ERR(jnp::zeros({big, big}), ShapeError, "(1099511627776, 1099511627776)", "64-bit");
+  CHECK_ERR(jnp::ones({big, big}, i32), ShapeError, "64-bit");
+  // The product wraps to 16 in 64-bit arithmetic: still refused (it used to be accepted and y[5]
+  // read past the buffer).
+  const int64_t wraps = (int64_t(1) << 62) + 4;
+  CHECK_ERR(jnp::arange(16).reshape({wraps, 4}), ShapeError, "(4611686018427387908, 4)");
+  CHECK_ERR(make_jaxpr([&](const Array& x) { return x.reshape({wraps, 4}); })(jnp::arange(16)), ShapeError,
+            "64-bit");
+  CHECK_ERR(lax::broadcast_in_dim(jnp::ones({1}), {big, big, 1}, {2}), ShapeError, "64-bit");
+  // Element count fits, byte size does not.
+  CHECK_ERR(jnp::zeros({int64_t(1) << 62}, f64), ShapeError, "bytes", "float64");
+  CHECK_THROWS_AS(make_abstract(AbstractValue{{3, -1}, f32, false, {}}), ShapeError);
+  // Still fine: large but representable shapes are accepted abstractly.
+  ClosedJaxpr cj = make_jaxpr([](const Array& x) { return x.reshape({int64_t(1) << 20, 16}); })(
+      make_abstract(AbstractValue{{int64_t(1) << 24}, f32, false, {}}));
+  CHECK(cj.out_avals()[0].shape == Shape{int64_t(1) << 20, 16});
+}
