@@ -215,5 +215,38 @@ TEST_CASE("jit of a sharded argument runs per shard, never reading one shard") {
   CHECK(y.sharding().str() == "NamedSharding(mesh=Mesh('i': 4), spec=P('i',), memory_kind=device)");
   CHECK(vals(y) == std::vector<double>{0, 2, 4, 6, 8, 10, 12, 14});
   auto g = jit([](const Array& a) { return lax::rev(a, {0}); });
-  CHECK_ERR(g(x).block_until_ready(), ShardingError, "jit '<lambda>': ", "'rev' input 0", "never gathers", "device_put");
+  CHECK_ERR(g(x).block_until_ready(), ShardingError, "jit '<lambda>': ", "'rev' input 0", "never gathers", "device_put",
+            "inside shard_map", "does not help");
+  // The advice names what works: the same program per block in shard_map runs.
+  try {
+    g(x).block_until_ready();
+  } catch (const ShardingError& e) {
+    CHECK(std::string(e.what()).find("inside shard_map or jit") == std::string::npos);
+  }
+  auto per_block = shard_map([](const Array& a) { return lax::rev(a, {0}); }, mesh, P("i"), P("i"));
+  CHECK(vals(per_block(x)) == std::vector<double>{1, 0, 3, 2, 5, 4, 7, 6});
+}
+
+TEST_CASE("a jitted function keeps at most jit_cache_capacity() signatures, dropping the least recently used") {
+  CHECK_ERR(config::set_jit_cache_capacity(0), ValueError, "at least 1");
+  size_t saved = config::jit_cache_capacity();
+  CHECK(saved == config::kDefaultJitCacheCapacity);
+  config::set_jit_cache_capacity(3);
+  auto f = jit([](const Array& x) { return x * 2.0f; }, {.name = "lru"});
+  auto call = [&](int64_t n) { return vals(f(jnp::ones({n}, f32))); };
+  for (int64_t n = 1; n <= 3; ++n) call(n);
+  CHECK(f.cache_size() == 3);
+  CHECK(f.trace_count() == 3);
+  call(1);  // a hit: 1 is now the most recently used; 2 the least
+  CHECK(f.trace_count() == 3);
+  CHECK(call(4) == std::vector<double>{2, 2, 2, 2});  // evicts 2
+  CHECK(f.cache_size() == 3);
+  CHECK(f.trace_count() == 4);
+  call(1);
+  call(3);
+  CHECK(f.trace_count() == 4);  // 1 and 3 stayed
+  CHECK(call(2) == std::vector<double>{2, 2});  // 2 was dropped: traced again
+  CHECK(f.trace_count() == 5);
+  CHECK(f.cache_size() == 3);
+  config::set_jit_cache_capacity(saved);
 }

@@ -9,7 +9,8 @@
 //    deterministic); the result stays split over the dimensions it keeps.
 // sharding_constraint (with_sharding_constraint) reshards whatever the layout. Anything else
 // raises ShardingError naming the primitive, the operand and its sharding, and the
-// explicit fix (device_put to replicate or to one device, or run it inside shard_map or jit).
+// explicit fix (device_put to replicate or to one device, or run it per block inside shard_map; jit
+// applies these same rules, so the message does not suggest it).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -33,7 +34,9 @@ const NamedSharding* split_sharding(const Array& x) {
   throw ShardingError(fmt::format(
       "'{}' input {}: {} (an array of shape {} with sharding {}). Reshard explicitly: "
       "device_put(x, NamedSharding(mesh, P())) replicates it, device_put(x, SingleDeviceSharding(device)) moves it "
-      "to one device; or compute it inside shard_map or jit",
+      "to one device; or compute it per block inside shard_map(f, mesh, in_specs, out_specs) with explicit "
+      "collectives. jit runs the same per-shard rules as eager calls (it does not partition programs yet), so "
+      "moving this into jit does not help",
       def.name, i, why, shape_str(x.shape()), x.sharding().str()));
 }
 
