@@ -27,7 +27,23 @@ namespace config {
 namespace {
 std::atomic<int> g_disable_jit{-1};  // -1: not set, read the environment
 std::atomic<bool> g_explain{false};
+std::atomic<int64_t> g_cache_capacity{-1};  // -1: not set, read the environment
 }  // namespace
+void set_jit_cache_capacity(size_t entries) {
+  if (entries == 0) throw ValueError("set_jit_cache_capacity: a jit cache must hold at least 1 entry");
+  g_cache_capacity = int64_t(entries);
+}
+size_t jit_cache_capacity() {
+  int64_t v = g_cache_capacity.load();
+  if (v > 0) return size_t(v);
+  static const size_t from_env = [] {
+    const char* s = std::getenv("CJAX_JIT_CACHE_CAPACITY");
+    char* end = nullptr;
+    long long n = s ? std::strtoll(s, &end, 10) : 0;
+    return s && *s && end && !*end && n > 0 ? size_t(n) : kDefaultJitCacheCapacity;
+  }();
+  return from_env;
+}
 void set_disable_jit(bool disabled) { g_disable_jit = disabled ? 1 : 0; }
 bool disable_jit() {
   int v = g_disable_jit.load();
@@ -82,14 +98,42 @@ struct Compiled : std::enable_shared_from_this<Compiled> {
   std::shared_ptr<const void> result_like;
 };
 
+// One jitted function's compiled signatures, least recently used evicted beyond
+// config::jit_cache_capacity() (a call with an evicted signature traces again).
 class JitCache {
  public:
   explicit JitCache(JitOptions o) : opts(std::move(o)) {}
+  struct Entry {
+    std::shared_ptr<const Compiled> compiled;
+    uint64_t last_use = 0;
+  };
   JitOptions opts;
   std::mutex mu;
-  std::unordered_multimap<size_t, std::shared_ptr<const Compiled>> entries;
+  std::unordered_multimap<size_t, Entry> entries;
+  uint64_t uses = 0;
   size_t traces = 0;
   std::string last_miss;
+
+  // Under mu: the entry for `sig` (marked as used now), or null.
+  std::shared_ptr<const Compiled> find(size_t h, const Signature& sig) {
+    auto [b, e] = entries.equal_range(h);
+    for (auto it = b; it != e; ++it)
+      if (it->second.compiled->signature == sig) {
+        it->second.last_use = ++uses;
+        return it->second.compiled;
+      }
+    return nullptr;
+  }
+  // Under mu: adds an entry, evicting the least recently used ones beyond the capacity.
+  void insert(size_t h, std::shared_ptr<const Compiled> c) {
+    entries.emplace(h, Entry{std::move(c), ++uses});
+    while (entries.size() > config::jit_cache_capacity()) {
+      auto oldest = std::min_element(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+        return a.second.last_use < b.second.last_use;
+      });
+      entries.erase(oldest);
+    }
+  }
 };
 
 std::shared_ptr<JitCache> make_cache(const JitOptions& opts) { return std::make_shared<JitCache>(opts); }
@@ -108,8 +152,8 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
   if (cache.entries.empty()) return head + " because it was never traced before";
   std::vector<std::string> best;
   size_t best_n = SIZE_MAX;
-  for (auto& [h, c] : cache.entries) {
-    const Signature& old = c->signature;
+  for (auto& [h, entry] : cache.entries) {
+    const Signature& old = entry.compiled->signature;
     std::vector<std::string> diffs;
     if (old.size() != sig.size()) {
       diffs.push_back(fmt::format("it was called with {} arguments before, now {}", old.size(), sig.size()));
@@ -159,9 +203,7 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
   size_t h = hash_signature(sig);
   {
     std::lock_guard lock(cache.mu);
-    auto [b, e] = cache.entries.equal_range(h);
-    for (auto it = b; it != e; ++it)
-      if (it->second->signature == sig) return it->second;
+    if (auto hit = cache.find(h, sig)) return hit;
   }
   fill_paths(sig);
   std::vector<std::string> arg_names;
@@ -170,9 +212,7 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
       arg_names.push_back("argument " + std::to_string(i) + (p.empty() ? "" : " (leaf " + p + ")"));
   {
     std::lock_guard lock(cache.mu);
-    auto [b, e] = cache.entries.equal_range(h);
-    for (auto it = b; it != e; ++it)
-      if (it->second->signature == sig) return it->second;
+    if (auto hit = cache.find(h, sig)) return hit;
     if (config::explain_cache_misses()) {
       cache.last_miss = explain_miss(cache, sig);
       std::cerr << cache.last_miss << "\n";
@@ -188,7 +228,9 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
   auto c = std::make_shared<Compiled>(std::move(sig), traced, Executable(traced, cache.opts.name), take_result());
   std::lock_guard lock(cache.mu);
   ++cache.traces;
-  cache.entries.emplace(h, c);
+  // Another thread may have traced the same signature meanwhile: keep one entry.
+  if (auto other = cache.find(h, c->signature)) return other;
+  cache.insert(h, c);
   return c;
 }
 

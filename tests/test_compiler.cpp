@@ -893,3 +893,31 @@ TEST_CASE("dot_general_accumulate has the jvp, transpose and batching rules of i
   check_same(vmap(fused)(ws, xs), vmap(orig)(ws, xs), 1e-5, "vmap of both");
   check_same(vmap(fused, {None, 0})(w, xs), vmap(orig, {None, 0})(w, xs), 1e-5, "vmap of x only");
 }
+
+namespace {
+int64_t resident_kb() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * int64_t(sysconf(_SC_PAGESIZE)) / 1024;
+}
+}  // namespace
+
+TEST_CASE("a destroyed jit object frees what it linked: 400 jit objects built and dropped" CJAX_JIT_ONLY) {
+  Array x = jnp::arange(4096).astype(f32);
+  auto build_and_drop = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      auto f = jit([](const Array& a) { return jnp::exp(a * 0.001f) + 1.f; }, {.name = "dropped"});
+      f(x).block_until_ready();
+    }
+  };
+  build_and_drop(50);  // warm: kernels compiled and cached, allocator pools filled
+  size_t libraries = cpu::jit_library_count();
+  int64_t rss = resident_kb();
+  build_and_drop(400);
+  // Each object linked its kernels into a JIT library; a dropped object's library is reused.
+  CHECK(cpu::jit_library_count() <= libraries + 2);
+  // Each object used to keep ~70 KB after it was destroyed (400 objects: ~28 MB).
+  MESSAGE("RSS growth over 400 jit objects: ", resident_kb() - rss, " KB");
+  CHECK(resident_kb() - rss < 8 * 1024);
+}

@@ -31,6 +31,7 @@
 #include <unordered_map>
 
 #include "cjax/errors.h"
+#include "core/util.h"
 
 namespace cjax::cpu {
 namespace {
@@ -56,6 +57,13 @@ struct Host {
     llvm::InitializeNativeTargetAsmPrinter();
     auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
     if (!jtmb) fail("detecting the host CPU", jtmb.takeError());
+    if (requested_cpu_isa() == CpuIsa::Avx2) {
+      llvm::StringMap<bool> host_features = llvm::sys::getHostCPUFeatures();
+      if (!host_features.lookup("avx2") || !host_features.lookup("fma"))
+        throw BackendError("CJAX_ISA=avx2: this CPU has no AVX2/FMA; unset CJAX_ISA");
+      jtmb->setCPU("x86-64-v3");
+      jtmb->setFeatures("");
+    }
     jtmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
     jtmb->getOptions().AllowFPOpFusion = llvm::FPOpFusion::Fast;
     cpu = jtmb->getCPU();
@@ -83,13 +91,30 @@ Host& host() {
 
 // Each linked object gets its own JITDylib, so objects that define the same kernel names (the
 // same cached module linked twice) never clash. Unloading removes the object's resource tracker
-// (code, data and symbols); the then empty JITDylib is kept, because removing JITDylibs can
-// block on the session's dispatch in LLVM 19.
+// (code, data and symbols) and returns the then empty JITDylib to a free list for the next link:
+// removing JITDylibs can block on the session's dispatch in LLVM 19, and never reusing them grew
+// the process by the size of one JITDylib per jit object ever built.
+struct FreeDylibs {
+  std::mutex mu;
+  std::vector<llvm::orc::JITDylib*> free;
+};
+std::atomic<size_t> g_libraries_created{0};
+FreeDylibs& free_dylibs() {
+  static FreeDylibs* f = new FreeDylibs;  // never destroyed, like host()
+  return *f;
+}
+
 class LinkedCode final : public JitCode {
  public:
   LinkedCode(llvm::orc::JITDylib* jd, llvm::orc::ResourceTrackerSP rt) : jd_(jd), rt_(std::move(rt)) {}
   ~LinkedCode() override {
-    if (auto err = rt_->remove()) llvm::consumeError(std::move(err));
+    if (auto err = rt_->remove()) {
+      llvm::consumeError(std::move(err));
+      return;  // not known to be empty: never reused
+    }
+    FreeDylibs& f = free_dylibs();
+    std::lock_guard lk(f.mu);
+    f.free.push_back(jd_);
   }
   void* lookup(std::string_view symbol) const override {
     auto addr = host().jit->lookup(*jd_, llvm::StringRef(symbol.data(), symbol.size()));
@@ -200,15 +225,28 @@ std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m) {
 
 std::shared_ptr<JitCode> link_object(std::unique_ptr<llvm::MemoryBuffer> object) {
   Host& h = host();
-  static std::atomic<int64_t> counter{0};
-  auto jd = h.jit->createJITDylib(fmt::format("cjax_kernels_{}", counter++));
-  if (!jd) fail("creating a JIT library", jd.takeError());
-  // Symbols the kernels do not define (libm, libc) resolve in the process.
-  jd->addToLinkOrder(h.jit->getMainJITDylib());
+  llvm::orc::JITDylib* jd = nullptr;
+  {
+    FreeDylibs& f = free_dylibs();
+    std::lock_guard lk(f.mu);
+    if (!f.free.empty()) {
+      jd = f.free.back();
+      f.free.pop_back();
+    }
+  }
+  if (!jd) {
+    auto created = h.jit->createJITDylib(fmt::format("cjax_kernels_{}", g_libraries_created++));
+    if (!created) fail("creating a JIT library", created.takeError());
+    jd = &*created;
+    // Symbols the kernels do not define (libm, libc) resolve in the process.
+    jd->addToLinkOrder(h.jit->getMainJITDylib());
+  }
   auto rt = jd->createResourceTracker();
   if (auto err = h.jit->addObjectFile(rt, std::move(object))) fail("linking generated code", std::move(err));
-  return std::make_shared<LinkedCode>(&*jd, std::move(rt));
+  return std::make_shared<LinkedCode>(jd, std::move(rt));
 }
+
+size_t jit_library_count() { return g_libraries_created.load(); }
 
 std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key) {
   Cache& c = cache();

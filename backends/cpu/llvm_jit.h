@@ -47,6 +47,9 @@ void set_host_attributes(llvm::Function& f);
 std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m);
 // Links an object file (from compile_to_object or the cache).
 std::shared_ptr<JitCode> link_object(std::unique_ptr<llvm::MemoryBuffer> object);
+// How many JIT libraries exist (linked objects live now plus free ones kept for reuse): bounded
+// by the most objects ever linked at once, not by how many were linked over time.
+size_t jit_library_count();
 
 // The object cache. `key` is the caller's canonical description of the module's contents.
 std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key);

@@ -52,6 +52,12 @@ void set_disable_jit(bool disabled);
 bool disable_jit();  // also true when CJAX_DISABLE_JIT=1 in the environment
 void set_explain_cache_misses(bool enabled);
 bool explain_cache_misses();
+// How many call signatures each jitted function keeps compiled (default 256, or the environment
+// variable CJAX_JIT_CACHE_CAPACITY); beyond it the least recently used one is dropped and traced
+// again if called again. Each entry holds a traced and an optimized program (~100 KB).
+inline constexpr size_t kDefaultJitCacheCapacity = 256;
+void set_jit_cache_capacity(size_t entries);
+size_t jit_cache_capacity();
 }  // namespace config
 inline void explain_cache_misses(bool enabled) { config::set_explain_cache_misses(enabled); }
 
