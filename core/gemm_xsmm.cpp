@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/parallel.h"
+#include "core/util.h"
 
 namespace cjax {
 namespace {
@@ -37,6 +38,7 @@ template <class T> Kernel<T> dispatch(int64_t tm, int64_t tn, int64_t K, int64_t
 
 void init_once() {
   static const bool done = [] {
+    if (requested_cpu_isa() == CpuIsa::Avx2) libxsmm_set_target_arch("hsw");  // LIBXSMM's AVX2 kernels
     libxsmm_init();
     return true;
   }();

@@ -16,6 +16,18 @@ inline bool env_flag(const char* name) {
   return e && *e && std::string_view(e) != "0";
 }
 
+// The instruction set generated code may use (CJAX_ISA): "native" (default: everything the host
+// has) or "avx2" (x86-64-v3: AVX2 + FMA, no AVX-512), to run the AVX2 code paths of the LLVM
+// kernels and LIBXSMM on an AVX-512 host. Any other value raises BackendError.
+enum class CpuIsa { Native, Avx2 };
+inline CpuIsa requested_cpu_isa() {
+  const char* e = std::getenv("CJAX_ISA");
+  std::string_view v = e ? e : "";
+  if (v.empty() || v == "native") return CpuIsa::Native;
+  if (v == "avx2") return CpuIsa::Avx2;
+  throw BackendError(fmt::format("CJAX_ISA='{}' is not an instruction set cjax knows; use 'native' or 'avx2'", v));
+}
+
 // Normalises a possibly negative axis for an array of rank `ndim`; raises ValueError naming
 // the function, the axis and the rank otherwise.
 inline int64_t canonicalize_axis(int64_t axis, int64_t ndim, std::string_view fn) {
