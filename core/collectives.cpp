@@ -422,6 +422,13 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
   int64_t pos = 0;
   std::vector<int64_t> members = axis_group(*ctx->mesh, axes, ctx->device, &pos);
   if (&def == &g_axis_index) return {make_scalar(double(pos), DType::int32)};
+  if (!ctx->comm)  // a lockstep segment runs each device alone; its collectives run between segments
+    throw CollectiveError(fmt::format(
+        "'{}' over {} was reached while one device of a shard_map body ran on its own, without a communicator: "
+        "the body runs its devices in lockstep, and an equation that exchanges blocks between devices must be "
+        "classified by needs_communicator (trace/shard_map.h) so that the body runs on one thread per device. "
+        "As a workaround, set CJAX_SPMD_THREADS=1",
+        def.name, AxisNames(axes).str()));
   std::string what = what_of(def, p, in[0]);
   if (is_reduction(def) && in[0].size() * int64_t(members.size()) > (1 << 14)) {
     // Member k combines chunk k of every member's operand and writes it into every member's
