@@ -284,6 +284,12 @@ BatchOut shard_map_batch(std::span<const Array> args, std::span<const int> bdims
   BatchAxis inner = axis;
   inner.spmd_axis_name.clear();
   if (!spmd.empty()) {
+    if (!axis.name.empty() && uses_axis_name(g_shard_map, p, axis.name))
+      throw ValueError(fmt::format(
+          "vmap with spmd_axis_name '{}' and axis_name '{}': the shard_map's body has a collective over '{}', whose "
+          "batch is split over mesh axis '{}'; that is not supported. Drop spmd_axis_name, or apply the collective "
+          "over '{}' outside the shard_map",
+          spmd, axis.name, axis.name, spmd, axis.name));
     if (std::find(info.manual_axes.begin(), info.manual_axes.end(), spmd) == info.manual_axes.end())
       throw SpecError(fmt::format("vmap spmd_axis_name '{}' is not a manual axis of the shard_map over {} (manual axes {})",
                                   spmd, info.mesh.str(), AxisNames(info.manual_axes).str()));

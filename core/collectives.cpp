@@ -410,6 +410,13 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
   int64_t pos = 0;
   std::vector<int64_t> members = axis_group(*ctx->mesh, axes, ctx->device, &pos);
   if (&def == &g_axis_index) return {make_scalar(double(pos), DType::int32)};
+  if (!ctx->comm)  // a lockstep segment runs each device alone; its collectives run between segments
+    throw CollectiveError(fmt::format(
+        "'{}' over {} was reached while one device of a shard_map body ran on its own, without a communicator: "
+        "the body runs its devices in lockstep, and an equation that exchanges blocks between devices must be "
+        "classified by needs_communicator (trace/shard_map.h) so that the body runs on one thread per device. "
+        "As a workaround, set CJAX_SPMD_THREADS=1",
+        def.name, AxisNames(axes).str()));
   std::string what = what_of(def, p, in[0]);
   if (is_reduction(def) && in[0].size() * int64_t(members.size()) > (1 << 14)) {
     // Member k combines chunk k of every member's operand and writes it into every member's
@@ -545,6 +552,24 @@ std::vector<std::string> checked_axes(const AxisNames& a, std::string_view op) {
   bound_group_size(names, op);
   return names;
 }
+
+// `names` split into the axis names of enclosing vmaps (batch axes) and the mesh axes, each in
+// the order written.
+std::pair<std::vector<std::string>, std::vector<std::string>> split_batch_axes(const std::vector<std::string>& names) {
+  std::pair<std::vector<std::string>, std::vector<std::string>> out;
+  for (const std::string& n : names) (is_batch_axis(n) ? out.first : out.second).push_back(n);
+  return out;
+}
+
+// The data-moving collectives' batching rules handle a vmapped axis named alone (as JAX's do).
+void require_batch_axis_alone(const std::vector<std::string>& names, std::string_view op) {
+  auto [batch, mesh] = split_batch_axes(names);
+  if (batch.empty() || (batch.size() == 1 && mesh.empty())) return;
+  throw ValueError(fmt::format(
+      "{} over {} names the vmapped axis '{}' together with other axes; over a vmap's axis_name it supports one "
+      "vmapped axis alone (as JAX's batching rule does): apply it over each axis in turn",
+      op, AxisNames(names).str(), batch[0]));
+}
 }  // namespace
 
 std::vector<std::string> common_vma(std::span<const Array> xs) {
@@ -571,14 +596,23 @@ Array pvary_missing(const Array& x, const std::vector<std::string>& axes) {
 namespace lax {
 
 namespace {
-Array reduce_front(const PrimitiveDef& checked, const Array& x, const AxisNames& axes, std::string_view op) {
+Array reduce_front(const PrimitiveDef& checked, const Array& x_in, const AxisNames& axes, std::string_view op) {
   std::vector<std::string> names = checked_axes(axes, op);
+  const PrimitiveDef& plain = &checked == &g_psum_invariant ? g_psum : checked;
+  Array x = x_in;
+  if (auto [batch, mesh] = split_batch_axes(names); !batch.empty()) {
+    // Over vmapped axes first (the vmap's batching rule reduces its batch dimension; no
+    // varying-axes types there), then over the mesh axes as below.
+    if (is_traced(x)) x = bind1(plain, {x}, {{"axes", axes_param(batch)}});
+    else if (&checked == &g_psum_invariant) x = numpy::multiply(x, Array(int(bound_group_size(batch, op))));
+    if (mesh.empty()) return x;
+    names = mesh;
+  }
   int64_t n = bound_group_size(names, op);
   if (!is_traced(x) && &checked == &g_psum_invariant)  // a constant: n * x, no communication
     return numpy::multiply(x, Array(int(n)));
   if (!is_traced(x) && &checked != &g_psum_invariant) return x;  // max/min of identical copies
   if (vma_checked(names)) return bind1(checked, {pvary_missing(x, names)}, {{"axes", axes_param(names)}});
-  const PrimitiveDef& plain = &checked == &g_psum_invariant ? g_psum : checked;
   return bind1(plain, {x}, {{"axes", axes_param(names)}});
 }
 }  // namespace
@@ -592,14 +626,16 @@ Array pmean(const Array& x, const AxisNames& axes) {
 }
 
 Array pvary(const Array& x, const AxisNames& axes) {
-  if (manual_axes_in_scope().empty()) throw ValueError("pvary should be called under shard_map.");
-  std::vector<std::string> names = checked_axes(axes, "pvary");
-  if (!vma_checked(names)) return x;
+  bool any_batch = std::any_of(axes.names.begin(), axes.names.end(), [](const std::string& a) { return is_batch_axis(a); });
+  if (manual_axes_in_scope().empty() && !any_batch) throw ValueError("pvary should be called under shard_map.");
+  std::vector<std::string> names = split_batch_axes(checked_axes(axes, "pvary")).second;  // the identity over vmapped axes
+  if (names.empty() || !vma_checked(names)) return x;
   return bind1(g_pvary, {x}, {{"axes", axes_param(names)}});
 }
 
 Array all_gather(const Array& x, const AxisNames& axes, AllGatherOpts o) {
   std::vector<std::string> names = checked_axes(axes, "all_gather");
+  require_batch_axis_alone(names, "all_gather");
   int64_t n = bound_group_size(names, "all_gather");
   int64_t d = o.axis < 0 ? o.axis + x.ndim() + (o.tiled ? 0 : 1) : o.axis;
   const PrimitiveDef& def = o.to_invariant && vma_checked(names) ? g_all_gather_invariant : g_all_gather;
@@ -609,6 +645,7 @@ Array all_gather(const Array& x, const AxisNames& axes, AllGatherOpts o) {
 
 Array psum_scatter(const Array& x, const AxisNames& axes, PsumScatterOpts o) {
   std::vector<std::string> names = checked_axes(axes, "psum_scatter");
+  require_batch_axis_alone(names, "psum_scatter");
   int64_t n = bound_group_size(names, "psum_scatter");
   int64_t d = o.scatter_dimension < 0 ? o.scatter_dimension + x.ndim() : o.scatter_dimension;
   return bind1(g_reduce_scatter, {pvary_missing(x, names)},
@@ -617,6 +654,7 @@ Array psum_scatter(const Array& x, const AxisNames& axes, PsumScatterOpts o) {
 
 Array ppermute(const Array& x, const AxisNames& axes, std::vector<std::pair<int, int>> perm) {
   std::vector<std::string> names = checked_axes(axes, "ppermute");
+  require_batch_axis_alone(names, "ppermute");
   std::vector<std::vector<int64_t>> pairs;
   for (auto [s, d] : perm) pairs.push_back({s, d});
   return bind1(g_ppermute, {pvary_missing(x, names)}, {{"axes", axes_param(names)}, {"perm", pairs}});
@@ -624,6 +662,7 @@ Array ppermute(const Array& x, const AxisNames& axes, std::vector<std::pair<int,
 
 Array all_to_all(const Array& x, const AxisNames& axes, int split_axis, int concat_axis, AllToAllOpts o) {
   std::vector<std::string> names = checked_axes(axes, "all_to_all");
+  require_batch_axis_alone(names, "all_to_all");
   int64_t n = bound_group_size(names, "all_to_all");
   int64_t s = split_axis < 0 ? split_axis + x.ndim() : split_axis;
   int64_t c = concat_axis < 0 ? concat_axis + x.ndim() : concat_axis;
@@ -633,6 +672,15 @@ Array all_to_all(const Array& x, const AxisNames& axes, int split_axis, int conc
 
 Array axis_index(const AxisNames& axes) {
   std::vector<std::string> names = checked_axes(axes, "axis_index");
+  if (names.size() > 1 && !split_batch_axes(names).first.empty()) {
+    // Several axes with a vmapped one: the row-major index composed from each axis's own.
+    Array idx;
+    for (const std::string& a : names) {
+      Array k = axis_index(a);
+      idx = idx.defined() ? numpy::add(numpy::multiply(idx, Array(int(bound_group_size({a}, "axis_index")))), k) : k;
+    }
+    return idx;
+  }
   return bind1(g_axis_index, std::span<const Array>(), {{"axes", axes_param(names)}});
 }
 
@@ -640,6 +688,7 @@ int axis_size(const AxisNames& axes) { return int(bound_group_size(checked_axes(
 
 Array pbroadcast(const Array& x, const AxisNames& axes, int source) {
   std::vector<std::string> names = checked_axes(axes, "pbroadcast");
+  require_batch_axis_alone(names, "pbroadcast");
   return bind1(g_pbroadcast, {pvary_missing(x, names)}, {{"axes", axes_param(names)}, {"source", int64_t(source)}});
 }
 

@@ -34,7 +34,17 @@ const ManualAxis* find_manual_axis(std::string_view name) {
   return nullptr;
 }
 
-std::vector<ManualAxis> manual_axes_in_scope() { return tl_axes; }
+std::vector<ManualAxis> manual_axes_in_scope() {
+  std::vector<ManualAxis> out;
+  for (const ManualAxis& a : tl_axes)
+    if (!a.batch) out.push_back(a);
+  return out;
+}
+
+bool is_batch_axis(std::string_view name) {
+  const ManualAxis* m = find_manual_axis(name);
+  return m && m->batch;
+}
 
 int64_t bound_group_size(const std::vector<std::string>& axes, std::string_view op) {
   int64_t n = 1;
@@ -42,11 +52,13 @@ int64_t bound_group_size(const std::vector<std::string>& axes, std::string_view 
     const ManualAxis* m = find_manual_axis(a);
     if (!m) {
       std::vector<std::string> bound;
-      for (const ManualAxis& b : tl_axes) bound.push_back("'" + b.name + "'");
+      for (const ManualAxis& b : tl_axes) bound.push_back("'" + b.name + "'" + (b.batch ? " (vmap)" : ""));
       throw AxisNameError(fmt::format(
           "Found an unbound axis name: {}. To fix this, call {} inside shard_map over a mesh with an axis named "
-          "'{}' (manual axes in scope: {}).",
-          a, op, a, bound.empty() ? std::string("none: not inside shard_map") : fmt::format("{}", fmt::join(bound, ", "))));
+          "'{}', or inside vmap with axis_name '{}' (axes in scope: {}).",
+          a, op, a, a,
+          bound.empty() ? std::string("none: not inside shard_map or a named vmap")
+                        : fmt::format("{}", fmt::join(bound, ", "))));
     }
     n *= m->size;
   }

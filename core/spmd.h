@@ -1,9 +1,10 @@
 // Manual axes in scope and the SPMD runtime context (DESIGN.md §7, spec/shard_map.md §1.2).
 //
 // * The axis environment is a thread-local stack of the manual mesh axes bound by enclosing
-//   shard_maps while their bodies are traced or run. Collectives look their axes up here: an
-//   axis that is not bound raises AxisNameError ("Found an unbound axis name ..."), and the
-//   frame says whether varying-axes types are checked (check_vma).
+//   shard_maps while their bodies are traced or run, and of the axis names of enclosing vmaps
+//   (batch axes) while their functions are traced. Collectives look their axes up here: an axis
+//   that is not bound raises AxisNameError ("Found an unbound axis name ..."), and the frame says
+//   whether varying-axes types are checked (check_vma; never for a batch axis).
 // * The SPMD context tells a collective's kernel which device of which mesh it runs on and which
 //   communicator connects it to the other devices; it is set on each device's worker while a
 //   staged shard_map body runs there.
@@ -23,6 +24,9 @@ struct ManualAxis {
   std::string name;
   int64_t size = 1;
   bool check_vma = true;
+  // A vmap's axis_name (trace/batching.cpp), not a mesh axis: collectives over it are batching
+  // rules over the batch dimension, resolved while tracing, never at run time.
+  bool batch = false;
 };
 
 // Binds `axes` for the scope's lifetime on this thread (inner frames shadow outer ones).
@@ -38,7 +42,10 @@ class AxisEnvScope {
 };
 
 const ManualAxis* find_manual_axis(std::string_view name);
+// The mesh axes in scope (batch axes left out).
 std::vector<ManualAxis> manual_axes_in_scope();
+// True when the innermost binding of `name` is a vmap's batch axis.
+bool is_batch_axis(std::string_view name);
 // Product of the sizes of `axes` for collective `op`; AxisNameError naming the first unbound
 // axis and the fix (call `op` inside shard_map over a mesh with that axis).
 int64_t bound_group_size(const std::vector<std::string>& axes, std::string_view op);

@@ -119,7 +119,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
   }
   lower_to_program();
   lockstep_ = !has_effects_ && std::none_of(program_.begin(), program_.end(), [](const Instr& i) {
-    return i.def && i.def->kind == PrimKind::HigherOrder && contains_collective(i.params);
+    return i.def && i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params);
   });
   std::string dir = dump_dir();
   std::string ir;

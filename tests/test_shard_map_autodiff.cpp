@@ -421,3 +421,53 @@ TEST_CASE("D3: a loop carry that starts invariant and becomes varying") {
   auto g = grad([&](const Array& x) { return jnp::sum(f(x)); })(arange_f(3));
   CHECK(v(g) == std::vector<double>{6, 6, 6});  // d/dx_k of sum_d d*x_k = 0+1+2+3
 }
+
+TEST_CASE("grad of a nested partial-manual shard_map (issue 16 item 2)") {
+  // The inner shard_map's out_specs gather over 'j': running it inside the outer body exchanges
+  // blocks between devices, so the outer body needs its devices' communicator.
+  Mesh m = make_mesh({2, 2}, {"i", "j"});
+  Array x = jnp::arange(32).astype(f32).reshape({4, 8}) / 10.0;
+  std::vector<double> xv = v(x);
+  {
+    auto inner = shard_map([](const Array& a) { return a * a * a; }, m, P(None, "j"), P(None, "j"),
+                           {.axis_names = {"j"}});
+    auto outer = shard_map([inner](const Array& a) { return inner(a); }, m, P("i", None), P("i", None),
+                           {.axis_names = {"i"}});
+    auto loss = [outer](const Array& a) { return jnp::sum(outer(a)); };
+    std::vector<double> cube, three_sq;
+    for (double e : xv) {
+      cube.push_back(e * e * e);
+      three_sq.push_back(3 * e * e);
+    }
+    auto close = [](const std::vector<double>& got, const std::vector<double>& want) {
+      REQUIRE(got.size() == want.size());
+      for (size_t k = 0; k < got.size(); ++k) CHECK(got[k] == doctest::Approx(want[k]).epsilon(1e-5));
+    };
+    close(v(outer(x)), cube);
+    close(v(jit(outer)(x)), cube);
+    close(v(grad(loss)(x)), three_sq);
+    close(v(jit(grad(loss))(x)), three_sq);
+  }
+  {
+    // The inner body sums its two column blocks over 'j': s = a^3 + (the other block)^3, out s * a.
+    auto inner = shard_map([](const Array& a) { return lax::psum(a * a * a, "j") * a; }, m, P(None, "j"),
+                           P(None, "j"), {.axis_names = {"j"}});
+    auto outer = shard_map([inner](const Array& a) { return inner(a); }, m, P("i", None), P("i", None),
+                           {.axis_names = {"i"}});
+    auto loss = [outer](const Array& a) { return jnp::sum(outer(a)); };
+    auto reference = [](const Array& a) {  // one device, no shard_map
+      Array l = lax::slice_in_dim(a, 0, 4, 1, 1), r = lax::slice_in_dim(a, 4, 8, 1, 1);
+      Array s = l * l * l + r * r * r;
+      return jnp::concatenate({s * l, s * r}, 1);
+    };
+    auto ref_loss = [reference](const Array& a) { return jnp::sum(reference(a)); };
+    check_all_close(outer(x), reference(x), 1e-5);
+    check_all_close(jit(outer)(x), reference(x), 1e-5);
+    Array want = grad(ref_loss)(x);
+    check_all_close(grad(loss)(x), want, 1e-5);
+    check_all_close(jit(grad(loss))(x), want, 1e-5);
+    // By hand at one element: d/dl [ (l^3 + r^3) (l + r) ] = 3l^2 (l + r) + (l^3 + r^3).
+    double l = xv[1], r = xv[5];
+    CHECK(v(want)[1] == doctest::Approx(3 * l * l * (l + r) + l * l * l + r * r * r).epsilon(1e-5));
+  }
+}

@@ -2,9 +2,28 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "core/array_impl.h"
+#include "core/collectives.h"
+#include "core/spmd.h"
+#include "trace/jaxpr.h"
 
 namespace cjax {
+
+bool uses_axis_name(const PrimitiveDef& def, const Params& params, const std::string& name) {
+  if (def.kind == PrimKind::Collective) {
+    const auto& axes = collective_axes(params);
+    return std::find(axes.begin(), axes.end(), name) != axes.end();
+  }
+  if (def.kind != PrimKind::HigherOrder) return false;
+  for (const Jaxpr* j : jaxprs_in_params(params))
+    for (const JaxprEqn& e : j->eqns())
+      if (uses_axis_name(*e.primitive, e.params, name)) return true;
+  return false;
+}
+
 namespace {
 AbstractValue unbatched_aval(const Array& v, int bdim) {
   AbstractValue a = v.aval();
@@ -62,7 +81,14 @@ std::vector<Array> BatchTrace::process_primitive(const PrimitiveDef& def, std::s
     bdims.push_back(d);
   }
   TraceScope scope(parent());
-  if (!any) return cjax::bind(def, vals, params);
+  if (!any) {
+    if (axis_.name.empty() || !uses_axis_name(def, params, axis_.name)) return cjax::bind(def, vals, params);
+    // A higher-order rule sees one batched operand (collectives' rules take unbatched ones).
+    if (def.kind == PrimKind::HigherOrder && !vals.empty()) {
+      vals[0] = move_bdim(vals[0], kNotMapped, 0, axis_.size);
+      bdims[0] = 0;
+    }
+  }
   const PrimitiveRules* rules = find_rules(def);
   if (!rules || !rules->batch)
     throw ValueError(fmt::format("vmap: the batching rule for primitive '{}' is not implemented", def.name));
@@ -78,6 +104,9 @@ std::vector<Array> BatchTrace::process_primitive(const PrimitiveDef& def, std::s
 std::vector<Array> vmap_flat(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
                              std::span<const Array> args, std::span<const int> in_axes,
                              const std::function<int(size_t, int)>& out_axis, const BatchAxis& axis) {
+  // A named vmap binds its axis_name for collectives while `f` is traced (inner bindings shadow).
+  std::optional<AxisEnvScope> env;
+  if (!axis.name.empty()) env.emplace(std::vector<ManualAxis>{{axis.name, axis.size, false, true}});
   BatchTrace trace(axis);
   std::vector<Array> in;
   for (size_t i = 0; i < args.size(); ++i) in.push_back(trace.make_tracer(args[i], in_axes[i]));

@@ -46,6 +46,12 @@ class BatchTrace final : public Trace {
   std::shared_ptr<bool> ended_ = std::make_shared<bool>(false);
 };
 
+// True if binding `def` uses the vmapped axis `name`: a collective over it, or a higher-order
+// primitive whose sub-jaxprs contain one. Such an equation goes through its batching rule even
+// when no operand is batched (JAX's fancy_primitive_batchers): psum(w, 'b') of an unbatched w is
+// B * w, axis_index('b') has no operands at all.
+bool uses_axis_name(const PrimitiveDef& def, const Params& params, const std::string& name);
+
 // vmap over flat inputs: in_axes[i] is input i's batch dimension (kNotMapped: not batched,
 // already normalized to be non-negative), out_axes[j] where output j's batch dimension goes
 // (kNotMapped: the output must not depend on the batch). `axis.size` must be set.

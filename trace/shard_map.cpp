@@ -243,8 +243,16 @@ Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const Partiti
 bool contains_collective(const Params& params) {
   for (const Jaxpr* j : jaxprs_in_params(params))
     for (const JaxprEqn& e : j->eqns())
-      if (e.primitive->kind == PrimKind::Collective || contains_collective(e.params)) return true;
+      if (needs_communicator(*e.primitive, e.params)) return true;
   return false;
+}
+
+bool needs_communicator(const PrimitiveDef& def, const Params& params) {
+  if (def.kind == PrimKind::Collective) return true;
+  if (&def == &g_shard_map)  // nested: its out_specs' named dimensions are all_gathers (nested_shard_map_impl)
+    for (const PartitionSpec& s : params.object<SpecsParam>("out_specs")->specs)
+      if (!s.mentioned_axes().empty()) return true;
+  return contains_collective(params);
 }
 
 namespace {

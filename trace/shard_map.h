@@ -65,8 +65,13 @@ std::vector<Array> slice_blocks(const Array& x, const Mesh& mesh, const Partitio
 Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const PartitionSpec& spec, AbstractValue global);
 // Binds a shard_map equation (the front end after tracing, and the rules).
 std::vector<Array> bind_shard_map(const ShardMapInfo& info, std::span<const Array> args);
-// True if the primitive's sub-jaxprs contain a collective (at any depth).
+// True if the primitive's sub-jaxprs contain an equation that needs_communicator (at any depth).
 bool contains_collective(const Params& params);
+// True if running an equation of `def` inside an SPMD body exchanges blocks between the devices,
+// so that it cannot run for each device on its own (a lockstep segment, one bind per device of the
+// eager ShardMapTrace): a collective, a nested shard_map whose out_specs name an axis (its outputs
+// are all_gathered) or a higher-order primitive whose sub-jaxprs contain either.
+bool needs_communicator(const PrimitiveDef& def, const Params& params);
 // Out-specs check (spec §2.4): VmaError when an output varies over an axis its spec does not name.
 void check_out_vma(const std::string& fn, const Mesh& mesh, const std::vector<std::string>& manual_axes,
                    const std::vector<PartitionSpec>& out_specs, const std::vector<AbstractValue>& out_avals);

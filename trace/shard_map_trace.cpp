@@ -112,7 +112,7 @@ class ShardMapTrace final : public Trace {
       if (!blocks.empty())
         for (size_t d = 0; d < n; ++d) per_device[d] = {blocks[0][d]};
       outs = run_collective_on_all_devices(def, params, per_device, out_avals, ctx_->mesh, false, false);
-    } else if (def.kind == PrimKind::HigherOrder && contains_collective(params)) {
+    } else if (def.kind == PrimKind::HigherOrder && needs_communicator(def, params)) {
       outs = run_spmd(def, params, avals, blocks);
     } else {
       TraceScope scope(parent());

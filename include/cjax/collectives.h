@@ -1,5 +1,6 @@
-// Collectives (JAX's jax.lax parallel operators), usable inside shard_map only. Semantics:
-// spec/shard_map.md §1.6; varying-axes rules §2.2; transposes §3.3.
+// Collectives (JAX's jax.lax parallel operators), over the manual mesh axes of an enclosing
+// shard_map or the axis_name of an enclosing vmap. Semantics: spec/shard_map.md §1.6;
+// varying-axes rules §2.2; transposes §3.3; over a vmapped axis: docs/vmap_collectives.md.
 //
 //   auto f = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh, P("i"), P());
 //
@@ -7,8 +8,16 @@
 // size prod(sizes) whose index is row-major in the order written (first name most significant).
 // A collective over an axis the operand does not vary over first makes it vary (pvary), so
 // psum of an invariant value multiplies it by the group size (decision D2 for mixed sets).
-// Outside shard_map (or over an axis that is not manual there) they raise AxisNameError.
-// Every collective also accepts a tree of Arrays and applies to each leaf.
+// Over an axis that no enclosing shard_map (as a manual axis) or vmap binds they raise
+// AxisNameError. Every collective also accepts a tree of Arrays and applies to each leaf.
+//
+// Over a vmap's axis_name ("b" in vmap(f, 0, 0, {.axis_name = "b"})) the group's members are the
+// batch's examples, as in JAX: psum/pmean/pmax/pmin reduce over the batch, all_gather gives every
+// example the whole batch, psum_scatter gives example k chunk k of the sum, ppermute and
+// all_to_all move blocks between examples, pbroadcast copies one example, axis_index is the
+// example's index and pvary is the identity. Reductions and axis_index may mix vmapped and mesh
+// axes ({"i", "b"}); the others take a vmapped axis alone. psum's transpose over a vmapped axis is
+// psum (JAX's): vmap(grad(f)) differentiates the sum of every example's output.
 #pragma once
 #include <initializer_list>
 #include <string>

@@ -9,7 +9,12 @@
 // entries that is a tree prefix of that argument (JAX's semantics). Negative axes count from
 // the end. Non-tree (static) arguments need None. out_axes: an AxisSpec that is a tree prefix
 // of the result; None for an output that does not depend on the mapped inputs. Each batched
-// primitive runs once on the whole batch (no loop). `axis_name` names the axis for collectives.
+// primitive runs once on the whole batch (no loop).
+//
+// `axis_name` names the batch axis for collectives inside f (JAX's vmap(f, axis_name='b')): the
+// examples are the group's members, so x / lax::psum(x, "b") normalizes over the batch and
+// lax::axis_index("b") is each example's index (cjax/collectives.h lists them all). A name
+// resolves to the innermost enclosing vmap or shard_map that binds it.
 #pragma once
 #include <functional>
 #include <map>
@@ -50,7 +55,7 @@ class AxisSpec {
 };
 
 struct VmapOptions {
-  std::string axis_name = "";       // for collectives over the vmapped axis
+  std::string axis_name = "";       // binds the vmapped axis for collectives (see above)
   std::optional<int64_t> axis_size = std::nullopt;  // required when no input is mapped
   // Inside a shard_map being vmapped, split the batch dimension over this mesh axis (JAX's
   // spmd_axis_name): the specs gain it as their leading entry, P('x') -> P('y', 'x').
