@@ -215,3 +215,25 @@ TEST_CASE("the 8 device workers run concurrently and propagate exceptions") {
   CHECK_THROWS_WITH_AS(bad.get(), doctest::Contains("(3,)"), ShapeError);
   CHECK_THROWS_AS(submit_to_device(Device(Platform::cpu, 8), [] {}), BackendError);
 }
+
+TEST_CASE("a DType outside the enum is a DTypeError naming its value at every entry") {
+  namespace jnp = cjax::numpy;
+  const DType bad = DType(99);
+  Array x = jnp::array<float>({1, 2});
+  auto invalid = doctest::Contains("invalid dtype value 99");
+  CHECK_THROWS_WITH_AS(x.astype(bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::zeros({2}, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::ones({2}, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::full({2}, 1.0, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::arange(4, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::zeros_like(x, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(random::normal(random::key(0), {2}, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jit([&](const Array& a) { return a.astype(bad); })(x), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(make_jaxpr([&](const Array& a) { return a.astype(bad); })(x), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(make_uninitialized(AbstractValue{{2}, bad, false, {}}, default_device()), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(promote_types(bad, DType::float32), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(itemsize(bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(dtype_name(bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(is_floating(DType(11)), doctest::Contains("invalid dtype value 11"), DTypeError);
+  for (int d = 0; d < kNumDTypes; ++d) CHECK_NOTHROW(itemsize(DType(d)));
+}
