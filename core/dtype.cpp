@@ -3,6 +3,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <string>
 
 #include "cjax/errors.h"
 
@@ -27,7 +28,21 @@ constexpr std::array<DTypeRow, kNumDTypes> kRows{{
     {DType::float32, "float32", "f32", 4, 23},
     {DType::float64, "float64", "f64", 8, 52},
 }};
-const DTypeRow& row(DType d) { return kRows[size_t(d)]; }
+// Every lookup of a dtype's properties (name, itemsize, kind, mantissa) goes through row(), so a
+// value outside the enum (DType(99), a corrupted byte) is a DTypeError naming it at the first public
+// entry that looks at it, instead of an out-of-bounds read (which used to surface as a garbage
+// itemsize: "out of host memory").
+[[noreturn]] void invalid_dtype(DType d) {
+  std::string valid;
+  for (const auto& r : kRows) valid += (valid.empty() ? "" : ", ") + std::string(r.name);
+  throw DTypeError("invalid dtype value " + std::to_string(int(d)) + " (a DType is one of " + valid +
+                   ", values 0.." + std::to_string(kNumDTypes - 1) + ")");
+}
+const DTypeRow& row(DType d) {
+  if (size_t(d) >= kRows.size()) [[unlikely]]
+    invalid_dtype(d);
+  return kRows[size_t(d)];
+}
 
 // JAX's lattice (jax/_src/dtypes.py), without complex types. Nodes beyond our dtypes (u16, u64)
 // are kept so least upper bounds come out as in JAX.
@@ -61,6 +76,7 @@ struct Lattice {
 constexpr Lattice kLattice;
 
 int node_of(TypeInfo t) {
+  (void)row(t.dtype);  // validates
   switch (t.dtype) {
     case DType::bool_: return B;
     case DType::int8: return t.weak ? IW : I8;
@@ -90,9 +106,10 @@ size_t itemsize(DType d) { return row(d).size; }
 bool is_floating(DType d) { return row(d).mantissa > 0; }
 bool is_integer(DType d) { return d != DType::bool_ && !is_floating(d); }
 bool is_signed_integer(DType d) {
+  (void)row(d);  // validates
   return d == DType::int8 || d == DType::int16 || d == DType::int32 || d == DType::int64;
 }
-bool is_unsigned_integer(DType d) { return d == DType::uint8 || d == DType::uint32; }
+bool is_unsigned_integer(DType d) { return (void)row(d), d == DType::uint8 || d == DType::uint32; }
 int mantissa_bits(DType d) { return row(d).mantissa; }
 
 TypeInfo result_type(std::span<const TypeInfo> inputs) {

@@ -455,11 +455,15 @@ Array clamp(const Array& lo, const Array& x, const Array& hi) {
   return bind1(prims::elementwise(ScalarOp::Clamp), {lo, x, hi});
 }
 Array integer_pow(const Array& x, int y) { return bind1(prims::integer_pow(), {x}, Params{{"y", int64_t(y)}}); }
+// The lax entries that put a DType into a primitive's params validate it (DTypeError "invalid dtype
+// value N" from core/dtype.cpp) before a tracer could carry it into a jaxpr.
 Array convert_element_type(const Array& x, DType d) {
+  (void)itemsize(d);  // validates
   if (x.dtype() == d && !x.weak_type()) return x;
   return bind1(prims::convert_element_type(), {x}, Params{{"new_dtype", d}, {"weak_type", false}});
 }
 Array bitcast_convert_type(const Array& x, DType d) {
+  (void)itemsize(d);  // validates
   return bind1(prims::bitcast_convert_type(), {x}, Params{{"new_dtype", d}});
 }
 Array select_n(const Array& which, const std::vector<Array>& cases) {

@@ -1,9 +1,13 @@
 // cjax::io — safetensors and .npy readers/writers. Writes are atomic (temp file + fsync + rename);
 // reads validate the whole layout before reading data, so a malformed file is an IoError, never a crash.
+// safetensors files written here carry an xxh3_64 checksum per tensor in their metadata, verified on
+// load (llvm::xxh3_64bits: the reference XXH3_64bits with seed 0, as Python's xxhash.xxh3_64).
 #include "cjax/io.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <llvm/Support/xxhash.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,13 +34,24 @@ namespace {
   throw IoError(fmt::format("{}: '{}': {}", fn, p.string(), problem));
 }
 
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a plain file";
+}
+
 // ------------------------------------------------------------------------------------------------
 // Reading: a file opened once, read with bounds-checked pread.
 
 class InFile {
  public:
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; it is
+  // refused below like every other non-regular file (directories, devices, sockets).
   InFile(std::string_view fn, const fs::path& p) : fn_(fn), path_(p) {
-    fd_ = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(p.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd_ < 0) fail(fn_, path_, fmt::format("cannot open for reading: {}", std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
@@ -46,8 +61,9 @@ class InFile {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd_);
-      fail(fn_, path_, "not a regular file");
+      fail(fn_, path_, fmt::format("not a regular file ({}); pass a file", file_kind(st.st_mode)));
     }
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
     size_ = uint64_t(st.st_size);
   }
   ~InFile() { ::close(fd_); }
@@ -80,13 +96,17 @@ class InFile {
 // ------------------------------------------------------------------------------------------------
 // Writing: temp file in the target's directory, fsync, rename, fsync the directory.
 
+// The temporary of `target`: ".<name>.cjax-tmp.<pid>.<n>" beside it (see remove_stale_temporaries).
+constexpr std::string_view kTmpTag = ".cjax-tmp.";
+std::string tmp_prefix(const fs::path& target) { return "." + target.filename().string() + std::string(kTmpTag); }
+
 class AtomicWriter {
  public:
   AtomicWriter(std::string_view fn, const fs::path& target) : fn_(fn), target_(target) {
     static std::atomic<uint64_t> counter{0};
     fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     if (!target.has_filename()) fail(fn_, target_, "the path names a directory, not a file");
-    tmp_ = dir / fmt::format(".{}.tmp.{}.{}", target.filename().string(), ::getpid(), counter.fetch_add(1));
+    tmp_ = dir / fmt::format("{}{}.{}", tmp_prefix(target), ::getpid(), counter.fetch_add(1));
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd_ < 0)
       fail(fn_, target_, fmt::format("cannot create a temporary file in '{}': {}", dir.string(), std::strerror(errno)));
@@ -181,6 +201,10 @@ void normalize_bools(Array& a) {
 
 constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // as the reference implementation
 
+uint64_t checksum(const void* data, uint64_t n) {
+  return llvm::xxh3_64bits(llvm::ArrayRef<uint8_t>(static_cast<const uint8_t*>(data), size_t(n)));
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -204,21 +228,27 @@ void save_safetensors_entries(const fs::path& path, const std::vector<std::pair<
     if (i > 0 && entries[order[i - 1]].first == name)
       throw ValueError(fmt::format("{}: '{}': two arrays are both named '{}'", fn, path.string(), name));
   }
+  if (metadata.count(std::string(kChecksumKey)))
+    throw ValueError(fmt::format("{}: '{}': metadata key '{}' is reserved for cjax's per-tensor checksums", fn,
+                                 path.string(), kChecksumKey));
   // Validate and collect the data before creating any file.
   std::vector<const void*> data(entries.size());
   nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) {
-    nlohmann::json m = nlohmann::json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = std::move(m);
-  }
+  nlohmann::json sums = nlohmann::json::object();
   uint64_t offset = 0;
   for (size_t i : order) {
     const auto& [name, a] = entries[i];
     data[i] = host_bytes(a, fn, path, "'" + name + "'");
     uint64_t nbytes = uint64_t(a.size()) * itemsize(a.dtype());
     header[name] = {{"dtype", st_name(a.dtype())}, {"shape", a.shape()}, {"data_offsets", {offset, offset + nbytes}}};
+    sums[name] = fmt::format("{:016x}", checksum(data[i], nbytes));
     offset += nbytes;
+  }
+  if (!metadata.empty() || !entries.empty()) {
+    nlohmann::json m = nlohmann::json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    if (!entries.empty()) m[std::string(kChecksumKey)] = sums.dump();
+    header["__metadata__"] = std::move(m);
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -243,6 +273,7 @@ struct StEntry {
   DType dtype;
   Shape shape;
   uint64_t begin, end;
+  std::optional<uint64_t> checksum;  // from the metadata's kChecksumKey, when the writer stored one
 };
 
 struct StFile {
@@ -302,7 +333,7 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
       fail(fn, p, fmt::format("tensor '{}': unknown or unsupported dtype '{}' (cjax reads BOOL, I8, I16, I32, I64, "
                               "U8, U32, BF16, F16, F32, F64)",
                               name, dts));
-    StEntry e{name, *dtype, {}, 0, 0};
+    StEntry e{name, *dtype, {}, 0, 0, std::nullopt};
     if (!sh->is_array()) fail(fn, p, fmt::format("tensor '{}': 'shape' is not a list of integers", name));
     uint64_t numel = 1;
     for (const auto& d : *sh) {
@@ -355,14 +386,50 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
     fail(fn, p, fmt::format("the data section has {} bytes but the tensors cover {}; the offsets are corrupt or "
                             "the file has trailing data",
                             data_size, pos));
+  // Per-tensor checksums (files written by cjax): a JSON object {name: 16 hex digits} in the metadata.
+  // Tensors without one (files from other tools) load unverified.
+  if (auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
+    nlohmann::json sums;
+    try {
+      sums = nlohmann::json::parse(it->second);
+    } catch (const nlohmann::json::exception&) {
+      fail(fn, p, fmt::format("metadata '{}' is not a JSON object of checksums", kChecksumKey));
+    }
+    if (!sums.is_object()) fail(fn, p, fmt::format("metadata '{}' is not a JSON object of checksums", kChecksumKey));
+    for (auto s = sums.begin(); s != sums.end(); ++s) {
+      auto e = std::lower_bound(out.entries.begin(), out.entries.end(), s.key(),
+                                [](const StEntry& x, const std::string& k) { return x.name < k; });
+      if (e == out.entries.end() || e->name != s.key())
+        fail(fn, p, fmt::format("metadata '{}' has a checksum for tensor '{}', which the file does not have",
+                                kChecksumKey, s.key()));
+      const std::string hex = s.value().is_string() ? s.value().get<std::string>() : std::string();
+      uint64_t v = 0;
+      bool ok = hex.size() == 16;
+      for (char c : hex) {
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        ok &= d >= 0;
+        v = v << 4 | uint64_t(d & 15);
+      }
+      if (!ok)
+        fail(fn, p, fmt::format("metadata '{}': the checksum of tensor '{}' is not 16 hex digits: {}", kChecksumKey,
+                                s.key(), s.value().dump()));
+      e->checksum = v;
+    }
+    out.metadata.erase(it);
+  }
   return out;
 }
 
 Array read_entry(std::string_view fn, const fs::path& p, const InFile& f, const StFile& st, const StEntry& e) {
-  (void)fn;
-  (void)p;
   Array a = make_uninitialized(AbstractValue{e.shape, e.dtype, false, {}}, default_device());
   if (e.end > e.begin) f.read(st.data_start + e.begin, raw_ptr(a), e.end - e.begin);
+  if (e.checksum) {
+    uint64_t got = checksum(raw_ptr(a), e.end - e.begin);
+    if (got != *e.checksum)
+      fail(fn, p, fmt::format("checksum mismatch in tensor '{}': the header records xxh3_64 {:016x} but its {} bytes "
+                              "hash to {:016x}; the file is corrupt",
+                              e.name, *e.checksum, e.end - e.begin, got));
+  }
   if (e.dtype == DType::bool_) normalize_bools(a);
   return a;
 }
@@ -704,14 +771,16 @@ Array load_npy(const fs::path& path) {
   Array a = make_uninitialized(AbstractValue{shp, *dtype, false, {}}, default_device());
   size_t isz = itemsize(*dtype);
   if (fortran->b && shp.size() >= 2 && numel > 1) {
-    std::vector<unsigned char> tmp(nbytes);
-    f.read(dstart, tmp.data(), nbytes);
+    // Staging through a device buffer: an allocation failure is the allocator's BackendError.
+    Array staging = make_uninitialized(AbstractValue{{int64_t(nbytes)}, DType::uint8, false, {}}, default_device());
+    auto* tmp = static_cast<unsigned char*>(raw_ptr(staging));
+    f.read(dstart, tmp, nbytes);
     void* dst = raw_ptr(a);
     switch (isz) {
-      case 1: f_to_c(tmp.data(), static_cast<uint8_t*>(dst), shp); break;
-      case 2: f_to_c(reinterpret_cast<const uint16_t*>(tmp.data()), static_cast<uint16_t*>(dst), shp); break;
-      case 4: f_to_c(reinterpret_cast<const uint32_t*>(tmp.data()), static_cast<uint32_t*>(dst), shp); break;
-      default: f_to_c(reinterpret_cast<const uint64_t*>(tmp.data()), static_cast<uint64_t*>(dst), shp); break;
+      case 1: f_to_c(tmp, static_cast<uint8_t*>(dst), shp); break;
+      case 2: f_to_c(reinterpret_cast<const uint16_t*>(tmp), static_cast<uint16_t*>(dst), shp); break;
+      case 4: f_to_c(reinterpret_cast<const uint32_t*>(tmp), static_cast<uint32_t*>(dst), shp); break;
+      default: f_to_c(reinterpret_cast<const uint64_t*>(tmp), static_cast<uint64_t*>(dst), shp); break;
     }
   } else if (nbytes) {
     f.read(dstart, raw_ptr(a), nbytes);
@@ -719,6 +788,36 @@ Array load_npy(const fs::path& path) {
   if (swap) byteswap_inplace(raw_ptr(a), a.size(), isz);
   if (*dtype == DType::bool_) normalize_bools(a);
   return a;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Temporaries left by killed writers
+
+int remove_stale_temporaries(const fs::path& target) {
+  if (!target.has_filename()) return 0;
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = tmp_prefix(target);
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  int removed = 0;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // The rest must be exactly "<pid>.<n>", both decimal.
+    std::string_view rest = std::string_view(name).substr(prefix.size());
+    size_t dot = rest.find('.');
+    auto digits = [](std::string_view s) {
+      return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    if (dot == std::string_view::npos || !digits(rest.substr(0, dot)) || !digits(rest.substr(dot + 1))) continue;
+    long long pid = std::stoll(std::string(rest.substr(0, dot)));
+    // A temporary of this process or of a live one may be a write in progress: leave it.
+    if (pid == ::getpid()) continue;
+    if (pid > 0 && pid <= std::numeric_limits<pid_t>::max() && (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)) continue;
+    std::error_code rec;
+    if (fs::remove(it->path(), rec)) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace cjax::io

@@ -649,6 +649,7 @@ Array reduce_with(const PrimitiveDef& def, const Array& x, const std::vector<int
 }
 Array arg_with(const PrimitiveDef& def, const Array& x, int64_t axis, DType index_dtype) {
   int64_t a = canonicalize_axis(axis, x.ndim(), "lax." + def.name);
+  (void)itemsize(index_dtype);  // validates (DTypeError "invalid dtype value N")
   return bind1(def, {x}, Params{{"axes", std::vector<int64_t>{a}}, {"index_dtype", index_dtype}});
 }
 Array cum_with(const PrimitiveDef& def, const Array& x, int64_t axis, bool reverse) {

@@ -668,6 +668,7 @@ Array pad(const Array& x, const Array& padding_value, const std::vector<PadConfi
 }
 
 Array broadcasted_iota(DType dtype, const Shape& shape, int64_t dimension) {
+  (void)itemsize(dtype);  // validates (DTypeError "invalid dtype value N")
   if (!shape.empty()) dimension = canonicalize_axis(dimension, int64_t(shape.size()), "lax::broadcasted_iota");
   return bind1(prims::iota(), std::span<const Array>(),
                Params{{"dtype", dtype}, {"shape", shape}, {"dimension", dimension}, {"sharding", std::monostate{}}});

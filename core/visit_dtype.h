@@ -21,7 +21,9 @@ template <class F> decltype(auto) visit_dtype(DType d, F&& f) {
     case DType::float32: return f(Tag<float>{});
     case DType::float64: return f(Tag<double>{});
   }
-  throw DTypeError("unknown dtype");
+  // Not an enumerator (DType(99)): dtype_name raises the DTypeError naming the value (core/dtype.cpp).
+  (void)dtype_name(d);
+  throw DTypeError("invalid dtype value " + std::to_string(int(d)));
 }
 
 // The type arithmetic is done in: float for the half types, the type itself otherwise.

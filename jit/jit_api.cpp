@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <new>
 #include <optional>
 #include <cstdlib>
 #include <iostream>
@@ -273,7 +274,9 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix)
   CJAX_RETHROW_AS(IoError)
   CJAX_RETHROW_AS(Error)
 #undef CJAX_RETHROW_AS
-  catch (const std::exception& x) {
+  catch (const std::bad_alloc&) {  // a host allocation outside the device allocator
+    return std::make_exception_ptr(BackendError(prefix + "out of host memory (std::bad_alloc)"));
+  } catch (const std::exception& x) {
     return std::make_exception_ptr(Error(prefix + x.what()));
   } catch (...) {
     return std::current_exception();

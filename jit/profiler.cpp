@@ -1,8 +1,12 @@
 #include "cjax/profiler.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -71,14 +75,25 @@ void export_chrome_trace(const std::string& path) {
                      {"pid", 0},
                      {"tid", e.thread},
                      {"args", {{"jit", e.jit}}}});
-  std::string tmp = path + ".tmp";
+  // A temporary named as cjax::io names its own (io::remove_stale_temporaries), removed on any error.
+  std::filesystem::path target(path);
+  std::filesystem::path tmp =
+      target.parent_path() / fmt::format(".{}.cjax-tmp.{}.0", target.filename().string(), ::getpid());
+  std::error_code ec;
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-    if (!out) throw IoError(fmt::format("profiler: cannot write the trace file '{}'", path));
+    out.close();
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      throw IoError(fmt::format("profiler: cannot write the trace file '{}'", path));
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw IoError(fmt::format("profiler: cannot write the trace file '{}'", path));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    std::filesystem::remove(tmp, ec);
+    throw IoError(fmt::format("profiler: cannot write the trace file '{}': {}", path, std::strerror(e)));
+  }
 }
 
 }  // namespace cjax::profiler

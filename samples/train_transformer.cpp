@@ -77,13 +77,15 @@ Training:
   --seed N            seed of parameters and data order (default 0); runs are deterministic
   --data FILE         training text, any file read as bytes (default: samples/data/kjv.txt,
                       the King James Bible, public domain; see samples/data/SOURCE.md)
+                      Training stops (exit 1) if the loss becomes NaN or infinite.
 
 Output:
   --out DIR           output folder (default train_out): log.csv (step, loss, lr, tokens/s,
                       seconds), loss.svg (loss curve, written at the end), ckpt.safetensors
   --checkpoint-every N  save params + Adam state + step + data position every N steps and at
                       the end (default 250; 0: only at the end); written atomically
-  --resume            continue from DIR/ckpt.safetensors (same config); losses continue exactly
+  --resume            continue from DIR/ckpt.safetensors (same config); losses continue exactly;
+                      a run already at --steps reports that it is complete and prints its sample
   --stop-after N      stop after step N without a final checkpoint (to exercise --resume)
   --collectives       print the collectives one training step executes (per device: kind, mesh
                       axes, block shapes, forward or backward), recorded during the second step
@@ -189,7 +191,9 @@ struct Row {
   double loss, lr, tok_s, seconds;
 };
 
-// The loss curve as a standalone SVG: raw losses (light) and a moving average (dark).
+// The loss curve as a standalone SVG: raw losses (light) and a moving average (dark). Written to a
+// temporary named as cjax::io names its own (".loss.svg.cjax-tmp.<pid>.0", so that
+// io::remove_stale_temporaries finds one left by a killed run) and renamed over the target.
 void write_svg(const std::string& path, const std::vector<Row>& rows, const std::string& title) {
   const double W = 720, H = 400, L = 60, R = 20, T = 40, B = 50;
   double lo = 1e30, hi = -1e30;
@@ -199,7 +203,10 @@ void write_svg(const std::string& path, const std::vector<Row>& rows, const std:
   int64_t smax = rows.empty() ? 1 : std::max<int64_t>(1, rows.back().step);
   auto X = [&](double s) { return L + (W - L - R) * s / double(smax); };
   auto Y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
-  std::ofstream f(path + ".tmp");
+  std::filesystem::path target(path);
+  std::filesystem::path tmp = target.parent_path() / ("." + target.filename().string() + ".cjax-tmp." +
+                                                      std::to_string(::getpid()) + ".0");
+  std::ofstream f(tmp);
   f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
   f << "<rect width='100%' height='100%' fill='white'/>\n";
   f << "<text x='" << W / 2 << "' y='22' text-anchor='middle' font-size='14'>" << title << "</text>\n";
@@ -234,7 +241,16 @@ void write_svg(const std::string& path, const std::vector<Row>& rows, const std:
   poly(avg, "#08519c", 2);
   f << "</svg>\n";
   f.close();
-  std::filesystem::rename(path + ".tmp", path);
+  std::error_code ec;
+  if (!f) {
+    std::filesystem::remove(tmp, ec);
+    throw IoError("cannot write '" + path + "' (through '" + tmp.string() + "')");
+  }
+  std::filesystem::rename(tmp, target, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw IoError("cannot rename '" + tmp.string() + "' onto '" + path + "': " + ec.message());
+  }
 }
 
 std::vector<Row> read_csv(const std::string& path, int64_t before_step) {
@@ -267,6 +283,7 @@ int run(const Options& o) {
     return 0;
   }
   fs::create_directories(dir);
+  io::remove_stale_temporaries(svg);  // left by a run killed while writing it (the checkpoint's: in tf::*_checkpoint)
   tf::Corpus corpus = tf::load_corpus(o.data);
   std::cout << "data: " << corpus.path << " (" << corpus.bytes.size() << " bytes)\n";
   std::cout << "layout: " << tf::layout_name(cfg.layout);
@@ -288,6 +305,16 @@ int run(const Options& o) {
   }
   int64_t nparams = 0;
   for (const Array& a : tree::leaves(state.params)) nparams += a.size();
+  if (start >= o.steps) {
+    // Nothing left to train: report the finished run as its last invocation did, and sample from it.
+    std::cout << "the run is already complete at step " << start << " (--steps " << o.steps
+              << "); nothing to train (raise --steps to continue it)\n";
+    if (!rows.empty())
+      std::cout << "final loss " << std::fixed << std::setprecision(3) << rows.back().loss << " (step "
+                << rows.back().step << " of " << csv.string() << ")\n";
+    print_sample(cfg, state.params, o.prompt, o);
+    return 0;
+  }
   std::cout << "model: " << cfg.n_layers << " layers, d_model " << cfg.d_model << ", " << cfg.n_heads << " heads x "
             << cfg.head_dim << ", d_ff " << cfg.d_ff << ", seq " << cfg.seq_len << ", " << nparams
             << " parameters; batch " << cfg.batch << ", " << o.steps << " steps\n";
@@ -300,6 +327,19 @@ int run(const Options& o) {
 
   tf::Trainer trainer(cfg);
   tf::Loader loader(corpus, cfg, start);
+  // Leaving early (a non-finite loss, a failed save) with steps still dispatched would let exit()
+  // tear down the libraries under a running step: wait for the last one whatever happens.
+  struct WaitForSteps {
+    const tf::TrainState& state;
+    ~WaitForSteps() {
+      for (const Array& a : tree::leaves(state)) {
+        try {
+          if (a.defined()) a.block_until_ready();
+        } catch (const std::exception&) {  // a failed or donated step: nothing left running for it
+        }
+      }
+    }
+  } wait_for_steps{state};
   bool tty = isatty(2);
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
@@ -315,6 +355,10 @@ int run(const Options& o) {
   auto t_timed = t0;  // tokens/s counts from the end of the first step (which includes compilation)
   auto report = [&](const Pending& p) {
     double loss = p.loss.item<float>();  // step p.step finished long ago (one step late)
+    if (!std::isfinite(loss)) {
+      log << p.step << "," << loss << "," << trainer.lr_at(p.step) << ",0," << base_seconds << std::endl;
+      tf::check_loss(p.step, loss);  // throws: stop with the step and the value (main: exit 1)
+    }
     auto now = clock::now();
     double el = std::chrono::duration<double>(now - t0).count();
     if (p.step == start) {
@@ -356,10 +400,13 @@ int run(const Options& o) {
       return 0;
     }
     if ((o.checkpoint_every > 0 && (s + 1) % o.checkpoint_every == 0) || last) {
+      // The loss of the step that produced this state must be finite before the state is saved.
+      report(*pending);
+      pending.reset();
       tf::save_checkpoint(ckpt, state, s + 1, s + 1, cfg);
     }
   }
-  report(*pending);
+  if (pending) report(*pending);
   log.close();
   if (tty) std::cerr << "\n";
   double total = std::chrono::duration<double>(clock::now() - t0).count();
@@ -381,6 +428,9 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const Error& e) {
+    std::cerr << "\ntrain_transformer: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // not cjax's (the standard library's): still a message, not an abort
     std::cerr << "\ntrain_transformer: " << e.what() << "\n";
     return 1;
   }

@@ -1,8 +1,13 @@
 // cjax::io: safetensors and .npy round trips, numpy-written fixtures, atomic writes, corrupt files.
 #include <doctest/doctest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -10,6 +15,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cjax/cjax.h"
@@ -209,7 +215,8 @@ TEST_CASE("safetensors round trip of a nested Dict, every dtype, metadata") {
         std::string::npos);
   CHECK(header.find("\"layers.1.bf16\"") != std::string::npos);
   CHECK(header.find("\"dtype\":\"BF16\"") != std::string::npos);
-  CHECK(header.find("\"__metadata__\":{\"format\":\"cjax\",\"step\":\"100\"}") != std::string::npos);
+  CHECK(header.find("\"__metadata__\":{\"cjax.checksums.xxh3_64\":") != std::string::npos);
+  CHECK(header.find("\"format\":\"cjax\",\"step\":\"100\"}") != std::string::npos);
   CHECK(header.find_last_not_of(' ') + 1 >= n - 7);
   // Entries API.
   auto entries = io::load_safetensors_entries(p);
@@ -481,4 +488,142 @@ TEST_CASE("corrupt npy files raise IoError naming the file and the problem") {
   expect_error(f, "unexpected key 'fortran_xrder'");
   fs::path missing = tmp / "missing.npy";
   CHECK_THROWS_WITH_AS(io::load_npy(missing), doctest::Contains(missing.string().c_str()), IoError);
+}
+
+namespace {
+// Byte offset in `file` of tensor `name`'s data (from its safetensors header).
+uint64_t data_offset(const std::string& file, const std::string& name) {
+  uint64_t n = 0;
+  for (int b = 0; b < 8; ++b) n |= uint64_t(uint8_t(file[size_t(b)])) << (8 * b);
+  std::string h = file.substr(8, n), needle = "\"" + name + "\":{\"data_offsets\":[";
+  size_t at = h.find(needle);
+  REQUIRE(at != std::string::npos);
+  return 8 + n + std::stoull(h.substr(at + needle.size()));
+}
+}  // namespace
+
+TEST_CASE("safetensors checksums: stored per tensor, verified on load; files without them load") {
+  TmpDir tmp;
+  fs::path p = tmp / "ckpt.safetensors";
+  Dict d;
+  d["layers"][0]["w"] = jnp::array<float>({1, 2, 3, 4});
+  d["layers"][1]["w"] = jnp::array<float>({5, 6, 7, 8});
+  std::vector<uint8_t> ramp(1280);
+  for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = uint8_t(i);
+  d["ramp"] = jnp::array<uint8_t>(ramp);
+  d["none"] = jnp::array<float>(std::vector<float>{}, {0});
+  io::save_safetensors(p, d, {{"step", "7"}});
+  const std::string file = read_all(p);
+  // The reference XXH3_64bits (seed 0) of each tensor's bytes (values from libxxhash / Python's xxhash).
+  std::string header = file.substr(8, data_offset(file, "layers.0.w") - 8);
+  CHECK(header.find(R"(\"layers.0.w\":\"a82f522ec4510db4\")") != std::string::npos);
+  CHECK(header.find(R"(\"ramp\":\"4844b009e164352e\")") != std::string::npos);
+  CHECK(header.find(R"(\"none\":\"2d06800538d394c2\")") != std::string::npos);
+  // The checksums are cjax's: not part of the user's metadata, and a reserved key.
+  CHECK(io::load_safetensors_metadata(p) == io::Metadata{{"step", "7"}});
+  CHECK_THROWS_WITH_AS(io::save_safetensors(tmp / "x.safetensors", d, {{std::string(io::kChecksumKey), "{}"}}),
+                       doctest::Contains("reserved"), ValueError);
+  CHECK(io::load_safetensors(p)["layers"][1]["w"].array().to_vector<float>() == std::vector<float>{5, 6, 7, 8});
+
+  SUBCASE("one flipped bit in a tensor's data is an IoError naming the tensor and the file") {
+    for (const char* name : {"layers.1.w", "ramp"}) {
+      CAPTURE(name);
+      std::string bad = file;
+      bad[data_offset(file, name) + 3] ^= 0x10;
+      fs::path q = tmp / "flipped.safetensors";
+      write_all(q, bad);
+      std::string want = std::string("checksum mismatch in tensor '") + name + "'";
+      CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains(want.c_str()), IoError);
+      CHECK_THROWS_WITH_AS(io::load_safetensors_entries(q), doctest::Contains(want.c_str()), IoError);
+      CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains(q.string().c_str()), IoError);
+    }
+  }
+  SUBCASE("files without checksums (other writers) load; malformed checksum metadata is an IoError") {
+    fs::path q = tmp / "plain.safetensors";
+    std::string data = file.substr(data_offset(file, "layers.0.w"), 16);
+    write_all(q, st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data));
+    CHECK(io::load_safetensors(q)["a"].array().to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+    write_all(q, st_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data));
+    CHECK(io::load_safetensors(q)["a"].array().to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+    CHECK(io::load_safetensors_metadata(q) == io::Metadata{{"k", "v"}});
+    auto with_sums = [&](const std::string& sums) {
+      std::string esc;
+      for (char c : sums) esc += c == '"' ? std::string("\\\"") : std::string(1, c);
+      return st_file(R"({"__metadata__":{"cjax.checksums.xxh3_64":")" + esc +
+                         R"("},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+                     data);
+    };
+    write_all(q, with_sums(R"({"a":"a82f522ec4510db4"})"));
+    CHECK(io::load_safetensors(q)["a"].array().to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+    write_all(q, with_sums(R"({"a":"a82f522ec4510db5"})"));
+    CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("checksum mismatch in tensor 'a'"), IoError);
+    write_all(q, with_sums(R"({"b":"a82f522ec4510db4"})"));
+    CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("checksum for tensor 'b', which the file does not have"),
+                         IoError);
+    write_all(q, with_sums(R"({"a":"xyz"})"));
+    CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("not 16 hex digits"), IoError);
+    write_all(q, with_sums("[1]"));
+    CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("not a JSON object of checksums"), IoError);
+  }
+}
+
+TEST_CASE("readers refuse a FIFO at once instead of waiting for a writer") {
+  TmpDir tmp;
+  fs::path fifo = tmp / "pipe.safetensors";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Should a reader block on the FIFO, this thread opens its write end after 3 s to release it, so
+  // that the test fails on the elapsed time instead of hanging.
+  std::atomic<bool> done{false};
+  std::thread rescuer([&] {
+    for (int i = 0; i < 30 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (!done) {
+      int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // ENXIO while no reader waits
+      if (fd >= 0) ::close(fd);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(io::load_safetensors(fifo), doctest::Contains("not a regular file (a FIFO)"), IoError);
+  CHECK_THROWS_WITH_AS(io::load_safetensors_metadata(fifo), doctest::Contains(fifo.string().c_str()), IoError);
+  CHECK_THROWS_WITH_AS(io::load_npy(fifo), doctest::Contains("not a regular file"), IoError);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  done = true;
+  rescuer.join();
+  CHECK(seconds < 2.0);
+  CHECK_THROWS_WITH_AS(io::load_npy(tmp.dir), doctest::Contains("not a regular file (a directory)"), IoError);
+}
+
+TEST_CASE("temporaries: named .<name>.cjax-tmp.<pid>.<n>; those of dead processes are removed") {
+  TmpDir tmp;
+  fs::path p = tmp / "ckpt.safetensors";
+  pid_t dead = ::fork();  // a pid that no longer exists: a child that has exited and been reaped
+  if (dead == 0) ::_exit(0);
+  REQUIRE(dead > 0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  std::string stale = ".ckpt.safetensors.cjax-tmp." + std::to_string(dead) + ".0";
+  std::string live = ".ckpt.safetensors.cjax-tmp." + std::to_string(::getppid()) + ".0";  // a live process's
+  std::string own = ".ckpt.safetensors.cjax-tmp." + std::to_string(::getpid()) + ".5";   // maybe in progress
+  std::string other = ".other.safetensors.cjax-tmp." + std::to_string(dead) + ".0";      // another target's
+  std::string unlike = ".ckpt.safetensors.cjax-tmp." + std::to_string(dead) + ".0.bak";  // not the pattern
+  for (const std::string& f : {stale, live, own, other, unlike}) write_all(tmp / f, "partial");
+  CHECK(io::remove_stale_temporaries(p) == 1);
+  CHECK(!fs::exists(tmp / stale));
+  for (const std::string& f : {live, own, other, unlike}) CHECK(fs::exists(tmp / f));
+  CHECK(io::remove_stale_temporaries(p) == 0);
+  CHECK(io::remove_stale_temporaries(tmp / "no_such_dir" / "x.npy") == 0);
+
+  SUBCASE("a write that fails after creating its temporary removes it") {
+    Dict big;
+    big["b"] = jnp::array<float>(std::vector<float>(100000, 2.f));
+    auto prev = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit old_lim{};
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &old_lim) == 0);
+    rlimit lim = old_lim;
+    lim.rlim_cur = 4096;
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    CHECK_THROWS_AS(io::save_safetensors(p, big), IoError);
+    setrlimit(RLIMIT_FSIZE, &old_lim);
+    std::signal(SIGXFSZ, prev);
+    CHECK(tmp.count() == 4);  // live, own, other, unlike: nothing new
+  }
 }

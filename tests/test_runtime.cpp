@@ -215,3 +215,40 @@ TEST_CASE("the 8 device workers run concurrently and propagate exceptions") {
   CHECK_THROWS_WITH_AS(bad.get(), doctest::Contains("(3,)"), ShapeError);
   CHECK_THROWS_AS(submit_to_device(Device(Platform::cpu, 8), [] {}), BackendError);
 }
+
+TEST_CASE("a DType outside the enum is a DTypeError naming its value at every entry") {
+  namespace jnp = cjax::numpy;
+  const DType bad = DType(99);
+  Array x = jnp::array<float>({1, 2});
+  auto invalid = doctest::Contains("invalid dtype value 99");
+  CHECK_THROWS_WITH_AS(x.astype(bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::zeros({2}, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::ones({2}, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::full({2}, 1.0, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::arange(4, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jnp::zeros_like(x, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(random::normal(random::key(0), {2}, bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(jit([&](const Array& a) { return a.astype(bad); })(x), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(make_jaxpr([&](const Array& a) { return a.astype(bad); })(x), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(make_uninitialized(AbstractValue{{2}, bad, false, {}}, default_device()), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(promote_types(bad, DType::float32), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(itemsize(bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(dtype_name(bad), invalid, DTypeError);
+  CHECK_THROWS_WITH_AS(is_floating(DType(11)), doctest::Contains("invalid dtype value 11"), DTypeError);
+  for (int d = 0; d < kNumDTypes; ++d) CHECK_NOTHROW(itemsize(DType(d)));
+}
+
+TEST_CASE("an allocation beyond the host's memory is a BackendError naming the size, nothing touched") {
+  namespace jnp = cjax::numpy;
+  Device d0 = default_device();
+  MemoryStats before = memory_stats(d0);
+  // 2^40 f32 = 4 TiB: refused before the system is asked, whatever vm.overcommit_memory says.
+  CHECK_THROWS_WITH_AS(jnp::zeros({int64_t(1) << 40}, DType::float32),
+                       doctest::Contains("out of host memory: cannot allocate 4398046511104 bytes (4.0 TiB) on cpu:0"),
+                       BackendError);
+  CHECK_THROWS_AS(jnp::ones({int64_t(1) << 20, int64_t(1) << 20}, DType::float64), BackendError);
+  CHECK_THROWS_WITH_AS(jit([](const Array& a) { return jnp::broadcast_to(a, {int64_t(1) << 40}) + 1.0f; })(
+                           jnp::array<float>({1})).block_until_ready(),
+                       doctest::Contains("4398046511104 bytes"), BackendError);
+  CHECK(memory_stats(d0).bytes_in_use == before.bytes_in_use);
+}

@@ -1,11 +1,17 @@
 // samples/transformer (issue 6): the byte transformer under the four layouts gives the same losses,
 // FSDP holds 1/n of the parameters and Adam state per device, the collectives per layout are those of
 // spec/sharding.md §3.2, and checkpoints resume exactly and fail cleanly on corrupt files.
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -273,4 +279,86 @@ TEST_CASE("checkpoint: stop, reload and continue reproduces the losses exactly")
     CHECK_THROWS_AS(tf::load_checkpoint(path, other), IoError);
   }
   std::filesystem::remove(path);
+}
+
+TEST_CASE("the corpus loader refuses directories and FIFOs with an IoError naming the path") {
+  auto dir = temp_path("corpus_dir");
+  std::filesystem::create_directories(dir);
+  try {
+    tf::load_corpus(dir);
+    FAIL("no IoError");
+  } catch (const IoError& e) {
+    CHECK(std::string(e.what()) == "corpus '" + dir.string() + "' is a directory; pass a text file");
+  }
+  auto fifo = dir / "pipe.txt";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Should the loader block on the FIFO, this thread opens its write end after 3 s to release it.
+  std::atomic<bool> done{false};
+  std::thread rescuer([&] {
+    for (int i = 0; i < 30 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (!done) {
+      int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(tf::load_corpus(fifo), doctest::Contains("is not a regular file (a FIFO)"), IoError);
+  CHECK_THROWS_WITH_AS(tf::load_checkpoint(fifo, small_config(tf::Layout::Single)),
+                       doctest::Contains("not a regular file"), IoError);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  done = true;
+  rescuer.join();
+  CHECK(seconds < 2.0);
+  CHECK_THROWS_WITH_AS(tf::load_corpus(dir / "missing.txt"), doctest::Contains("No such file"), IoError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a non-finite loss stops training with the step and the value") {
+  CHECK_NOTHROW(tf::check_loss(3, 2.5));
+  CHECK_THROWS_WITH_AS(tf::check_loss(12, std::nan("")), doctest::Contains("non-finite at step 12 (loss nan)"),
+                       tf::NonFiniteLossError);
+  CHECK_THROWS_WITH_AS(tf::check_loss(7, -INFINITY), doctest::Contains("at step 7 (loss -inf)"), Error);
+  // A state whose parameters hold a NaN gives a NaN loss, which check_loss refuses.
+  tf::Config c = small_config(tf::Layout::Single);
+  tf::TrainState s = tf::init_state(c);
+  s.params.out_kernel = s.params.out_kernel * std::nanf("");
+  tf::Trainer trainer(c);
+  tf::Corpus corpus = test_corpus();
+  double loss = trainer.step(s, jnp::array(tf::host_batch(corpus, c, 0), {c.batch, c.seq_len + 1}), 0).item<float>();
+  CHECK(std::isnan(loss));
+  CHECK_THROWS_AS(tf::check_loss(0, loss), tf::NonFiniteLossError);
+}
+
+TEST_CASE("checkpoints: stale temporaries of killed saves are removed; a flipped bit names the tensor") {
+  tf::Config c = small_config(tf::Layout::Single);
+  tf::TrainState s = tf::init_state(c);
+  auto dir = temp_path("ckpt_dir");
+  std::filesystem::create_directories(dir);
+  auto path = dir / "ckpt.safetensors";
+  pid_t dead = ::fork();  // a pid that no longer exists, as of a run killed mid-save
+  if (dead == 0) ::_exit(0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  auto stale = dir / (".ckpt.safetensors.cjax-tmp." + std::to_string(dead) + ".0");
+  auto unrelated = dir / "notes.tmp";
+  for (const auto& f : {stale, unrelated}) std::ofstream(f) << "partial";
+  tf::save_checkpoint(path, s, 5, 5, c);
+  CHECK(!std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(unrelated));
+  std::ofstream(stale) << "partial";  // the loader cleans up too
+  CHECK(tf::load_checkpoint(path, c).step == 5);
+  CHECK(!std::filesystem::exists(stale));
+  // Flip one bit of the last byte of the data section: the last tensor in name order, params.pos_embed.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char b = 0;
+    f.read(&b, 1);
+    f.seekp(-1, std::ios::end);
+    b ^= 0x01;
+    f.write(&b, 1);
+  }
+  CHECK_THROWS_WITH_AS(tf::load_checkpoint(path, c), doctest::Contains("checksum mismatch in tensor 'params.pos_embed'"),
+                       IoError);
+  std::filesystem::remove_all(dir);
 }

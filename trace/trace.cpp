@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <new>
+
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
 
@@ -61,7 +63,16 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   // Concrete values carry no varying axes (those are types of traced shard_map bodies).
   std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
-  return def.cpu_impl(inputs, out_avals, params);
+  try {
+    return def.cpu_impl(inputs, out_avals, params);
+  } catch (const std::bad_alloc&) {
+    // Device buffers fail with the allocator's BackendError; this is a kernel's host scratch memory.
+    std::string outs;
+    for (const AbstractValue& a : out_avals) outs += (outs.empty() ? "" : ", ") + a.str();
+    throw BackendError(fmt::format("out of host memory running '{}' (outputs {}): a host allocation failed "
+                                   "(std::bad_alloc)",
+                                   def.name, outs));
+  }
 }
 
 std::vector<Array> bind(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {

@@ -2,6 +2,7 @@
 // one intra-op thread pool shared by all of them.
 #include <cblas.h>
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <deque>
 #include <future>
+#include <limits>
 #include <fmt/format.h>
 #include <map>
 #include <mutex>
@@ -40,6 +42,25 @@ size_t round_size(size_t n) {
   return (n + step - 1) / step * step;
 }
 
+// Physical memory plus swap (sysinfo), read once: the most any allocation could ever get.
+size_t host_memory_bytes() {
+  static const size_t total = [] {
+    struct sysinfo si {};
+    if (sysinfo(&si) != 0) return std::numeric_limits<size_t>::max();
+    size_t units = size_t(si.totalram) + size_t(si.totalswap), t = 0;
+    return __builtin_mul_overflow(units, size_t(si.mem_unit), &t) ? std::numeric_limits<size_t>::max() : t;
+  }();
+  return total;
+}
+
+std::string human_bytes(size_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = double(n);
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
 // A caching allocator: freed blocks are kept per rounded size and handed out again, so a loop
 // that allocates the same 64 MB temporaries every step never page-faults after the first one.
 // The cache holds at most `limit` bytes; beyond that, freed blocks go back to the system.
@@ -55,7 +76,15 @@ class CachingAllocator {
     void* p = nullptr;
     return posix_memalign(&p, sz >= kHugePage ? kHugePage : kAlignment, sz) == 0 ? p : nullptr;
   }
-  void* allocate(size_t nbytes) {
+  // Raises BackendError "out of host memory: cannot allocate N bytes ..." when the system refuses
+  // the block (after the cache was released) or when it is larger than the host's memory and swap
+  // together: such a block could only be overcommitted and then killed while it is filled, so it is
+  // refused before any page is touched, whatever vm.overcommit_memory says.
+  void* allocate(size_t nbytes, const Device& device) {
+    if (nbytes > host_memory_bytes())
+      throw BackendError(fmt::format("out of host memory: cannot allocate {} bytes ({}) on {}: more than this host's "
+                                     "memory and swap together ({})",
+                                     nbytes, human_bytes(nbytes), device.str(), human_bytes(host_memory_bytes())));
     size_t sz = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
     stats_.num_allocs++;
@@ -76,7 +105,9 @@ class CachingAllocator {
     }
     if (!p) {
       stats_.bytes_in_use -= int64_t(sz);
-      throw BackendError(fmt::format("out of host memory allocating {} bytes", nbytes));
+      throw BackendError(fmt::format("out of host memory: cannot allocate {} bytes ({}) on {}; {} bytes are in use on "
+                                     "that device",
+                                     nbytes, human_bytes(nbytes), device.str(), stats_.bytes_in_use));
     }
     if (sz >= kHugePage) madvise(p, sz, MADV_HUGEPAGE);
     return p;
@@ -351,7 +382,7 @@ std::thread::id device_worker_thread(const Device& d) {
   return runtime().workers[size_t(d.id())]->thread_id();
 }
 
-void* device_allocate(const Device& d, size_t nbytes) { return allocator_for(d).allocate(nbytes); }
+void* device_allocate(const Device& d, size_t nbytes) { return allocator_for(d).allocate(nbytes, d); }
 void device_deallocate(const Device& d, void* p, size_t nbytes) { allocator_for(d).deallocate(p, nbytes); }
 
 std::string Device::str() const { return fmt::format("{}:{}", platform_ == Platform::cpu ? "cpu" : "cuda", id_); }

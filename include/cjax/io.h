@@ -4,23 +4,33 @@
 //   (`params["layers"][0]["mlp"]["w"]` -> "layers.0.mlp.w"; struct fields by name). Dtypes BOOL, I8, I16,
 //   I32, I64, U8, U32, BF16, F16, F32, F64, little-endian; the JSON header is padded with spaces to a
 //   multiple of 8 bytes; optional "__metadata__" string map. A tree with no leaves is allowed.
+// * Checksums: save_safetensors stores an xxh3_64 (XXH3_64bits, seed 0; Python: xxhash.xxh3_64) of every
+//   tensor's bytes in the metadata, under kChecksumKey as a JSON object {"name": "16 hex digits"}; loads
+//   verify them and raise IoError "checksum mismatch in tensor 'name'" on a flipped bit. Files without
+//   them (written by other tools) load unverified. load_safetensors_metadata does not return that key,
+//   and passing it to save_safetensors is a ValueError.
 // * load_safetensors(path) -> Dict nested by splitting the names on "."; segments that look like
 //   non-negative integers without leading zeros ("0", "12") become int keys, so the Dict above round-trips.
 // * save_npy / load_npy: format 1.0 written (2.0 when the header needs it), 1.0/2.0/3.0 read; descr
 //   '|b1' '|i1' '<i2' '<i4' '<i8' '|u1' '<u4' '<f2' '<f4' '<f8' (big-endian '>' forms are read and
 //   byte-swapped); fortran_order files are transposed into row-major arrays. bfloat16 has no npy dtype:
 //   save_npy raises IoError (use safetensors, or astype(f32)).
-// * Writes are atomic: the data goes to a temporary file in the target's directory, which is fsynced and
-//   renamed over the target; on any failure the temporary is removed and the old target is untouched.
+// * Writes are atomic: the data goes to a temporary file ".<name>.cjax-tmp.<pid>.<n>" in the target's
+//   directory, which is fsynced and renamed over the target; on any failure the temporary is removed and
+//   the old target is untouched. A process killed mid-write leaves its temporary behind:
+//   remove_stale_temporaries(target) deletes those of dead processes.
 // * Reads validate everything before touching memory: any malformed file raises IoError naming the file
 //   and the problem (missing, truncated, header length beyond the file, bad JSON, unknown dtype, offsets out
-//   of range, overlapping or leaving gaps, shape/size mismatch).
+//   of range, overlapping or leaving gaps, shape/size mismatch, checksum mismatch). Paths that are not
+//   regular files (directories, FIFOs, devices) are refused up front ("not a regular file"), without
+//   waiting for a FIFO's writer.
 // Arrays must be concrete (ConcretizationError for tracers) and held on one device (ShardingError for
 // sharded arrays: gather first).
 #pragma once
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,6 +40,9 @@
 namespace cjax::io {
 
 using Metadata = std::map<std::string, std::string>;
+
+// The metadata key of the per-tensor checksums written by save_safetensors (see above).
+inline constexpr std::string_view kChecksumKey = "cjax.checksums.xxh3_64";
 
 // Low-level form: explicit (name, array) entries; names must be unique and non-empty.
 void save_safetensors_entries(const std::filesystem::path& path, const std::vector<std::pair<std::string, Array>>& entries,
@@ -49,5 +62,10 @@ Metadata load_safetensors_metadata(const std::filesystem::path& path);
 
 void save_npy(const std::filesystem::path& path, const Array& a);
 Array load_npy(const std::filesystem::path& path);
+
+// Deletes the temporaries of `target` (".<name>.cjax-tmp.<pid>.<n>" in its directory) left by writers
+// that were killed mid-write: only files of exactly that pattern whose process no longer exists on this
+// machine (a live process's may be a write in progress). Best effort, never throws; returns how many.
+int remove_stale_temporaries(const std::filesystem::path& target);
 
 }  // namespace cjax::io

@@ -1,7 +1,13 @@
 #include "transformer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -429,13 +435,44 @@ Array Trainer::step(TrainState& state, const Array& tokens, int64_t step_index) 
 // Data
 
 Corpus load_corpus(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot open corpus '" + path.string() + "'");
+  const std::string name = "corpus '" + path.string() + "'";
+  // O_NONBLOCK so that a FIFO is refused below instead of waiting for a writer; a directory opens
+  // but cannot be read (std::ifstream used to throw std::ios_base::failure from its first read).
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open " + name + ": " + std::strerror(errno));
+  struct FdGuard {
+    int fd;
+    ~FdGuard() { ::close(fd); }
+  } guard{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError("cannot stat " + name + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw IoError(name + " is a directory; pass a text file");
+  if (!S_ISREG(st.st_mode))
+    throw IoError(name + " is not a regular file (" + (S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket") +
+                  "); pass a text file");
   Corpus c;
   c.path = path.string();
-  c.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (c.bytes.size() < 1024) throw IoError("corpus '" + path.string() + "' is too small (" + std::to_string(c.bytes.size()) + " bytes; need >= 1024)");
+  c.bytes.resize(size_t(st.st_size));
+  size_t got = 0;
+  while (got < c.bytes.size()) {
+    ssize_t r = ::read(fd, c.bytes.data() + got, c.bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw IoError("cannot read " + name + ": " + std::strerror(errno));
+    if (r == 0) break;  // shrank while reading
+    got += size_t(r);
+  }
+  c.bytes.resize(got);
+  if (c.bytes.size() < 1024) throw IoError(name + " is too small (" + std::to_string(c.bytes.size()) + " bytes; need >= 1024)");
   return c;
+}
+
+void check_loss(int64_t step, double loss) {
+  if (std::isfinite(loss)) return;
+  std::ostringstream os;
+  os << "the loss became non-finite at step " << step << " (loss " << loss
+     << "): training diverged; stopping without saving a checkpoint of this state (lower --lr or raise --warmup, "
+        "or --resume from the last checkpoint)";
+  throw NonFiniteLossError(os.str());
 }
 
 namespace {
@@ -521,6 +558,7 @@ Array Loader::next() {
 
 void save_checkpoint(const std::filesystem::path& path, const TrainState& state, int64_t step, int64_t data_position,
                      const Config& c) {
+  io::remove_stale_temporaries(path);  // left by runs killed while saving
   SingleDeviceSharding one(devices()[0]);
   TrainState local = tree::map([&](const Array& a) { return device_put(a, one); }, state);
   io::save_safetensors(path, local,
@@ -532,6 +570,7 @@ void save_checkpoint(const std::filesystem::path& path, const TrainState& state,
 
 Checkpoint load_checkpoint(const std::filesystem::path& path, const Config& c) {
   auto fail = [&](const std::string& what) { throw IoError("checkpoint '" + path.string() + "': " + what); };
+  io::remove_stale_temporaries(path);  // left by runs killed while saving
   std::vector<std::pair<std::string, Array>> entries = io::load_safetensors_entries(path);
   io::Metadata meta = io::load_safetensors_metadata(path);
   std::map<std::string, Array> by_name(entries.begin(), entries.end());

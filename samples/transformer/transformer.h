@@ -124,7 +124,9 @@ struct Corpus {
   std::vector<uint8_t> bytes;
   std::string path;
 };
-Corpus load_corpus(const std::filesystem::path& path);  // IoError naming the file if missing / too small
+// IoError naming the file if it is missing, a directory ("is a directory; pass a text file"), not a
+// regular file (a FIFO is refused at once, not waited on), unreadable or too small.
+Corpus load_corpus(const std::filesystem::path& path);
 std::vector<int32_t> host_batch(const Corpus& corpus, const Config& c, int64_t index);
 
 // Prefetches batches on a background thread and places them on the devices sharded over the batch
@@ -153,9 +155,21 @@ class Loader {
   std::thread thread_;
 };
 
+// ---- divergence ----
+// Raised by check_loss when a step's loss is NaN or infinite; the CLI stops (exit 1) instead of
+// training on, and saves no checkpoint of the diverged state.
+struct NonFiniteLossError : Error {
+  using Error::Error;
+};
+// NonFiniteLossError naming the step and the loss value unless `loss` is finite.
+void check_loss(int64_t step, double loss);
+
 // ---- checkpoints ----
 // safetensors with every leaf of the TrainState gathered to one device ("params.layers.0.mlp_in",
-// "mu....", "nu....", "count"), plus metadata step, data_position and the config; written atomically.
+// "mu....", "nu....", "count"), plus metadata step, data_position and the config; written atomically
+// (io's per-tensor checksums included: a corrupted tensor is an IoError naming it on load). Saving and
+// loading first delete the checkpoint's temporaries left by runs killed mid-save
+// (io::remove_stale_temporaries).
 void save_checkpoint(const std::filesystem::path& path, const TrainState& state, int64_t step, int64_t data_position,
                      const Config& c);
 struct Checkpoint {
