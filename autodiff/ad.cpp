@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "cjax/lax.h"
+#include "trace/source_info.h"
 
 namespace cjax {
 
@@ -154,6 +155,79 @@ LinearizeResult linearize_flat(const FlatFn& f, std::span<const Array> primals) 
   return r;
 }
 
+namespace {
+
+// Set while linear_transpose runs its backward pass: equations are checked for linearity.
+thread_local bool tl_check_linearity = false;
+
+class CheckLinearityScope {
+ public:
+  explicit CheckLinearityScope(bool on) : saved_(tl_check_linearity) { tl_check_linearity = on; }
+  ~CheckLinearityScope() { tl_check_linearity = saved_; }
+  CheckLinearityScope(const CheckLinearityScope&) = delete;
+  CheckLinearityScope& operator=(const CheckLinearityScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// "f32[3] = mul f32[3] f32[3]", literals by value.
+std::string describe_eqn(const JaxprEqn& e) {
+  std::string outs, ins;
+  for (const Var& v : e.outputs) outs += (outs.empty() ? "" : " ") + v.aval().str();
+  for (const Atom& a : e.inputs) {
+    if (auto* l = std::get_if<Literal>(&a)) ins += " " + l->value_str() + ":" + l->aval().str();
+    else ins += " " + atom_aval(a).str();
+  }
+  return outs + " = " + e.primitive->name + ins;
+}
+
+// Raises if equation `e`, some of whose inputs are linear (`lin[i]`), is not linear in them.
+void check_linear_eqn(const JaxprEqn& e, const std::vector<bool>& lin) {
+  const std::string& name = e.primitive->name;
+  auto fail = [&](const std::string& why) {
+    std::string where = e.source_info ? e.source_info->str() : "";
+    throw ValueError(fmt::format(
+        "linear_transpose: the function is not linear in its inputs: {} (equation `{}`{}). linear_transpose "
+        "transposes functions built from linear operations of the inputs: sums and differences, negation, "
+        "products and dot_generals with values that do not depend on the inputs, broadcasts, reshapes, "
+        "slices, concatenations and sums; use vjp for a non-linear function",
+        why, describe_eqn(e), where.empty() ? "" : " at " + where));
+  };
+  size_t n_lin = 0;
+  for (size_t i = 0; i < lin.size(); ++i) {
+    if (!lin[i]) continue;
+    ++n_lin;
+    const AbstractValue& av = atom_aval(e.inputs[i]);
+    if (!is_floating(av.dtype))
+      fail(fmt::format("'{}' takes operand {} of type {}, computed from the inputs, which is not floating", name, i,
+                       av.str()));
+  }
+  const PrimitiveRules* rules = find_rules(*e.primitive);
+  if (!rules || !rules->transpose)
+    fail(fmt::format("'{}' is applied to a value computed from the inputs and is not a linear operation", name));
+  if (e.primitive->kind != PrimKind::HigherOrder)
+    for (const Var& v : e.outputs)
+      if (!is_floating(v.aval().dtype))
+        fail(fmt::format("'{}' turns a value computed from the inputs into {}, which is not floating", name,
+                         v.aval().str()));
+  // Bilinear primitives are linear in one operand at a time.
+  if ((name == "mul" || name == "dot_general" || name == "conv_general_dilated") && n_lin > 1)
+    fail(fmt::format("'{}' multiplies two values that both depend on the inputs", name));
+  if (name == "scatter-mul" && lin.size() > 2 && lin[0] && lin[2])
+    fail("'scatter-mul' multiplies two values that both depend on the inputs");
+  if (name == "div" && lin.size() > 1 && lin[1]) fail("'div' divides by a value that depends on the inputs");
+  if (name == "while")
+    fail("'while' is a loop whose trip count is not static; use lax::fori_loop with static bounds or lax::scan");
+}
+
+}  // namespace
+
+std::vector<Array> transpose_linear(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> cts_out) {
+  CheckLinearityScope scope(true);
+  return backward_pass(jaxpr, consts, cts_out);
+}
+
 std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> cts_out) {
   std::vector<Array> args;
   for (const Var& v : jaxpr.invars()) args.push_back(make_undefined_primal(v.aval()));
@@ -185,6 +259,11 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
     bool lin = false;
     for (const Atom& a : e.inputs) lin = lin || is_linear(a);
     if (lin) {
+      if (tl_check_linearity) {
+        std::vector<bool> flags;
+        for (const Atom& a : e.inputs) flags.push_back(is_linear(a));
+        check_linear_eqn(e, flags);
+      }
       for (const Var& v : e.outputs) linear[v.id()] = true;
       linear_eqns.push_back(&e);
       continue;
@@ -283,6 +362,7 @@ VjpResult vjp_flat(const FlatFn& f, std::span<const Array> primals) {
         throw ValueError(fmt::format("vjp: cotangent {} has type {} but the output has type {}; pass a cotangent "
                                      "of the output's shape and dtype",
                                      i, cts_out[i].aval().str(), outs[i].aval().str()));
+    CheckLinearityScope unchecked(false);  // a linearized jaxpr is linear by construction
     std::vector<Array> cts = backward_pass(*lin->linear, lin->linear.consts, cts_out);
     std::vector<Array> result;
     size_t k = 0;

@@ -85,6 +85,12 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
 std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> args,
                                  std::span<const Array> cts_out);
 
+// linear_transpose: backward_pass over a jaxpr all of whose invars are linear, checking as it
+// goes (also inside the bodies of calls and control flow, as they are transposed) that every
+// equation reached from the invars is linear in them. A non-linear one (sin x, x * x, a division
+// by x, a conversion to an integer type) raises ValueError naming it and where it was traced.
+std::vector<Array> transpose_linear(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> cts_out);
+
 // The transpose of a call-like equation (jit, remat2) over `jaxpr` with inputs `args`, whose
 // linear ones are undefined primals: the backward pass traced into a new call taking the
 // non-linear args then `cts`, returning one cotangent per linear input (zeros instantiated).

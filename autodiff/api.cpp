@@ -5,6 +5,7 @@
 #include "cjax/autodiff.h"
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
+#include "trace/eval_jaxpr.h"
 
 namespace cjax::ad_detail {
 
@@ -18,6 +19,64 @@ Vjp vjp(const FlatFn& f, const std::vector<Array>& primals) {
   VjpResult r = vjp_flat(f, primals);
   return Vjp{std::move(r.primals_out),
              [b = std::move(r.backward)](const std::vector<Array>& cts) { return b(cts); }};
+}
+
+Linearized linearize(const FlatFn& f, const std::vector<Array>& primals) {
+  std::vector<AbstractValue> in_avals;
+  for (size_t i = 0; i < primals.size(); ++i) {
+    if (!primals[i].defined()) throw ValueError(fmt::format("linearize: primal leaf {} is an empty Array handle", i));
+    in_avals.push_back(primals[i].aval());
+  }
+  auto lin = std::make_shared<const LinearizeResult>(linearize_flat(f, primals));
+  Linearized r;
+  r.outs = lin->primals_out;
+  r.jvp = [lin, in_avals = std::move(in_avals)](const std::vector<Array>& tangents) {
+    if (tangents.size() != in_avals.size())
+      throw ValueError(fmt::format("linearize: f_jvp takes one tangent leaf per primal leaf ({}) but got {}",
+                                   in_avals.size(), tangents.size()));
+    std::vector<Array> args;
+    for (size_t i = 0; i < tangents.size(); ++i) {
+      const Array& t = tangents[i];
+      if (!t.defined()) throw ValueError(fmt::format("linearize: tangent leaf {} is an empty Array handle", i));
+      if (t.shape() != in_avals[i].shape || t.dtype() != in_avals[i].dtype)
+        throw ValueError(fmt::format("linearize: tangent leaf {} has type {} but its primal has type {}; a tangent "
+                                     "must have the primal's shape and dtype",
+                                     i, t.aval().str(), in_avals[i].str()));
+      if (lin->diff_inputs[i]) args.push_back(t);  // integer and bool leaves have no tangent space
+    }
+    return eval_jaxpr(lin->linear, args);
+  };
+  return r;
+}
+
+std::function<std::vector<Array>(const std::vector<Array>&)> linear_transpose(const FlatFn& f,
+                                                                             const std::vector<AbstractValue>& in_avals) {
+  auto need_floating = [](const AbstractValue& a, const char* what, size_t i) {
+    if (!is_floating(a.dtype))
+      throw DTypeError(fmt::format("linear_transpose: {} leaf {} has type {}; linear_transpose needs floating inputs "
+                                   "and outputs (a linear map between real vector spaces)",
+                                   what, i, a.str()));
+  };
+  for (size_t i = 0; i < in_avals.size(); ++i) need_floating(in_avals[i], "input", i);
+  auto traced = std::make_shared<const ClosedJaxpr>(jaxpr_detail::trace_flat(f, in_avals, "linear_transpose"));
+  std::vector<AbstractValue> out_avals = traced->out_avals();
+  for (size_t i = 0; i < out_avals.size(); ++i) need_floating(out_avals[i], "output", i);
+  return [traced, in_avals, out_avals](const std::vector<Array>& cts) {
+    if (cts.size() != out_avals.size())
+      throw ValueError(fmt::format("linear_transpose: the function has {} output leaves but {} cotangents were given",
+                                   out_avals.size(), cts.size()));
+    for (size_t i = 0; i < cts.size(); ++i) {
+      if (!cts[i].defined()) throw ValueError(fmt::format("linear_transpose: cotangent leaf {} is an empty Array handle", i));
+      if (cts[i].shape() != out_avals[i].shape || cts[i].dtype() != out_avals[i].dtype)
+        throw ValueError(fmt::format("linear_transpose: cotangent leaf {} has type {} but the function's output has "
+                                     "type {}; pass a cotangent of the output's shape and dtype",
+                                     i, cts[i].aval().str(), out_avals[i].str()));
+    }
+    std::vector<Array> res = transpose_linear(**traced, traced->consts, cts);
+    std::vector<Array> out;
+    for (size_t i = 0; i < in_avals.size(); ++i) out.push_back(instantiate_zero(res[i], in_avals[i]));
+    return out;
+  };
 }
 
 void check_grad_output(const Array& out, const char* api) {

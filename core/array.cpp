@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "cjax/eval_shape.h"
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
 #include "core/spmd.h"
@@ -70,6 +71,17 @@ Array make_from_host(const void* data, AbstractValue aval, Device device) {
   return a;
 }
 Array make_abstract(AbstractValue aval) { return Array(std::make_shared<ShapedArray>(std::move(aval))); }
+Array shape_dtype_struct(Shape shape, DType dtype, bool weak_type) {
+  for (int64_t d : shape)
+    if (d < 0) throw ValueError(fmt::format("shape_dtype_struct: negative dimension in shape {}", shape_str(shape)));
+  AbstractValue a;
+  a.shape = std::move(shape);
+  a.dtype = dtype;
+  a.weak_type = weak_type;
+  return make_abstract(std::move(a));
+}
+Array shape_dtype_struct(const AbstractValue& aval) { return make_abstract(aval); }
+bool is_abstract(const Array& x) { return dynamic_cast<const ShapedArray*>(x.impl()) != nullptr; }
 
 Array make_scalar(double value, DType dtype, bool weak) {
   Array a = make_uninitialized(AbstractValue{{}, dtype, weak, {}}, default_device());
@@ -131,6 +143,10 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what) {
   const ArrayImpl& impl = checked(a.impl_ptr());
   Array keep;
   const ArrayImpl* ci = concrete_impl(impl, keep);
+  if (!ci && dynamic_cast<const ShapedArray*>(&impl))
+    throw ConcretizationError(fmt::format("{} needs a concrete value, but got an abstract value {} (a shape_dtype_struct "
+                                          "or an eval_shape result), which has no data",
+                                          what, impl.aval.str()));
   if (!ci)
     throw ConcretizationError(fmt::format(
         "{} needs a concrete value, but got an abstract tracer of type {}. {}. Use lax::cond / lax::select / "

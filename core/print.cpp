@@ -456,6 +456,9 @@ std::string array2string(const Array& x, const std::string& separator, const std
 }
 
 std::string traced_str(const ArrayImpl& impl) {
+  if (dynamic_cast<const ShapedArray*>(&impl))  // JAX's repr(jax.ShapeDtypeStruct)
+    return fmt::format("ShapeDtypeStruct(shape={}, dtype={}{})", shape_str(impl.aval.shape), dtype_name(impl.aval.dtype),
+                       impl.aval.weak_type ? ", weak_type=True" : "");
   if (auto* t = dynamic_cast<const Tracer*>(&impl)) {
     std::string v = t->value_str();
     if (!v.empty()) return v;

@@ -18,6 +18,7 @@
 #include "core/array_impl.h"
 #include "core/device_worker.h"
 #include "core/util.h"
+#include "jit/cost_analysis.h"
 #include "jit/executable.h"
 #include "jit/jit_primitive.h"
 #include "trace/trace.h"
@@ -143,9 +144,73 @@ size_t cache_size(const JitCache& c) { return c.entries.size(); }
 size_t trace_count(const JitCache& c) { return c.traces; }
 std::string last_cache_miss(const JitCache& c) { return c.last_miss; }
 std::string lowered_text(const Compiled& c) { return c.executable.jaxpr().pretty_print(); }
+const ClosedJaxpr& traced_jaxpr(const Compiled& c) { return c.traced; }
+CostAnalysis cost_analysis(const Compiled& c) { return program_cost(c.executable); }
+MemoryAnalysis memory_analysis(const Compiled& c, const std::vector<int>& donate_argnums) {
+  std::vector<size_t> donated;
+  size_t leaf = 0;
+  for (size_t i = 0; i < c.signature.size(); ++i) {
+    size_t n = c.signature[i].avals.size();
+    if (std::find(donate_argnums.begin(), donate_argnums.end(), int(i)) != donate_argnums.end())
+      for (size_t k = 0; k < n; ++k) donated.push_back(leaf + k);
+    leaf += n;
+  }
+  return program_memory(c.executable, c.traced, donated);
+}
 bool jit_disabled() { return config::disable_jit(); }
 
 namespace {
+
+// How signature `now` differs from `old`, one line per difference. `seen`/`given` word an
+// argument's old and new types ("seen", "but now given").
+std::vector<std::string> signature_differences(const Signature& old, const Signature& now, std::string_view seen,
+                                               std::string_view given) {
+  std::vector<std::string> diffs;
+  if (old.size() != now.size()) {
+    diffs.push_back(fmt::format("it was called with {} arguments before, now {}", old.size(), now.size()));
+    return diffs;
+  }
+  for (size_t i = 0; i < now.size(); ++i) {
+    const ArgSignature &a = old[i], &b = now[i];
+    if (a == b) continue;
+    if (a.type != b.type || a.is_tree != b.is_tree) {
+      diffs.push_back(fmt::format("argument {} changed C++ type", i));
+    } else if (!b.is_tree) {
+      diffs.push_back(fmt::format("argument {} is static and changed from {} to {}", i,
+                                  a.static_value.describe(a.static_value.value.get()),
+                                  b.static_value.describe(b.static_value.value.get())));
+    } else if (!(a.tree == b.tree)) {
+      diffs.push_back(fmt::format("argument {} changed tree structure: {}", i, a.tree.difference(b.tree)));
+    } else {
+      for (size_t k = 0; k < b.avals.size(); ++k) {
+        if (a.avals[k] == b.avals[k]) continue;
+        std::string what = a.avals[k].str() != b.avals[k].str()
+                               ? fmt::format("{}, {} {}", a.avals[k].str(), given, b.avals[k].str())
+                               : fmt::format("weak_type={}, {} weak_type={}", a.avals[k].weak_type, given,
+                                             b.avals[k].weak_type);
+        diffs.push_back(fmt::format("at argument {}{}: {} {}", i, k < b.leaf_paths.size() ? b.leaf_paths[k] : "",
+                                    seen, what));
+      }
+    }
+  }
+  return diffs;
+}
+
+// "(f32[64,32], {f32[3], f32[]}, 5)": one entry per argument, a tree's leaves in braces.
+std::string describe_signature(const Signature& sig) {
+  std::vector<std::string> args;
+  for (const ArgSignature& a : sig) {
+    if (!a.is_tree) {
+      args.push_back(a.static_value.describe(a.static_value.value.get()));
+      continue;
+    }
+    std::vector<std::string> leaves;
+    for (const AbstractValue& v : a.avals) leaves.push_back(v.str() + (v.weak_type ? "{weak}" : ""));
+    bool single = a.tree.is_leaf();
+    args.push_back(single ? leaves[0] : fmt::format("{{{}}}", fmt::join(leaves, ", ")));
+  }
+  return fmt::format("({})", fmt::join(args, ", "));
+}
 
 // JAX's explanation: the closest previously seen signature and how the new one differs.
 std::string explain_miss(const JitCache& cache, const Signature& sig) {
@@ -154,34 +219,7 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
   std::vector<std::string> best;
   size_t best_n = SIZE_MAX;
   for (auto& [h, entry] : cache.entries) {
-    const Signature& old = entry.compiled->signature;
-    std::vector<std::string> diffs;
-    if (old.size() != sig.size()) {
-      diffs.push_back(fmt::format("it was called with {} arguments before, now {}", old.size(), sig.size()));
-    } else {
-      for (size_t i = 0; i < sig.size(); ++i) {
-        const ArgSignature &a = old[i], &b = sig[i];
-        if (a == b) continue;
-        if (a.type != b.type || a.is_tree != b.is_tree) {
-          diffs.push_back(fmt::format("argument {} changed C++ type", i));
-        } else if (!b.is_tree) {
-          diffs.push_back(fmt::format("argument {} is static and changed from {} to {}", i,
-                                      a.static_value.describe(a.static_value.value.get()),
-                                      b.static_value.describe(b.static_value.value.get())));
-        } else if (!(a.tree == b.tree)) {
-          diffs.push_back(fmt::format("argument {} changed tree structure: {}", i, a.tree.difference(b.tree)));
-        } else {
-          for (size_t k = 0; k < b.avals.size(); ++k) {
-            if (a.avals[k] == b.avals[k]) continue;
-            std::string what = a.avals[k].str() != b.avals[k].str()
-                                   ? fmt::format("{}, but now given {}", a.avals[k].str(), b.avals[k].str())
-                                   : fmt::format("weak_type={}, but now given weak_type={}", a.avals[k].weak_type,
-                                                 b.avals[k].weak_type);
-            diffs.push_back(fmt::format("at argument {}{}: seen {}", i, b.leaf_paths[k], what));
-          }
-        }
-      }
-    }
+    std::vector<std::string> diffs = signature_differences(entry.compiled->signature, sig, "seen", "but now given");
     if (diffs.size() < best_n) {
       best_n = diffs.size();
       best = diffs;
@@ -195,6 +233,19 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
 }
 
 }  // namespace
+
+void check_compiled_signature(const Compiled& c, const std::string& name, Signature& sig,
+                              const std::function<void(Signature&)>& fill_paths) {
+  if (sig == c.signature) return;
+  fill_paths(sig);
+  std::string s = fmt::format(
+      "jit '{}': computation compiled for input types {} called with input types {}:", name,
+      describe_signature(c.signature), describe_signature(sig));
+  for (const std::string& d : signature_differences(c.signature, sig, "compiled for", "called with"))
+    s += "\n  * " + d;
+  s += "\nCall the jitted function (it compiles each new signature) or lower it again for these arguments";
+  throw ValueError(s);
+}
 
 std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
                                        const std::function<std::vector<Array>(const std::vector<Array>&)>& flat_fn,
@@ -419,6 +470,12 @@ std::vector<Array> run_inline(const Compiled& c, const std::string& name, const 
 std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
                         const std::vector<size_t>& donated_leaves) {
   if (current_trace() != eval_trace()) return bind_jit(c.traced, cache.opts.name, leaves);
+  for (size_t k = 0; k < leaves.size(); ++k)
+    if (!leaves[k].impl()->is_concrete() && !dynamic_cast<const Tracer*>(leaves[k].impl()))
+      throw ValueError(fmt::format("jit '{}': argument leaf {} is an abstract value {} (a shape_dtype_struct or an "
+                                   "eval_shape result) with no data; abstract arguments can be lowered "
+                                   "(jit(f).lower(...)) but a call needs concrete Arrays",
+                                   cache.opts.name, k, leaves[k].aval().str()));
   if (config::async_dispatch() && !c.executable.has_effects()) {
     if (!c.executable.cheap()) return dispatch(c, cache.opts.name, leaves, donated_leaves);
     return run_inline(c, cache.opts.name, leaves, donated_leaves);

@@ -503,14 +503,24 @@ TEST_CASE("print: operator<< writes the numpy text") {
   CHECK(os2.str() == "[1 2 3]");
 }
 
-TEST_CASE("print: tracers print their type and never throw") {
+TEST_CASE("print: tracers and abstract values print their type and never throw") {
+  std::string traced, traced_repr;
+  (void)make_jaxpr([&](const Array& x) {
+    traced = to_string(x);
+    traced_repr = repr(x);
+    return x;
+  })(numpy::ones({2, 3}));
+  CHECK(traced == "Traced<float32[2,3]>");
+  CHECK(traced_repr == "Traced<float32[2,3]>");
+  // An abstract value (shape_dtype_struct, eval_shape's results) prints as JAX's ShapeDtypeStruct.
   Array t = make_abstract(AbstractValue{{2, 3}, f32, false, {}});
-  CHECK(to_string(t) == "Traced<float32[2,3]>");
-  CHECK(repr(t) == "Traced<float32[2,3]>");
+  CHECK(to_string(t) == "ShapeDtypeStruct(shape=(2, 3), dtype=float32)");
+  CHECK(repr(t) == "ShapeDtypeStruct(shape=(2, 3), dtype=float32)");
   std::ostringstream os;
   CHECK_NOTHROW(os << t);
-  CHECK(os.str() == "Traced<float32[2,3]>");
-  CHECK(to_string(make_abstract(AbstractValue{{}, bf16, true, {}})) == "Traced<bfloat16[]>");
+  CHECK(os.str() == "ShapeDtypeStruct(shape=(2, 3), dtype=float32)");
+  CHECK(to_string(make_abstract(AbstractValue{{}, bf16, true, {}})) ==
+        "ShapeDtypeStruct(shape=(), dtype=bfloat16, weak_type=True)");
   CHECK(debug_string(t) == "f32[2,3] <traced>");
   Array v = make_abstract(AbstractValue{{4}, i32, false, {"i"}});  // varying over mesh axis i
   CHECK(debug_string(v) == "i32[4]{V:i} <traced>");

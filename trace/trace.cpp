@@ -53,6 +53,11 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   bool sharded = false;
   for (const Array& a : inputs) {
     if (!a.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
+    if (dynamic_cast<const ShapedArray*>(a.impl()))
+      throw ValueError(fmt::format("'{}' received an abstract value {} (a shape_dtype_struct or an eval_shape result) "
+                                   "that has no data; it can only stand for an argument where types are enough "
+                                   "(eval_shape, make_jaxpr, jit(f).lower)",
+                                   def.name, a.aval().str()));
     if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
     auto* c = static_cast<ConcreteArray*>(a.impl());
     c->await_live(fmt::format("'{}'", def.name));

@@ -1,11 +1,14 @@
-// Automatic differentiation (JAX's jax.grad, value_and_grad, vjp, jvp, linearize, jacfwd,
-// jacrev, hessian).
+// Automatic differentiation (JAX's jax.grad, value_and_grad, vjp, jvp, linearize,
+// linear_transpose, jacfwd, jacrev, hessian).
 //
 //   auto loss = [](const Params& p, const Array& x) { return jnp::sum(jnp::tanh(x * p.w)); };
 //   auto g = grad(loss)(params, x);                      // gradient w.r.t. argument 0: a Params
 //   auto [l, gs] = value_and_grad(loss, argnums<0, 1>)(params, x);   // gs: std::tuple<Params, Array>
 //   auto [out, f_vjp] = vjp(f, x, y);  auto [gx, gy] = f_vjp(ct);
 //   auto [out, tangent] = jvp(f, std::tuple{x}, std::tuple{dx});
+//   auto [out, f_jvp] = linearize(f, x, y);  Array t = f_jvp(dx, dy);   // = jvp's tangent
+//   auto f_t = linear_transpose([&](const Array& v) { return jnp::matmul(A, v); }, v);
+//   auto [ct_v] = f_t(ct);                               // = A^T ct
 //
 // Differentiated arguments are trees of Arrays (cjax/tree.h) with floating leaves; other
 // arguments are passed through unchanged. Gradients have the argument's tree type. `grad`
@@ -49,6 +52,17 @@ Vjp vjp(const FlatFn& f, const std::vector<Array>& primals);
 void check_grad_output(const Array& out, const char* api);
 void check_grad_input(const Array& leaf, size_t argnum, const char* api);
 Array ones_like(const Array& x);
+// linearize: the primal outputs and the linear map from input tangents (one per primal, zero
+// handles not allowed) to output tangents, evaluated from the linear jaxpr and its residuals.
+struct Linearized {
+  std::vector<Array> outs;
+  std::function<std::vector<Array>(const std::vector<Array>& tangents)> jvp;
+};
+Linearized linearize(const FlatFn& f, const std::vector<Array>& primals);
+// linear_transpose: traces `f` on inputs of types `in_avals` and returns the map from output
+// cotangents to input cotangents (zeros for inputs nothing flows to).
+std::function<std::vector<Array>(const std::vector<Array>& cts)> linear_transpose(
+    const FlatFn& f, const std::vector<AbstractValue>& in_avals);
 // Jacobians of a flat Array -> Array function (shape: out.shape + in.shape).
 Array jacfwd(const std::function<Array(const Array&)>& f, const Array& x);
 Array jacrev(const std::function<Array(const Array&)>& f, const Array& x);
@@ -225,6 +239,97 @@ auto jvp(const F& f, const std::tuple<A...>& primals, const std::tuple<T...>& ta
       },
       p, t);
   return std::pair{tree::unflatten(*result, outs), tree::unflatten(*result, touts)};
+}
+
+// ---- linearize (JAX's jax.linearize): every argument is a primal (each must be a tree) ----
+// Returns std::pair{f(args...), f_jvp}. f_jvp(tangents...) takes one tangent per argument, of
+// the argument's tree type, shapes and dtypes, and returns the output tangent (f's result type):
+// the same as jvp(f, {args...}, {tangents...}).second, but f runs once, in linearize. The
+// forward pass and the residuals the linear map needs are computed then; each f_jvp call
+// evaluates only the linear part (a jaxpr of tangent operations). Tangents of integer and bool
+// leaves are ignored (JAX wants float0 tangents there); their output tangents are zeros.
+//
+//   auto [y, f_jvp] = linearize([](const Array& x) { return jnp::sin(x) * x; }, x);
+//   Array t1 = f_jvp(dx1), t2 = f_jvp(dx2);     // sin is evaluated once, above
+template <class F, class... A> auto linearize(const F& f, const A&... a) {
+  static_assert(sizeof...(A) > 0, "linearize: pass at least one primal");
+  std::tuple<const A&...> args(a...);
+  return [&]<size_t... I>(std::index_sequence<I...>) {
+    std::vector<Array> primals;
+    std::vector<size_t> offsets;
+    ((offsets.push_back(primals.size()), ad_detail::append_leaves(std::get<I>(args), primals)), ...);
+    using R = std::remove_cvref_t<decltype(std::apply(f, args))>;
+    static_assert(is_tree_v<R>, "linearize: the function must return a tree of Arrays");
+    std::optional<R> result;
+    ad_detail::Linearized lin = ad_detail::linearize(
+        [&](const std::vector<Array>& xs) {
+          auto call = ad_detail::substitute<I...>(args, xs, offsets, std::index_sequence_for<A...>{});
+          result.emplace(std::apply(f, call));
+          return tree::leaves(*result);
+        },
+        primals);
+    R out = tree::unflatten(*result, lin.outs);
+    std::array<TreeDef, sizeof...(A)> defs{tree::structure(a)...};
+    auto f_jvp = [jvp = std::move(lin.jvp), like = out, defs](const A&... t) -> R {
+      std::vector<Array> ts;
+      size_t i = 0;
+      (([&] {
+         if (!(tree::structure(t) == defs[i]))
+           throw ValueError("linearize: the tangent of argument " + std::to_string(i) +
+                            " has another tree structure than its primal: " + defs[i].difference(tree::structure(t)));
+         ad_detail::append_leaves(t, ts);
+         ++i;
+       })(),
+       ...);
+      return tree::unflatten(like, jvp(ts));
+    };
+    return std::pair{std::move(out), std::move(f_jvp)};
+  }(std::index_sequence_for<A...>{});
+}
+
+// ---- linear_transpose (JAX's jax.linear_transpose) ----
+// linear_transpose(f, primals...) -> f_transpose, where f_transpose(ct) takes a cotangent of f's
+// result type and returns std::tuple of one cotangent per primal, each of the primal's tree type
+// (the same shapes and dtypes). `f` must be linear in its arguments; the primals only give their
+// types (Arrays or shape_dtype_struct values, cjax/eval_shape.h). `f` is traced once, here, into a
+// jaxpr that each f_transpose call runs backwards. For f(x) = A x, f_transpose(ct) = A^T ct, and
+// in general <f_transpose(ct), x> = <ct, f(x)>. A non-linear f (x * x, sin(x), a division by x, a
+// conversion to an integer type) raises ValueError naming the equation; constant offsets
+// (f(x) = x + 1) are not detected and are dropped, as in JAX. Inputs and outputs must be floating
+// (DTypeError otherwise).
+//
+//   auto f_t = linear_transpose([](const Array& x) { return jnp::sum(x, 0); }, shape_dtype_struct({3, 4}, f32));
+//   auto [ct_x] = f_t(jnp::ones({4}));           // f32[3,4] of ones: the broadcast back
+template <class F, class... A> auto linear_transpose(const F& f, const A&... a) {
+  static_assert(sizeof...(A) > 0, "linear_transpose: pass at least one primal");
+  std::tuple<const A&...> args(a...);
+  return [&]<size_t... I>(std::index_sequence<I...>) {
+    std::vector<Array> primals;
+    std::vector<size_t> offsets;
+    ((offsets.push_back(primals.size()), ad_detail::append_leaves(std::get<I>(args), primals)), ...);
+    std::vector<AbstractValue> in_avals;
+    for (size_t i = 0; i < primals.size(); ++i) {
+      if (!primals[i].defined())
+        throw ValueError("linear_transpose: primal leaf " + std::to_string(i) + " is an empty Array handle");
+      in_avals.push_back(primals[i].aval());
+    }
+    using R = std::remove_cvref_t<decltype(std::apply(f, args))>;
+    static_assert(is_tree_v<R>, "linear_transpose: the function must return a tree of Arrays");
+    auto transpose = ad_detail::linear_transpose(
+        [&](const std::vector<Array>& xs) {
+          auto call = ad_detail::substitute<I...>(args, xs, offsets, std::index_sequence_for<A...>{});
+          return tree::leaves(std::apply(f, call));
+        },
+        in_avals);
+    std::tuple<A...> like(a...);
+    return [transpose = std::move(transpose), offsets = std::move(offsets), like = std::move(like)](const R& ct) {
+      std::vector<Array> cts = transpose(tree::leaves(ct));
+      std::tuple<const A&...> l = std::apply([](const auto&... x) { return std::tuple<const A&...>(x...); }, like);
+      auto g = ad_detail::unflatten_grads<I...>(l, cts, offsets);
+      if constexpr (sizeof...(I) == 1) return std::tuple{std::move(g)};
+      else return g;
+    };
+  }(std::index_sequence_for<A...>{});
 }
 
 // ---- Jacobians and Hessian of a function of one Array returning one Array ----

@@ -11,6 +11,7 @@
 #include "cjax/random.h"
 #include "cjax/tree.h"
 #include "cjax/make_jaxpr.h"
+#include "cjax/eval_shape.h"
 #include "cjax/autodiff.h"
 #include "cjax/custom_derivatives.h"
 #include "cjax/vmap.h"

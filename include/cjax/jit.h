@@ -19,6 +19,25 @@
 //
 // donate_argnums: the listed arguments' buffers are given to the call; afterwards those Arrays
 // are deleted and using them raises ValueError (JAX: "Array has been deleted").
+//
+// Ahead-of-time lowering (JAX's jit(f).lower(args).compile()):
+//
+//   auto lowered = jit(f).lower(x, y);          // traces and compiles for this signature
+//   std::cout << lowered.as_text();             // the traced jaxpr (a stages::Lowered)
+//   auto compiled = lowered.compile();          // a stages::Compiled
+//   Array out = compiled(x, y);                 // same as jit(f)(x, y); no trace, no cache lookup
+//   compiled.as_text();                         // the optimized jaxpr the executable runs
+//   CostAnalysis cost = compiled.cost_analysis();   // cost.flops, cost.bytes_accessed, ...
+//
+// lower(args...) takes what a call takes, Arrays or abstract Arrays (shape_dtype_struct,
+// cjax/eval_shape.h) alike, and goes through the function's cache: it traces only on a miss and
+// a later call (or lower) with the same signature reuses the entry, so jit(f).lower(x).compile()(x)
+// traces f once. cjax compiles when it traces, so compile() does no further work. A Compiled is
+// called with arguments of the lowered signature only; anything else (another shape, dtype, weak
+// type, tree structure or static value) raises ValueError naming the argument, as JAX's
+// TypeError "Computation compiled for input types ... called with ...". Under a transformation a
+// Compiled binds the same `jit` equation as the jitted function; config::set_disable_jit does not
+// affect it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -35,6 +54,40 @@
 #include "cjax/tree.h"
 
 namespace cjax {
+
+// A static estimate of a compiled program's cost (JAX's Compiled.cost_analysis()), from the
+// optimized jaxpr and its fusion plan:
+//  * flops: one per output element of each elementwise operation (convert, select, integer_pow
+//    included; stop_gradient and bitcasts are free), one per input element of each reduction
+//    (reduce_*, argmax/argmin, cumulative ops, psum and the other reducing collectives; one per
+//    update element for scatter-add/mul/min/max), 2*M*N*K per dot_general (batch included;
+//    dot_general_accumulate adds 2 per output element) and 2*out_elements*(kernel size * input
+//    features) per convolution; shape, broadcast, slicing and gather operations are free.
+//  * transcendentals: output elements of exp, exp2, log, log1p, expm1, tanh, logistic, sin,
+//    cos, tan, the inverse and hyperbolic trigonometric functions, sqrt, rsqrt, cbrt, erf, erfc,
+//    erf_inv, lgamma, pow and atan2 (also counted in flops, unlike XLA).
+//  * bytes_accessed: bytes each step of the program reads and writes: a fused kernel's inputs and
+//    outputs (its intermediates stay in registers), a library step's operands and results.
+// Bodies of calls count once, cond its costliest branch, scan its body times its length, while
+// its body and condition once (the trip count is not known), shard_map its body once per device.
+struct CostAnalysis {
+  double flops = 0;
+  double transcendentals = 0;
+  double bytes_accessed = 0;
+};
+
+// Memory a compiled program needs (JAX's Compiled.memory_analysis()), in bytes.
+struct MemoryAnalysis {
+  int64_t argument_size_in_bytes = 0;
+  int64_t output_size_in_bytes = 0;
+  int64_t alias_size_in_bytes = 0;  // donated arguments (their buffers may hold outputs)
+  // The most bytes of intermediates (neither arguments nor outputs) alive at once, walking the
+  // program's steps (fused kernels, library calls) in order, each value freed after its last
+  // reader. An estimate: an output written in place over a dying input counts as a buffer of its
+  // own (overstating), values inside bodies of control flow are not counted (understating).
+  int64_t temp_size_in_bytes = 0;
+  int64_t constant_size_in_bytes = 0;  // arrays the function captured
+};
 
 struct JitOptions {
   std::string name = "<lambda>";  // printed as jit[name=...]; JAX uses the Python function's name
@@ -157,12 +210,92 @@ size_t cache_size(const JitCache& cache);
 size_t trace_count(const JitCache& cache);
 std::string last_cache_miss(const JitCache& cache);
 std::string lowered_text(const Compiled& c);  // the optimized jaxpr's text
+const ClosedJaxpr& traced_jaxpr(const Compiled& c);
+CostAnalysis cost_analysis(const Compiled& c);
+MemoryAnalysis memory_analysis(const Compiled& c, const std::vector<int>& donate_argnums);
+// Raises ValueError, naming `name` and each argument that differs, unless `sig` is the signature
+// `c` was compiled for. `fill_paths` fills sig's leaf paths (for the message).
+void check_compiled_signature(const Compiled& c, const std::string& name, Signature& sig,
+                              const std::function<void(Signature&)>& fill_paths);
 bool jit_disabled();
+
+// The flat leaves of a call's arguments, its signature and the leaves donated by `donate_argnums`.
+struct FlatArgs {
+  std::vector<Array> leaves;
+  Signature sig;
+  std::vector<size_t> donated;
+};
+template <class... A> FlatArgs flatten_args(const std::vector<int>& donate_argnums, const A&... args) {
+  FlatArgs r;
+  size_t index = 0;
+  (([&] {
+     size_t before = r.leaves.size();
+     r.sig.push_back(arg_signature(args, r.leaves));
+     for (int d : donate_argnums)
+       if (size_t(d) == index)
+         for (size_t k = before; k < r.leaves.size(); ++k) r.donated.push_back(k);
+     ++index;
+   })(),
+   ...);
+  return r;
+}
 
 // Arguments rebuilt from flat tracers: one rebuild for make_jaxpr, jit and vmap.
 using jaxpr_detail::rebuild;
 
 }  // namespace jit_detail
+
+// The stages of ahead-of-time lowering, as JAX's jax.stages (see the top of this file).
+namespace stages {
+
+// jit(f).lower(args...).compile(): a program compiled for one signature, called with arguments of
+// the types A... of that signature.
+template <class R, class... A> class Compiled {
+ public:
+  Compiled(std::shared_ptr<jit_detail::JitCache> cache, std::shared_ptr<const jit_detail::Compiled> c,
+           std::vector<int> donate_argnums, std::string name)
+      : cache_(std::move(cache)), c_(std::move(c)), donate_(std::move(donate_argnums)), name_(std::move(name)) {}
+
+  R operator()(const A&... args) const {
+    jit_detail::FlatArgs flat = jit_detail::flatten_args(donate_, args...);
+    jit_detail::check_compiled_signature(*c_, name_, flat.sig, [&](jit_detail::Signature& s) {
+      size_t i = 0;
+      ((jit_detail::fill_leaf_paths(args, s[i++])), ...);
+    });
+    std::vector<Array> outs = jit_detail::call(*cache_, *c_, flat.leaves, flat.donated);
+    return tree::unflatten(*static_cast<const R*>(jit_detail::result_like(*c_).get()), outs);
+  }
+  // The optimized jaxpr the executable runs (after inlining, folding, CSE, DCE; before fusion).
+  std::string as_text() const { return jit_detail::lowered_text(*c_); }
+  CostAnalysis cost_analysis() const { return jit_detail::cost_analysis(*c_); }
+  MemoryAnalysis memory_analysis() const { return jit_detail::memory_analysis(*c_, donate_); }
+
+ private:
+  std::shared_ptr<jit_detail::JitCache> cache_;
+  std::shared_ptr<const jit_detail::Compiled> c_;
+  std::vector<int> donate_;
+  std::string name_;
+};
+
+// jit(f).lower(args...): the traced program for one signature.
+template <class R, class... A> class Lowered {
+ public:
+  Lowered(std::shared_ptr<jit_detail::JitCache> cache, std::shared_ptr<const jit_detail::Compiled> c,
+          std::vector<int> donate_argnums, std::string name)
+      : cache_(std::move(cache)), c_(std::move(c)), donate_(std::move(donate_argnums)), name_(std::move(name)) {}
+  // The traced jaxpr in JAX's text (what make_jaxpr(f)(args...) prints).
+  std::string as_text() const { return jaxpr().pretty_print(); }
+  const ClosedJaxpr& jaxpr() const { return jit_detail::traced_jaxpr(*c_); }
+  Compiled<R, A...> compile() const { return Compiled<R, A...>(cache_, c_, donate_, name_); }
+
+ private:
+  std::shared_ptr<jit_detail::JitCache> cache_;
+  std::shared_ptr<const jit_detail::Compiled> c_;
+  std::vector<int> donate_;
+  std::string name_;
+};
+
+}  // namespace stages
 
 template <class F> class Jitted {
  public:
@@ -172,23 +305,36 @@ template <class F> class Jitted {
     using R = std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>;
     static_assert(is_tree_v<R>, "jit: the function must return a tree of Arrays");
     if (jit_detail::jit_disabled()) return R(f_(args...));
-    std::vector<Array> leaves;
-    jit_detail::Signature sig;
-    std::vector<size_t> donated;
-    size_t index = 0;
-    (([&] {
-       size_t before = leaves.size();
-       sig.push_back(jit_detail::arg_signature(args, leaves));
-       for (int d : opts_.donate_argnums)
-         if (size_t(d) == index)
-           for (size_t k = before; k < leaves.size(); ++k) donated.push_back(k);
-       ++index;
-     })(),
-     ...);
+    jit_detail::FlatArgs flat = jit_detail::flatten_args(opts_.donate_argnums, args...);
+    auto compiled = lookup<R>(std::move(flat.sig), flat.leaves, args...);
+    std::vector<Array> outs = jit_detail::call(*cache_, *compiled, flat.leaves, flat.donated);
+    return tree::unflatten(*static_cast<const R*>(jit_detail::result_like(*compiled).get()), outs);
+  }
+
+  // Ahead-of-time lowering for the signature of `args` (see the top of this file).
+  template <class... A> auto lower(const A&... args) const {
+    using R = std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>;
+    static_assert(is_tree_v<R>, "jit: the function must return a tree of Arrays");
+    jit_detail::FlatArgs flat = jit_detail::flatten_args({}, args...);
+    return stages::Lowered<R, A...>(cache_, lookup<R>(std::move(flat.sig), flat.leaves, args...),
+                                    opts_.donate_argnums, opts_.name);
+  }
+
+  size_t cache_size() const { return jit_detail::cache_size(*cache_); }
+  size_t trace_count() const { return jit_detail::trace_count(*cache_); }
+  // Why the last retrace happened ("" if there was none or explanations are off).
+  std::string last_cache_miss() const { return jit_detail::last_cache_miss(*cache_); }
+  const JitOptions& options() const { return opts_; }
+
+ private:
+  // The cache entry for `sig`, tracing and compiling `f_` on a miss.
+  template <class R, class... A>
+  std::shared_ptr<const jit_detail::Compiled> lookup(jit_detail::Signature sig, const std::vector<Array>& leaves,
+                                                     const A&... args) const {
     std::vector<AbstractValue> avals;
     for (const Array& l : leaves) avals.push_back(l.aval());
     std::optional<R> result;
-    auto compiled = jit_detail::lookup(
+    return jit_detail::lookup(
         *cache_, std::move(sig),
         [&](const std::vector<Array>& xs) {
           size_t pos = 0;
@@ -201,17 +347,8 @@ template <class F> class Jitted {
           size_t i = 0;
           ((jit_detail::fill_leaf_paths(args, s[i++])), ...);
         });
-    std::vector<Array> outs = jit_detail::call(*cache_, *compiled, leaves, donated);
-    return tree::unflatten(*static_cast<const R*>(jit_detail::result_like(*compiled).get()), outs);
   }
 
-  size_t cache_size() const { return jit_detail::cache_size(*cache_); }
-  size_t trace_count() const { return jit_detail::trace_count(*cache_); }
-  // Why the last retrace happened ("" if there was none or explanations are off).
-  std::string last_cache_miss() const { return jit_detail::last_cache_miss(*cache_); }
-  const JitOptions& options() const { return opts_; }
-
- private:
   F f_;
   JitOptions opts_;
   std::shared_ptr<jit_detail::JitCache> cache_;
