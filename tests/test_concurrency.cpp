@@ -56,7 +56,7 @@ TEST_CASE("one jitted function called from four threads gives each thread its ow
     }
   });
   CHECK(mismatches.load() == 0);
-  CHECK(f.cache_size() == 1);
+  if (!config::disable_jit()) CHECK(f.cache_size() == 1);
 }
 
 TEST_CASE("concurrent cache misses: each thread's shape compiles once and every result is right") {
@@ -69,7 +69,7 @@ TEST_CASE("concurrent cache misses: each thread's shape compiles once and every 
       for (int64_t k = 0; k < n; ++k) REQUIRE(got[size_t(k)] == float(2 * (k + 1)));
     }
   });
-  CHECK(f.cache_size() == 4);
+  if (!config::disable_jit()) CHECK(f.cache_size() == 4);
 }
 
 TEST_CASE("grad under jit and eager ops from several threads") {
