@@ -102,14 +102,17 @@ namespace {
 
 void check_rec(const Jaxpr& jaxpr, const std::string& where) {
   std::unordered_set<const void*> defined;
-  auto define = [&](const Var& v, const std::string& ctx) {
-    if (!v.defined()) throw Error(fmt::format("check_jaxpr{}: {} defines an empty variable", where, ctx));
+  // `ctx` builds the description only for an error: it may symbolize a source location.
+  auto define = [&](const Var& v, const auto& ctx) {
+    if (!v.defined()) throw Error(fmt::format("check_jaxpr{}: {} defines an empty variable", where, ctx()));
     if (!defined.insert(v.id()).second)
-      throw Error(fmt::format("check_jaxpr{}: {} redefines variable of type {} that is already defined", where, ctx,
+      throw Error(fmt::format("check_jaxpr{}: {} redefines variable of type {} that is already defined", where, ctx(),
                               v.aval().str()));
   };
-  for (size_t i = 0; i < jaxpr.constvars().size(); ++i) define(jaxpr.constvars()[i], fmt::format("constvar {}", i));
-  for (size_t i = 0; i < jaxpr.invars().size(); ++i) define(jaxpr.invars()[i], fmt::format("invar {}", i));
+  for (size_t i = 0; i < jaxpr.constvars().size(); ++i)
+    define(jaxpr.constvars()[i], [&] { return fmt::format("constvar {}", i); });
+  for (size_t i = 0; i < jaxpr.invars().size(); ++i)
+    define(jaxpr.invars()[i], [&] { return fmt::format("invar {}", i); });
   const auto& eqns = jaxpr.eqns();
   for (size_t k = 0; k < eqns.size(); ++k) {
     const JaxprEqn& e = eqns[k];
@@ -162,7 +165,7 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
                                 o.aval().str(), o.aval().weak_type ? " (weak)" : "", e.primitive->name,
                                 want[i].str(), want[i].weak_type ? " (weak)" : ""));
     }
-    for (size_t i = 0; i < e.outputs.size(); ++i) define(e.outputs[i], ctx() + fmt::format(" output {}", i));
+    for (size_t i = 0; i < e.outputs.size(); ++i) define(e.outputs[i], [&] { return ctx() + fmt::format(" output {}", i); });
   }
   for (size_t i = 0; i < jaxpr.outvars().size(); ++i)
     if (auto* v = std::get_if<Var>(&jaxpr.outvars()[i]); v && (!v->defined() || !defined.count(v->id())))

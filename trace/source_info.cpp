@@ -1,5 +1,7 @@
 #include "trace/source_info.h"
 
+#include <mutex>
+
 #include <execinfo.h>
 
 #include <atomic>
@@ -64,6 +66,10 @@ bool is_internal(const char* file) {
 const std::string& SourceInfo::str() const {
   std::call_once(once_, [this] {
 #ifdef CJAX_HAVE_LIBBACKTRACE
+    // One symbolization at a time: libbacktrace's threaded mode synchronizes with atomics that
+    // ThreadSanitizer cannot see (it is not instrumented), and symbolizing is rare (errors, dumps).
+    static std::mutex mu;
+    std::lock_guard lock(mu);
     struct Ctx {
       std::string* out;
     } ctx{&text_};
