@@ -30,7 +30,7 @@ namespace numpy {
 // ---- reshape / ravel / transpose ----
 Array reshape(const Array& x, Shape shape) {
   int unknown = -1;
-  int64_t known = 1;
+  Shape known_dims;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       if (unknown >= 0)
@@ -41,9 +41,10 @@ Array reshape(const Array& x, Shape shape) {
       throw ShapeError(fmt::format("reshape: new shape {} has a negative dimension {}; only -1 (inferred) is allowed",
                                    shape_str(shape), shape[i]));
     } else {
-      known *= shape[i];
+      known_dims.push_back(shape[i]);
     }
   }
+  int64_t known = shape_size(known_dims);  // ShapeError if the product overflows
   Shape requested = shape;
   if (unknown >= 0) {
     if (known == 0 || x.size() % known != 0)

@@ -917,7 +917,10 @@ TEST_CASE("a destroyed jit object frees what it linked: 400 jit objects built an
   build_and_drop(400);
   // Each object linked its kernels into a JIT library; a dropped object's library is reused.
   CHECK(cpu::jit_library_count() <= libraries + 2);
-  // Each object used to keep ~70 KB after it was destroyed (400 objects: ~28 MB).
+  // Each object used to keep ~70 KB after it was destroyed (400 objects: ~28 MB). (ASan keeps
+  // freed memory in quarantine, so RSS says nothing there.)
   MESSAGE("RSS growth over 400 jit objects: ", resident_kb() - rss, " KB");
+#ifndef __SANITIZE_ADDRESS__
   CHECK(resident_kb() - rss < 8 * 1024);
+#endif
 }

@@ -139,9 +139,18 @@ def _impl_pointer(val):
     return _shared_ptr_get(val["impl_"])
 
 
+def _symbols_known():
+    """True if gdb resolves cjax's vtable symbols (the library is not stripped): then a vtable
+    pointer without a symbol is certainly not a live object's."""
+    try:
+        return int(gdb.parse_and_eval("(long)&'vtable for cjax::ConcreteArray'")) != 0
+    except gdb.error:
+        return False
+
+
 def _vtable_symbol(address):
-    """The symbol text of the vtable pointer stored at `address`: False if unreadable, None if
-    gdb has no symbol for it."""
+    """The symbol text of the vtable pointer stored at `address`: False if unreadable (or, where
+    symbols are known, if it has none: freed memory, garbage), None if gdb cannot tell."""
     try:
         void_pp = gdb.lookup_type("void").pointer().pointer()
         vptr = int(gdb.Value(address).cast(void_pp).dereference())
@@ -150,8 +159,10 @@ def _vtable_symbol(address):
     try:
         sym = gdb.execute("info symbol 0x%x" % vptr, to_string=True)
     except gdb.error:
-        return None
-    return None if sym.startswith("No symbol") else sym
+        sym = "No symbol"
+    if sym.startswith("No symbol"):
+        return False if _symbols_known() else None
+    return sym
 
 
 def _looks_like_array_impl(ptr):
