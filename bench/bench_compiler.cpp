@@ -355,6 +355,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--compile-child") return compile_child(argc > 2);
   if (argc > 1 && std::string(argv[1]) == "--cpu-child") return cpu_child();
   auto bench_start = Clock::now();
+  print_host();
   std::printf("cjax compiler benchmarks: %d threads (cjax pool), OpenBLAS %d threads\n", num_threads(),
               openblas_get_num_threads());
   std::string py = python_with_torch();

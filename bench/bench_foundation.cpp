@@ -85,6 +85,7 @@ double peer_value(const std::string& out, const std::string& key) {
 }  // namespace
 
 int main() {
+  print_host();
   std::printf("cjax foundation benchmarks: %d threads, %d CPU devices\n\n", num_threads(), device_count());
   std::printf("%-44s %-18s %-26s %8s\n", "benchmark", "cjax", "peer", "ratio");
   std::string torch = run_torch_peer();

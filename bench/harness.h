@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cjax::bench {
@@ -42,6 +45,24 @@ inline std::vector<double> interleaved_medians(const std::vector<std::function<v
     out.push_back(v[v.size() / 2]);
   }
   return out;
+}
+
+// The host every table was measured on: CPU model, the widest vector ISA it has, the ISA the
+// generated kernels were asked to use (CJAX_ISA), and its logical cores.
+inline void print_host() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown CPU", flags;
+  while (std::getline(cpuinfo, line)) {
+    auto value = [&] { return line.substr(line.find(':') + 2); };
+    if (line.rfind("model name", 0) == 0 && model == "unknown CPU") model = value();
+    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value() + " ";
+  }
+  const char* isa = flags.find(" avx512f ") != std::string::npos ? "AVX-512"
+                    : flags.find(" avx2 ") != std::string::npos  ? "AVX2"
+                                                                   : "SSE";
+  const char* requested = std::getenv("CJAX_ISA");
+  std::printf("host: %s, %s, %u logical cores; kernels: CJAX_ISA=%s\n", model.c_str(), isa,
+              std::thread::hardware_concurrency(), requested && *requested ? requested : "native");
 }
 
 inline void row(const std::string& what, const std::string& ours, const std::string& peer, double ratio,
