@@ -7,6 +7,7 @@
 #include "cjax/eval_shape.h"
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
+#include "core/backend.h"
 #include "core/spmd.h"
 #include "core/visit_dtype.h"
 
@@ -67,8 +68,22 @@ Array make_view(const Array& base, AbstractValue aval) {
 Array make_from_host(const void* data, AbstractValue aval, Device device) {
   size_t nbytes = size_t(aval.size()) * itemsize(aval.dtype);
   Array a = make_uninitialized(std::move(aval), device);
-  if (nbytes) std::memcpy(raw_ptr(a), data, nbytes);
+  if (!nbytes) return a;
+  const Device& d = concrete(a)->buffer()->device();
+  if (host_accessible(d)) std::memcpy(raw_ptr(a), data, nbytes);
+  else backend_for(d.platform()).copy_from_host(d, raw_ptr(a), data, nbytes);
   return a;
+}
+bool host_accessible(const Device& d) { return d.platform() == Platform::cpu || backend_for(d.platform()).host_accessible(); }
+Array to_host(const Array& a) {
+  ConcreteArray& c = require_concrete(a, "a host read");
+  a.block_until_ready();
+  if (c.buffers.size() != 1) return device_put(a, SingleDeviceSharding(c.device().platform() == Platform::cpu ? c.device() : default_device()));
+  const Buffer& buf = *c.buffer();
+  if (host_accessible(buf.device())) return a;
+  Array out = make_uninitialized(a.aval(), default_device());
+  if (buf.nbytes()) backend_for(buf.device().platform()).copy_to_host(buf.device(), buf.data(), raw_ptr(out), buf.nbytes());
+  return out;
 }
 Array make_abstract(AbstractValue aval) { return Array(std::make_shared<ShapedArray>(std::move(aval))); }
 Array shape_dtype_struct(Shape shape, DType dtype, bool weak_type) {
@@ -181,6 +196,7 @@ template <class T> std::vector<T> Array::to_vector() const {
   ConcreteArray& c = require_concrete(*this, "to_vector()");
   block_until_ready();
   if (c.buffers.size() != 1) return device_put(*this, SingleDeviceSharding(c.device())).to_vector<T>();
+  if (!host_accessible(c.device())) return to_host(*this).to_vector<T>();
   int64_t n = size();
   std::vector<T> out(static_cast<size_t>(n));
   visit_dtype(dtype(), [&](auto tag) {
@@ -258,7 +274,12 @@ std::vector<Shard> Array::addressable_shards() const {
 // done (block_until_ready then rethrows the producer's error, if any).
 void Array::block_until_ready() const {
   const ArrayImpl& impl = checked(impl_);
-  if (impl.is_concrete()) static_cast<const ConcreteArray&>(impl).await();
+  if (!impl.is_concrete()) return;
+  const auto& c = static_cast<const ConcreteArray&>(impl);
+  c.await();
+  // A device buffer is ready once the work queued on its device has run.
+  for (const auto& b : c.buffers)
+    if (b && !host_accessible(b->device())) backend_for(b->device().platform()).synchronize(b->device());
 }
 bool Array::is_ready() const {
   const ArrayImpl& impl = checked(impl_);

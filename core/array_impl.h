@@ -147,6 +147,11 @@ Array make_view(const Array& base, AbstractValue aval);
 // Concrete array from host data of the matching dtype.
 Array make_from_host(const void* data, AbstractValue aval, Device device);
 Array make_abstract(AbstractValue aval);  // a ShapedArray handle
+// Whether the host reads `d`'s buffers through their pointers (CPU memory; core/backend.h).
+bool host_accessible(const Device& d);
+// A single-device concrete array whose buffer the host can read: `a` itself, or a copy of it on
+// cpu:0 made through its platform's backend (a GPU array). Sharded arrays are gathered first.
+Array to_host(const Array& a);
 // A concrete scalar of `dtype` holding `value` (converted), weak or not.
 Array make_scalar(double value, DType dtype, bool weak = false);
 

@@ -155,17 +155,15 @@ class AtomicWriter {
   uint64_t written_ = 0;
 };
 
-// The host bytes of a concrete single-device CPU array.
-const void* host_bytes(const Array& a, std::string_view fn, const fs::path& p, std::string_view name) {
+// A host-readable copy (or `a` itself) of a concrete single-device array: raw_ptr gives its bytes.
+Array host_bytes(const Array& a, std::string_view fn, const fs::path& p, std::string_view name) {
   ConcreteArray& c = require_concrete(a, fmt::format("{} ('{}', array {})", fn, p.string(), name));
   a.block_until_ready();
   if (c.buffers.size() != 1)
     throw ShardingError(fmt::format("{}: '{}': array {} is sharded over {} devices; gather it to one device first "
                                     "(device_put with a single-device sharding)",
                                     fn, p.string(), name, c.buffers.size()));
-  if (c.device().platform() != Platform::cpu)
-    fail(fn, p, fmt::format("array {} lives on {}; copy it to a CPU device first (device_put)", name, c.device().str()));
-  return c.buffer()->data();
+  return to_host(a);
 }
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
@@ -233,12 +231,14 @@ void save_safetensors_entries(const fs::path& path, const std::vector<std::pair<
                                  path.string(), kChecksumKey));
   // Validate and collect the data before creating any file.
   std::vector<const void*> data(entries.size());
+  std::vector<Array> host(entries.size());
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json sums = nlohmann::json::object();
   uint64_t offset = 0;
   for (size_t i : order) {
     const auto& [name, a] = entries[i];
-    data[i] = host_bytes(a, fn, path, "'" + name + "'");
+    host[i] = host_bytes(a, fn, path, "'" + name + "'");
+    data[i] = raw_ptr(host[i]);
     uint64_t nbytes = uint64_t(a.size()) * itemsize(a.dtype());
     header[name] = {{"dtype", st_name(a.dtype())}, {"shape", a.shape()}, {"data_offsets", {offset, offset + nbytes}}};
     sums[name] = fmt::format("{:016x}", checksum(data[i], nbytes));
@@ -671,7 +671,8 @@ void save_npy(const fs::path& path, const Array& a) {
   constexpr std::string_view fn = "io::save_npy";
   if (a.defined() && a.dtype() == DType::bfloat16)
     fail(fn, path, "dtype bfloat16 has no .npy representation; use io::save_safetensors, or astype(f32) first");
-  const void* data = host_bytes(a, fn, path, "");
+  Array host = host_bytes(a, fn, path, "");
+  const void* data = raw_ptr(host);
   std::string shape = a.ndim() == 1 ? fmt::format("({},)", a.shape()[0]) : fmt::format("({})", fmt::join(a.shape(), ", "));
   std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", npy_descr(a.dtype()), shape);
   size_t prefix = 10;

@@ -525,6 +525,23 @@ const PrimitiveDef& g_dot_general = register_primitive([] {
 
 }  // namespace
 
+std::optional<GemmViews> gemm_views(const Shape& ls, const Shape& rs, const DotDimsParam& dn) {
+  const auto &lb = dn.lhs_batch, &rb = dn.rhs_batch, &lc = dn.lhs_contracting, &rc = dn.rhs_contracting;
+  auto lf = free_dims(int64_t(ls.size()), lc, lb);
+  auto rf = free_dims(int64_t(rs.size()), rc, rb);
+  GemmViews g;
+  g.B = group_size(ls, lb), g.M = group_size(ls, lf), g.N = group_size(rs, rf), g.K = group_size(ls, lc);
+  auto view = [](const Shape& shape, const std::vector<int64_t>& batch, const std::vector<int64_t>& rows,
+                 const std::vector<int64_t>& cols, GemmOperand& op) {
+    if (try_view(shape, batch, rows, cols, op)) op.trans = false;
+    else if (try_view(shape, batch, cols, rows, op)) op.trans = true;
+    else return false;
+    return true;
+  };
+  if (!view(ls, lb, lf, lc, g.A) || !view(rs, rb, rc, rf, g.Bop)) return std::nullopt;
+  return g;
+}
+
 void dot_general_accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha,
                                  const Array& acc) {
   DType dt = acc.dtype();

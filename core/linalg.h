@@ -2,6 +2,7 @@
 // shared by both (core/linalg.cpp).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,15 @@ struct GemmOperand {
     return off;
   }
 };
+
+// dot_general(lhs, rhs) as a batched GEMM C[b] (M x N) = op(A)[b] op(B)[b] over strided views of
+// the operands' buffers (GemmOperand::ptr left null: the offsets are in elements from each
+// operand's data), or nullopt when an operand's dims interleave in memory and need a copy.
+struct GemmViews {
+  int64_t B = 1, M = 1, N = 1, K = 1;
+  GemmOperand A, Bop;
+};
+std::optional<GemmViews> gemm_views(const Shape& lhs, const Shape& rhs, const DotDimsParam& dn);
 
 // C[b] (M x N, row major, contiguous) = op(A)[b] (M x K) * op(B)[b] (K x N) for b < batch.
 // `in` is the dtype of A and B, `out` the dtype of C. f32/f64 run through BLAS (OpenBLAS);

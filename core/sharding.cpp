@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/array_impl.h"
+#include "core/backend.h"
 
 namespace cjax {
 
@@ -281,11 +282,19 @@ Array device_put(const Array& x, const Sharding& sharding) {
                                       "NamedSharding over that many devices",
                                       c.buffers.size(), x.sharding().str()));
     if (c.device() == single->device()) return x;
-    return make_from_host(c.buffer()->data(), c.aval, single->device());
+    check_device(single->device());
+    Array host = to_host(x);
+    return make_from_host(raw_ptr(host), c.aval, single->device());
   }
   auto* dst = dynamic_cast<const NamedSharding*>(&sharding);
   if (!dst) throw ShardingError(fmt::format("device_put: unsupported sharding {}", sharding.str()));
   if (src && *src == *dst) return x;  // arrays are immutable: already placed
+  for (const Device& d : dst->mesh().devices())
+    if (!host_accessible(d))
+      throw BackendError(fmt::format("device_put: meshes of {} devices are not supported yet (the mesh holds {}); "
+                                     "shard over cpu devices, or device_put to one {} device",
+                                     platform_name(d.platform()), d.str(), platform_name(d.platform())));
+  if (!src && !host_accessible(c.device())) return device_put(to_host(x), sharding);
   Shape block = dst->shard_shape(x.shape());
   Array global = src ? assemble(c, *src, default_device()) : x;
   auto* g = static_cast<std::byte*>(concrete(global)->buffer()->data());

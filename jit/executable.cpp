@@ -354,6 +354,12 @@ void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t
     ConcreteArray* c = concrete(args[i]);
     if (!c) throw Error("internal: Executable::run on a non-concrete argument");
     if (c->buffers.empty()) raise_deleted(fmt::format("jit argument {}", i));
+    if (const Device& d = c->buffers[0]->device(); !host_accessible(d))
+      throw BackendError(fmt::format("jit: argument {} ({}) lives on {}, but jit compiles CPU code only so far (the CUDA "
+                                     "code generator is not built yet); call the function without jit (each primitive "
+                                     "runs on the device, or as a counted host fallback), or device_put the argument "
+                                     "to a cpu device",
+                                     i, args[i].aval().str(), d.str()));
     slots[size_t(in_slots_[i])] = args[i];
   }
   for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <new>
+#include <optional>
 
 #include "cjax/sharding.h"
 #include "core/array_impl.h"
+#include "core/backend.h"
 
 namespace cjax {
 namespace {
@@ -48,6 +50,56 @@ void raise_escaped_tracer(const Array& a, const PrimitiveDef& def) {
 
 std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params);
 
+namespace {
+Platform platform_of(const Array& a) { return static_cast<ConcreteArray*>(a.impl())->buffers[0]->device().platform(); }
+// A CPU scalar (a weak literal such as the 2 of x * 2) follows the other operands to their
+// device, as an uncommitted value does in JAX; other operands must share one platform.
+bool follows_operands(const Array& a) { return a.ndim() == 0 && platform_of(a) == Platform::cpu; }
+
+// The platform of a primitive's operands when it is not the CPU (whose kernels are the defs'
+// cpu_impl); raises BackendError for operands on different platforms.
+std::optional<Platform> device_platform(const PrimitiveDef& def, std::span<const Array> inputs) {
+  std::optional<Platform> found;
+  size_t first = 0;
+  bool any_follower = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (follows_operands(inputs[i])) {
+      any_follower = true;
+      continue;
+    }
+    Platform p = platform_of(inputs[i]);
+    if (!found) {
+      found = p;
+      first = i;
+    } else if (*found != p) {
+      throw BackendError(fmt::format("'{}' got operand {} on {} and operand {} on {}: operands must live on one "
+                                     "platform; device_put one of them to the other's device",
+                                     def.name, first, concrete(inputs[first])->device().str(), i, concrete(inputs[i])->device().str()));
+    }
+  }
+  if (any_follower && !found) return std::nullopt;  // only CPU scalars
+  if (!found || *found == Platform::cpu) return std::nullopt;
+  return found;
+}
+
+// A primitive over device (non-CPU) operands: the platform's kernel; a higher-order primitive's
+// rule (it binds its body's primitives, which dispatch here one by one); else a counted host
+// fallback. jit's compiled programs are CPU code: its rule refuses device operands itself.
+std::vector<Array> run_on_platform(const PrimitiveDef& def, Platform platform, std::span<const Array> inputs,
+                                   std::span<const AbstractValue> out_avals, const Params& params) {
+  std::vector<Array> placed(inputs.begin(), inputs.end());
+  Device home;
+  for (const Array& a : inputs)
+    if (platform_of(a) == platform) home = concrete(a)->device();
+  for (Array& a : placed)
+    if (platform_of(a) != platform) a = device_put(a, SingleDeviceSharding(home));
+  inputs = placed;
+  if (const KernelFn* k = find_kernel(def.name, platform)) return (*k)(inputs, out_avals, params);
+  if (def.kind == PrimKind::HigherOrder && def.cpu_impl) return def.cpu_impl(inputs, out_avals, params);
+  return run_on_host(def, platform, inputs, out_avals, params);
+}
+}  // namespace
+
 std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,
                                                 const Params& params) {
   bool sharded = false;
@@ -67,6 +119,7 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   if (sharded && def.name != "shard_map") return process_sharded(def, inputs, params);
   // Concrete values carry no varying axes (those are types of traced shard_map bodies).
   std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
+  if (std::optional<Platform> p = device_platform(def, inputs)) return run_on_platform(def, *p, inputs, out_avals, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
   try {
     return def.cpu_impl(inputs, out_avals, params);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <limits>
@@ -18,6 +19,7 @@
 
 #include "cjax/device.h"
 #include "cjax/errors.h"
+#include "core/backend.h"
 #include "core/buffer.h"
 #include "core/device_worker.h"
 #include "core/parallel.h"
@@ -382,26 +384,28 @@ std::thread::id device_worker_thread(const Device& d) {
   return runtime().workers[size_t(d.id())]->thread_id();
 }
 
-void* device_allocate(const Device& d, size_t nbytes) { return allocator_for(d).allocate(nbytes, d); }
-void device_deallocate(const Device& d, void* p, size_t nbytes) { allocator_for(d).deallocate(p, nbytes); }
-
-std::string Device::str() const { return fmt::format("{}:{}", platform_ == Platform::cpu ? "cpu" : "cuda", id_); }
-std::string Device::repr() const {
-  return fmt::format("{}(id={})", platform_ == Platform::cpu ? "CpuDevice" : "CudaDevice", id_);
-}
-
-std::vector<Device> devices(std::string_view platform) {
-  if (!platform.empty() && platform != "cpu")
-    throw BackendError(fmt::format("platform '{}' is not available in this build; available: cpu", platform));
-  std::vector<Device> out;
-  for (int i = 0; i < int(runtime().allocators.size()); ++i) out.emplace_back(Platform::cpu, i);
-  return out;
-}
-int device_count() { return int(runtime().allocators.size()); }
-Device default_device() { return Device(Platform::cpu, 0); }
-
-MemoryStats memory_stats(const Device& d) { return allocator_for(d).stats(); }
-void reset_peak_memory(const Device& d) { allocator_for(d).reset_peak(); }
+namespace {
+// The CPU platform behind the backend seam (core/backend.h).
+class CpuBackend final : public Backend {
+ public:
+  Platform platform() const override { return Platform::cpu; }
+  std::vector<Device> devices() override {
+    std::vector<Device> out;
+    for (int i = 0; i < int(runtime().allocators.size()); ++i) out.emplace_back(Platform::cpu, i);
+    return out;
+  }
+  bool host_accessible() const override { return true; }
+  void* allocate(const Device& d, size_t nbytes) override { return allocator_for(d).allocate(nbytes, d); }
+  void deallocate(const Device& d, void* p, size_t nbytes) override { allocator_for(d).deallocate(p, nbytes); }
+  MemoryStats memory_stats(const Device& d) override { return allocator_for(d).stats(); }
+  void reset_peak_memory(const Device& d) override { allocator_for(d).reset_peak(); }
+  void copy_to_host(const Device&, const void* src, void* dst, size_t n) override { std::memcpy(dst, src, n); }
+  void copy_from_host(const Device&, void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void synchronize(const Device&) override {}
+};
+CpuBackend g_cpu_backend;
+const bool g_cpu_registered = register_backend(&g_cpu_backend);
+}  // namespace
 
 namespace config {
 void set_num_cpu_devices(int n) {

@@ -1,0 +1,84 @@
+// The CUDA driver and NVRTC, loaded at run time with dlopen: the library links no CUDA library,
+// so one binary runs on machines with and without a GPU. The toolkit's headers give the types.
+#pragma once
+#include <cuda.h>
+#include <nvrtc.h>
+
+#include <string>
+
+namespace cjax::cuda {
+
+// X(name as called, symbol): the symbol is the versioned export behind cuda.h's macros.
+#define CJAX_CUDA_DRIVER_FUNCTIONS(X)             \
+  X(cuInit)                                       \
+  X(cuDriverGetVersion)                           \
+  X(cuGetErrorName)                               \
+  X(cuGetErrorString)                             \
+  X(cuDeviceGetCount)                             \
+  X(cuDeviceGet)                                  \
+  X(cuDeviceGetName)                              \
+  X(cuDeviceGetAttribute)                         \
+  X(cuDeviceTotalMem)                             \
+  X(cuDevicePrimaryCtxRetain)                     \
+  X(cuCtxSetCurrent)                              \
+  X(cuCtxSynchronize)                             \
+  X(cuDeviceGetDefaultMemPool)                    \
+  X(cuMemPoolSetAttribute)                        \
+  X(cuMemPoolGetAttribute)                        \
+  X(cuMemAllocAsync)                              \
+  X(cuMemFreeAsync)                               \
+  X(cuMemcpyHtoD)                                 \
+  X(cuMemcpyDtoH)                                 \
+  X(cuMemcpyDtoD)                                 \
+  X(cuMemsetD8Async)                              \
+  X(cuMemGetInfo)                                 \
+  X(cuModuleLoadData)                             \
+  X(cuModuleGetFunction)                          \
+  X(cuLaunchKernel)                               \
+  X(cuEventCreate)                                \
+  X(cuEventRecord)                                \
+  X(cuEventSynchronize)                           \
+  X(cuEventElapsedTime)
+
+#define CJAX_NVRTC_FUNCTIONS(X) \
+  X(nvrtcVersion)               \
+  X(nvrtcGetErrorString)        \
+  X(nvrtcCreateProgram)         \
+  X(nvrtcDestroyProgram)        \
+  X(nvrtcCompileProgram)        \
+  X(nvrtcGetProgramLogSize)     \
+  X(nvrtcGetProgramLog)         \
+  X(nvrtcGetCUBINSize)          \
+  X(nvrtcGetCUBIN)              \
+  X(nvrtcGetPTXSize)            \
+  X(nvrtcGetPTX)
+
+struct Driver {
+#define CJAX_X(f) decltype(&::f) f = nullptr;
+  CJAX_CUDA_DRIVER_FUNCTIONS(CJAX_X)
+#undef CJAX_X
+  int version = 0;  // cuDriverGetVersion, e.g. 13000
+};
+
+struct Nvrtc {
+#define CJAX_X(f) decltype(&::f) f = nullptr;
+  CJAX_NVRTC_FUNCTIONS(CJAX_X)
+#undef CJAX_X
+  int major = 0, minor = 0;
+  std::string path;  // the file that was loaded
+};
+
+// The driver, loaded and initialised once (cuInit); null when it cannot be, with the reason in
+// driver_unavailable_reason() ("libcuda.so.1: cannot open shared object file", "cuInit failed:
+// CUDA_ERROR_NO_DEVICE", "driver 12.2 is older than CUDA 13.0, which this build needs").
+const Driver* driver();
+std::string driver_unavailable_reason();
+// NVRTC (works without a driver and without a GPU); raises BackendError naming the paths tried.
+const Nvrtc& nvrtc();
+bool nvrtc_available();
+
+// Raises BackendError "<what>: CUDA_ERROR_... (description)" unless r is CUDA_SUCCESS.
+void check(CUresult r, const char* what);
+void check_nvrtc(nvrtcResult r, const char* what);
+
+}  // namespace cjax::cuda

@@ -1,0 +1,224 @@
+// The cuda platform behind the backend seam (core/backend.h): one cjax Device per GPU, memory
+// from each GPU's stream-ordered pool, synchronous host copies, and NVRTC modules.
+//
+// Ordering: every kernel and every free is issued on the legacy default stream, and the host
+// copies (cuMemcpyHtoD/DtoH) synchronise with it, so a host read sees every kernel issued before
+// it and a freed buffer is reused only after the kernels that used it. Per-device streams and
+// events replace this when jit programs run on the GPU.
+#include <fmt/format.h>
+
+#include <absl/container/flat_hash_map.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "backends/cuda/cuda_device.h"
+#include "cjax/errors.h"
+#include "core/backend.h"
+
+namespace cjax::cuda {
+namespace {
+
+struct Gpu {
+  GpuInfo info;
+  std::mutex mu;
+  MemoryStats stats;
+  CUmemoryPool pool = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  Platform platform() const override { return Platform::cuda; }
+
+  std::vector<Device> devices() override {
+    init();
+    std::vector<Device> out;
+    for (size_t i = 0; i < gpus_.size(); ++i) out.emplace_back(Platform::cuda, int(i));
+    return out;
+  }
+  std::string unavailable_reason() override {
+    init();
+    return reason_;
+  }
+  bool host_accessible() const override { return false; }
+
+  void* allocate(const Device& d, size_t nbytes) override {
+    Gpu& g = gpu_of(d);
+    const Driver& api = activate(d);
+    CUdeviceptr p = 0;
+    CUresult r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, nullptr);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      size_t free = 0, total = 0;
+      api.cuMemGetInfo(&free, &total);
+      std::lock_guard lock(g.mu);
+      throw BackendError(fmt::format("out of memory on {} ({}): allocating {} bytes with {} bytes in use by cjax "
+                                     "arrays, {} of {} bytes free on the GPU",
+                                     d.str(), g.info.name, nbytes, g.stats.bytes_in_use, free, total));
+    }
+    check(r, "cuMemAllocAsync");
+    std::lock_guard lock(g.mu);
+    g.stats.bytes_in_use += int64_t(nbytes);
+    g.stats.peak_bytes_in_use = std::max(g.stats.peak_bytes_in_use, g.stats.bytes_in_use);
+    ++g.stats.num_allocs;
+    return reinterpret_cast<void*>(p);
+  }
+  void deallocate(const Device& d, void* p, size_t nbytes) override {
+    Gpu& g = gpu_of(d);
+    const Driver& api = activate(d);
+    api.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), nullptr);  // destructors do not throw
+    std::lock_guard lock(g.mu);
+    g.stats.bytes_in_use -= int64_t(nbytes);
+  }
+  MemoryStats memory_stats(const Device& d) override {
+    Gpu& g = gpu_of(d);
+    const Driver& api = activate(d);
+    cuuint64_t reserved = 0, used = 0;
+    api.cuMemPoolGetAttribute(g.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    api.cuMemPoolGetAttribute(g.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    std::lock_guard lock(g.mu);
+    MemoryStats s = g.stats;
+    s.bytes_cached = int64_t(reserved > used ? reserved - used : 0);
+    return s;
+  }
+  void reset_peak_memory(const Device& d) override {
+    Gpu& g = gpu_of(d);
+    std::lock_guard lock(g.mu);
+    g.stats.peak_bytes_in_use = g.stats.bytes_in_use;
+  }
+  void copy_to_host(const Device& d, const void* src, void* host_dst, size_t nbytes) override {
+    check(activate(d).cuMemcpyDtoH(host_dst, reinterpret_cast<CUdeviceptr>(src), nbytes), "cuMemcpyDtoH");
+  }
+  void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) override {
+    check(activate(d).cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes), "cuMemcpyHtoD");
+  }
+  void synchronize(const Device& d) override { check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize"); }
+
+  Gpu& gpu_of(const Device& d) {
+    init();
+    if (d.platform() != Platform::cuda || d.id() < 0 || d.id() >= int(gpus_.size()))
+      throw BackendError(fmt::format("no such device {}: {}", d.str(),
+                                     gpus_.empty() ? "the cuda platform has no devices here (" + reason_ + ")"
+                                                   : fmt::format("this process has {} cuda devices", gpus_.size())));
+    return *gpus_[size_t(d.id())];
+  }
+
+ private:
+  void init() {
+    std::call_once(once_, [&] {
+      const Driver* api = driver();
+      if (!api) {
+        reason_ = driver_unavailable_reason();
+        return;
+      }
+      try {
+        int n = 0;
+        check(api->cuDeviceGetCount(&n), "cuDeviceGetCount");
+        if (n == 0) reason_ = "the NVIDIA driver reports no GPU";
+        for (int i = 0; i < n; ++i) {
+          auto g = std::make_unique<Gpu>();
+          GpuInfo& info = g->info;
+          check(api->cuDeviceGet(&info.device, i), "cuDeviceGet");
+          char name[256] = {};
+          api->cuDeviceGetName(name, sizeof(name), info.device);
+          info.name = name;
+          api->cuDeviceGetAttribute(&info.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, info.device);
+          api->cuDeviceGetAttribute(&info.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, info.device);
+          api->cuDeviceGetAttribute(&info.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, info.device);
+          api->cuDeviceTotalMem(&info.total_memory, info.device);
+          check(api->cuDevicePrimaryCtxRetain(&info.context, info.device), "cuDevicePrimaryCtxRetain");
+          check(api->cuCtxSetCurrent(info.context), "cuCtxSetCurrent");
+          check(api->cuDeviceGetDefaultMemPool(&g->pool, info.device), "cuDeviceGetDefaultMemPool");
+          // Keep freed memory in the pool (like the CPU caching allocator) instead of returning it
+          // to the driver at every synchronisation.
+          cuuint64_t keep = ~cuuint64_t(0);
+          check(api->cuMemPoolSetAttribute(g->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep), "cuMemPoolSetAttribute");
+          gpus_.push_back(std::move(g));
+        }
+      } catch (const BackendError& e) {
+        gpus_.clear();
+        reason_ = e.what();
+      }
+    });
+  }
+
+  std::once_flag once_;
+  std::vector<std::unique_ptr<Gpu>> gpus_;
+  std::string reason_;
+};
+
+CudaBackend g_backend;
+const bool g_registered = register_backend(&g_backend);
+
+struct ModuleCache {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, CUfunction> functions;  // key: device id, name, source
+};
+ModuleCache& module_cache() {
+  static ModuleCache c;
+  return c;
+}
+}  // namespace
+
+const GpuInfo& gpu(const Device& d) { return g_backend.gpu_of(d).info; }
+
+const Driver& activate(const Device& d) {
+  const GpuInfo& info = g_backend.gpu_of(d).info;
+  static thread_local CUcontext current = nullptr;
+  const Driver& api = *driver();
+  if (current != info.context) {
+    check(api.cuCtxSetCurrent(info.context), "cuCtxSetCurrent");
+    current = info.context;
+  }
+  return api;
+}
+
+std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_minor, std::string* log,
+                                bool ptxas_verbose) {
+  const Nvrtc& rtc = nvrtc();
+  nvrtcProgram prog = nullptr;
+  check_nvrtc(rtc.nvrtcCreateProgram(&prog, source.c_str(), "cjax_kernels.cu", 0, nullptr, nullptr),
+              "nvrtcCreateProgram");
+  std::string arch = fmt::format("--gpu-architecture=sm_{}{}", cc_major, cc_minor);
+  std::vector<const char*> opts = {arch.c_str(), "--std=c++17", "-default-device"};
+  if (ptxas_verbose) opts.push_back("--ptxas-options=-v");
+  nvrtcResult r = rtc.nvrtcCompileProgram(prog, int(opts.size()), opts.data());
+  size_t log_size = 0;
+  rtc.nvrtcGetProgramLogSize(prog, &log_size);
+  std::string text(log_size, '\0');
+  if (log_size) rtc.nvrtcGetProgramLog(prog, text.data());
+  while (!text.empty() && (text.back() == '\0' || text.back() == '\n')) text.pop_back();
+  if (log) *log = text;
+  if (r != NVRTC_SUCCESS) {
+    rtc.nvrtcDestroyProgram(&prog);
+    throw BackendError(fmt::format("NVRTC could not compile a generated kernel for sm_{}{} ({}):\n{}\n--- source ---\n{}",
+                                   cc_major, cc_minor, rtc.nvrtcGetErrorString(r), text, source));
+  }
+  size_t size = 0;
+  check_nvrtc(rtc.nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
+  std::vector<char> cubin(size);
+  check_nvrtc(rtc.nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
+  rtc.nvrtcDestroyProgram(&prog);
+  return cubin;
+}
+
+CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name) {
+  std::string key = fmt::format("{}\n{}\n{}", d.id(), name, source);
+  ModuleCache& cache = module_cache();
+  {
+    std::lock_guard lock(cache.mu);
+    if (auto it = cache.functions.find(key); it != cache.functions.end()) return it->second;
+  }
+  const GpuInfo& info = gpu(d);
+  std::vector<char> cubin = compile_cubin(source, info.cc_major, info.cc_minor);
+  const Driver& api = activate(d);
+  CUmodule module = nullptr;
+  check(api.cuModuleLoadData(&module, cubin.data()), "cuModuleLoadData");
+  CUfunction fn = nullptr;
+  check(api.cuModuleGetFunction(&fn, module, name.c_str()), "cuModuleGetFunction");
+  std::lock_guard lock(cache.mu);
+  cache.functions.emplace(std::move(key), fn);  // modules stay loaded for the process
+  return fn;
+}
+
+}  // namespace cjax::cuda

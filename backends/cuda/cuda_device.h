@@ -1,0 +1,36 @@
+// What the CUDA backend's kernel files need from its runtime: the GPU behind a cjax Device, a
+// current context, and kernels compiled by NVRTC and loaded once per device.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_api.h"
+#include "cjax/device.h"
+
+namespace cjax::cuda {
+
+struct GpuInfo {
+  CUdevice device = 0;
+  CUcontext context = nullptr;  // the device's primary context
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+  size_t total_memory = 0;
+  std::string name;
+};
+
+// The GPU of a cuda Device; raises BackendError (naming the reason) for a device this process
+// does not have.
+const GpuInfo& gpu(const Device& d);
+// Makes d's context current on the calling thread and returns the driver.
+const Driver& activate(const Device& d);
+
+// NVRTC: CUDA C++ -> CUBIN for sm_<cc_major><cc_minor>. Needs no driver and no GPU. `log`
+// receives NVRTC's log (with `--ptxas-options=-v`, ptxas's register and spill report).
+std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_minor, std::string* log = nullptr,
+                                bool ptxas_verbose = false);
+// The kernel `name` of `source`, compiled for d's GPU and loaded into its context; cached in memory
+// by (device, source).
+CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name);
+
+}  // namespace cjax::cuda

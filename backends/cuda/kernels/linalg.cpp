@@ -1,0 +1,237 @@
+// dot_general on the GPU through cuBLASLt (dlopened: the library is 0.5 GB and only GPU runs need
+// it). A row-major C[b] (M x N) = op(A)[b] op(B)[b] is the column-major C^T = op(B)^T op(A)^T, so
+// cuBLASLt's A is our B and its B our A; transposes and batch strides come from the operands'
+// views (core/linalg.h gemm_views), so no operand is copied. f32 computes in f32 (no TF32: the
+// CPU's results, PyTorch's default), bf16/f16 in f32, f64 in f64. Integer and bool operands, and
+// operands whose dims interleave in memory, run on the host (counted fallback).
+#include <cublasLt.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <absl/container/flat_hash_map.h>
+
+#include <mutex>
+#include <numeric>
+
+#include "backends/cuda/cuda_device.h"
+#include "cjax/errors.h"
+#include "core/array_impl.h"
+#include "core/backend.h"
+#include "core/linalg.h"
+
+#define CJAX_STR2(x) #x
+#define CJAX_STR(x) CJAX_STR2(x)
+
+namespace cjax::cuda {
+namespace {
+
+#define CJAX_CUBLASLT_FUNCTIONS(X)     \
+  X(cublasLtCreate)                    \
+  X(cublasLtGetVersion)                \
+  X(cublasLtMatmul)                    \
+  X(cublasLtMatmulDescCreate)          \
+  X(cublasLtMatmulDescDestroy)         \
+  X(cublasLtMatmulDescSetAttribute)    \
+  X(cublasLtMatrixLayoutCreate)        \
+  X(cublasLtMatrixLayoutDestroy)       \
+  X(cublasLtMatrixLayoutSetAttribute)  \
+  X(cublasLtMatmulPreferenceCreate)    \
+  X(cublasLtMatmulPreferenceDestroy)   \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatmulAlgoGetHeuristic)
+
+struct CublasLt {
+#define CJAX_X(f) decltype(&::f) f = nullptr;
+  CJAX_CUBLASLT_FUNCTIONS(CJAX_X)
+#undef CJAX_X
+};
+
+const CublasLt& cublaslt() {
+  static const CublasLt api = [] {
+    std::vector<std::string> candidates = {"libcublasLt.so.13"};
+    for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+      if (const char* v = std::getenv(env)) candidates.push_back(std::string(v) + "/lib64/libcublasLt.so.13");
+    candidates.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
+    void* lib = nullptr;
+    std::string tried;
+    for (const std::string& c : candidates) {
+      if ((lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+      tried += (tried.empty() ? "" : ", ") + c;
+    }
+    if (!lib) throw BackendError(fmt::format("cuBLASLt (libcublasLt.so.13) not found; tried {}", tried));
+    CublasLt a;
+#define CJAX_X(f)                                                       \
+  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, CJAX_STR(f)));       \
+  if (!a.f) throw BackendError("libcublasLt.so.13 lacks " CJAX_STR(f));
+    CJAX_CUBLASLT_FUNCTIONS(CJAX_X)
+#undef CJAX_X
+    return a;
+  }();
+  return api;
+}
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw BackendError(fmt::format("{}: cublasStatus {}", what, int(s)));
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // Hopper's recommendation
+
+struct PerDevice {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;  // heuristic choice per problem
+};
+
+std::mutex g_mu;
+absl::flat_hash_map<int, PerDevice>& per_device() {
+  static absl::flat_hash_map<int, PerDevice> m;
+  return m;
+}
+
+std::optional<cudaDataType_t> cuda_type(DType d) {
+  switch (d) {
+    case DType::float32: return CUDA_R_32F;
+    case DType::float64: return CUDA_R_64F;
+    case DType::bfloat16: return CUDA_R_16BF;
+    case DType::float16: return CUDA_R_16F;
+    default: return std::nullopt;
+  }
+}
+
+// Largest power of two (up to 256) dividing every address: cuBLASLt picks kernels by alignment.
+uint32_t alignment(std::initializer_list<uintptr_t> addrs) {
+  uint32_t a = 256;
+  for (uintptr_t p : addrs)
+    while (a > 1 && p % a) a /= 2;
+  return a;
+}
+
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  Layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+    const CublasLt& lt = cublaslt();
+    check_lt(lt.cublasLtMatrixLayoutCreate(&h, t, uint64_t(rows), uint64_t(cols), ld), "cublasLtMatrixLayoutCreate");
+    if (batch > 1) {
+      int32_t count = int32_t(batch);
+      check_lt(lt.cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+               "BATCH_COUNT");
+      check_lt(lt.cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                  sizeof(stride)),
+               "STRIDED_BATCH_OFFSET");
+    }
+  }
+  ~Layout() { cublaslt().cublasLtMatrixLayoutDestroy(h); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+// D = alpha * op(A) op(B) + beta * C in cuBLASLt's column-major terms, over `batch` strided
+// matrices (batch 1 for a single GEMM).
+void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* d,
+               int64_t batch, double beta) {
+  const CublasLt& lt = cublaslt();
+  const Driver& api = activate(dev);
+  cudaDataType_t tin = *cuda_type(in), tout = *cuda_type(out);
+  bool f64 = in == DType::float64;
+  cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
+  std::unique_lock lock(g_mu);
+  PerDevice& pd = per_device()[dev.id()];
+  if (!pd.handle) {
+    check_lt(lt.cublasLtCreate(&pd.handle), "cublasLtCreate");
+    CUdeviceptr ws = 0;
+    check(api.cuMemAllocAsync(&ws, kWorkspaceBytes, nullptr), "cuMemAllocAsync (cuBLASLt workspace)");
+    pd.workspace = reinterpret_cast<void*>(ws);
+  }
+  lock.unlock();
+  cublasLtMatmulDesc_t desc = nullptr;
+  check_lt(lt.cublasLtMatmulDescCreate(&desc, compute, scale), "cublasLtMatmulDescCreate");
+  cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+  lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  Layout la(tin, trans_a ? k : m, trans_a ? m : k, lda, batch, stride_a);
+  Layout lb(tin, trans_b ? n : k, trans_b ? k : n, ldb, batch, stride_b);
+  Layout ld(tout, m, n, m, batch, m * n);
+  uint32_t align = alignment({uintptr_t(a), uintptr_t(b), uintptr_t(d)});
+  std::string key = fmt::format("{} {} {} {} {}x{}x{} {} {} {} {} {} {} {}", int(in), int(out), ta, tb, m, n, k, lda,
+                                ldb, stride_a, stride_b, batch, align, beta != 0);
+  cublasLtMatmulAlgo_t algo;
+  lock.lock();
+  auto it = pd.algos.find(key);
+  bool cached = it != pd.algos.end();
+  if (cached) algo = it->second;
+  lock.unlock();
+  if (!cached) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(lt.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    uint64_t ws = kWorkspaceBytes;
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t s = lt.cublasLtMatmulAlgoGetHeuristic(pd.handle, desc, la.h, lb.h, ld.h, ld.h, pref, 1, &result, &found);
+    lt.cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+      lt.cublasLtMatmulDescDestroy(desc);
+      throw BackendError(fmt::format("cuBLASLt has no algorithm for a {} GEMM {}x{}x{} (batch {}): status {}",
+                                     dtype_name(in), m, n, k, batch, int(s)));
+    }
+    algo = result.algo;
+    lock.lock();
+    pd.algos.emplace(key, algo);
+    lock.unlock();
+  }
+  float alpha32 = 1, beta32 = float(beta);
+  double alpha64 = 1, beta64 = beta;
+  const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* betap = f64 ? static_cast<const void*>(&beta64) : &beta32;
+  cublasStatus_t s = lt.cublasLtMatmul(pd.handle, desc, alpha, a, la.h, b, lb.h, betap, d, ld.h, d, ld.h, &algo,
+                                       pd.workspace, kWorkspaceBytes, nullptr);
+  lt.cublasLtMatmulDescDestroy(desc);
+  check_lt(s, "cublasLtMatmul");
+}
+
+std::vector<Array> dot_general_cuda(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                    const Params& p) {
+  const Array &lhs = in[0], &rhs = in[1];
+  const DotDimsParam& dn = *p.object<DotDimsParam>("dimension_numbers");
+  DType dt = lhs.dtype(), out_dt = out_avals[0].dtype;
+  std::optional<GemmViews> g = gemm_views(lhs.shape(), rhs.shape(), dn);
+  bool supported = cuda_type(dt) && cuda_type(out_dt) && (dt == DType::float64) == (out_dt == DType::float64) && g;
+  if (!supported) return run_on_host(*find_primitive("dot_general"), Platform::cuda, in, out_avals, p);
+  Device dev = concrete(lhs)->device();
+  Array out = make_uninitialized(out_avals[0], dev);
+  if (out.size() == 0) return {out};
+  if (g->K == 0) {  // an empty contraction: zeros
+    check(activate(dev).cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(raw_ptr(out)), 0,
+                                        size_t(out.size()) * itemsize(out_dt), nullptr),
+          "cuMemsetD8Async");
+    return {out};
+  }
+  const GemmOperand &A = g->A, &B = g->Bop;
+  size_t es = itemsize(dt), os = itemsize(out_dt);
+  auto* a0 = static_cast<const std::byte*>(raw_ptr(lhs));
+  auto* b0 = static_cast<const std::byte*>(raw_ptr(rhs));
+  auto* d0 = static_cast<std::byte*>(raw_ptr(out));
+  // cuBLASLt's A = our B (N x K column-major when B is not transposed), its B = our A.
+  bool uniform = A.batch_dims.empty() && B.batch_dims.empty();
+  int64_t launches = uniform ? 1 : g->B;
+  int64_t batch = uniform ? g->B : 1;
+  for (int64_t b = 0; b < launches; ++b) {
+    lt_matmul(dev, dt, out_dt, B.trans, A.trans, g->N, g->M, g->K, b0 + size_t(B.batch_offset(b)) * es, B.ld,
+              B.batch_stride, a0 + size_t(A.batch_offset(b)) * es, A.ld, A.batch_stride,
+              d0 + size_t(b * g->M * g->N) * os, batch, 0.0);
+  }
+  return {out};
+}
+
+const bool g_registered = [] {
+  register_kernel("dot_general", Platform::cuda, dot_general_cuda);
+  return true;
+}();
+
+}  // namespace
+}  // namespace cjax::cuda

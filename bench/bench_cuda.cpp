@@ -1,0 +1,116 @@
+// The cuda platform's eager kernels against the GPU's copy ceiling (cuMemcpyDtoD, bytes read +
+// written) measured in the same run. bench/peers/cuda_eager_peers.py times the same operations
+// in PyTorch and JAX on the same GPU (scripts/gpu_check.sh runs both and prints the ratios).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "backends/cuda/cuda_device.h"
+#include "bench/harness.h"
+#include "cjax/cjax.h"
+#include "core/array_impl.h"
+
+using namespace cjax;
+using namespace cjax::bench;
+namespace jnp = cjax::numpy;
+
+namespace {
+const Device kGpu(Platform::cuda, 0);
+
+double seconds(const std::function<void()>& fn, int reps) {
+  return time_median(fn, reps);
+}
+
+// GB/s of one device-to-device copy of `bytes` (counted twice: read and write).
+double copy_ceiling(size_t bytes) {
+  Array a = device_put(jnp::zeros({int64_t(bytes / 4)}), SingleDeviceSharding(kGpu));
+  Array b = device_put(jnp::zeros({int64_t(bytes / 4)}), SingleDeviceSharding(kGpu));
+  const cuda::Driver& api = cuda::activate(kGpu);
+  auto src = reinterpret_cast<CUdeviceptr>(raw_ptr(a)), dst = reinterpret_cast<CUdeviceptr>(raw_ptr(b));
+  double t = seconds([&] {
+    cuda::check(api.cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD");
+    cuda::check(api.cuCtxSynchronize(), "cuCtxSynchronize");
+  }, 20);
+  return 2.0 * double(bytes) / t / 1e9;
+}
+}  // namespace
+
+int main() {
+  print_host();
+  std::vector<Device> gpus = devices("cuda");
+  if (gpus.empty()) {
+    std::printf("no cuda device: %s\n", cuda::driver_unavailable_reason().c_str());
+    return 77;
+  }
+  const cuda::GpuInfo& info = cuda::gpu(kGpu);
+  std::printf("GPU: %s, sm_%d%d, %d SMs, %.1f GiB\n", info.name.c_str(), info.cc_major, info.cc_minor,
+              info.multiprocessors, double(info.total_memory) / (1 << 30));
+  double ceiling = copy_ceiling(size_t(1) << 30);
+  std::printf("ceiling: device-to-device copy of 1 GiB: %.0f GB/s (read + write)\n\n", ceiling);
+
+  std::printf("%-34s %12s %10s %10s\n", "eager op (cjax)", "time", "GB/s", "of copy");
+  auto report = [&](const std::string& what, double t, double bytes) {
+    double gbs = bytes / t / 1e9;
+    std::printf("%-34s %9.1f us %10.0f %9.0f%%\n", what.c_str(), t * 1e6, gbs, 100 * gbs / ceiling);
+    std::printf("ROW,%s,%.9f\n", what.c_str(), t);  // read by bench/peers/cuda_eager_peers.py
+  };
+  for (int64_t n : {int64_t(1) << 24, int64_t(1) << 26, int64_t(1) << 28}) {
+    Array x = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu));
+    Array y = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu));
+    Array z;
+    double t = seconds([&] {
+      z = x + y;
+      z.block_until_ready();
+    }, 20);
+    report(fmt::format("add f32[{}M]", n >> 20), t, 12.0 * double(n));
+  }
+  {
+    int64_t n = int64_t(1) << 26;
+    Array x = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu)).astype(bf16);
+    Array y = x * 2.0f;
+    Array z;
+    double t = seconds([&] {
+      z = x * y;
+      z.block_until_ready();
+    }, 20);
+    report("mul bf16[64M]", t, 6.0 * double(n));
+    Array xf = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu));
+    t = seconds([&] {
+      z = jnp::tanh(xf);
+      z.block_until_ready();
+    }, 20);
+    report("tanh f32[64M]", t, 8.0 * double(n));
+  }
+  // GEMMs on cuBLASLt through dot_general (TFLOP/s; the peers run torch.matmul / jnp.matmul).
+  std::printf("\n%-34s %12s %10s\n", "matmul (cjax dot_general)", "time", "TFLOP/s");
+  for (auto [n, d] : {std::pair{int64_t(8192), bf16}, std::pair{int64_t(4096), bf16}, std::pair{int64_t(4096), f32},
+                      std::pair{int64_t(1024), bf16}}) {
+    Array a = device_put(jnp::ones({n, n}), SingleDeviceSharding(kGpu)).astype(d);
+    Array b = device_put(jnp::ones({n, n}), SingleDeviceSharding(kGpu)).astype(d) * 0.5f;
+    Array c;
+    double t = seconds([&] {
+      c = jnp::matmul(a, b);
+      c.block_until_ready();
+    }, 20);
+    std::string what = fmt::format("matmul {}[{}^3]", dtype_name(d), n);
+    std::printf("%-34s %9.1f us %10.1f\n", what.c_str(), t * 1e6, 2.0 * double(n) * double(n) * double(n) / t / 1e12);
+    std::printf("ROW,%s,%.9f\n", what.c_str(), t);
+  }
+  std::printf("\n");
+  // Host cost of one eager op on the GPU (dispatch + launch), on 1-element arrays.
+  {
+    Array a = device_put(jnp::ones({1}), SingleDeviceSharding(kGpu));
+    Array b = a;
+    const int calls = 10000;
+    double t = seconds([&] {
+      for (int i = 0; i < calls; ++i) b = b + a;
+      b.block_until_ready();
+    }, 5);
+    std::printf("%-34s %9.2f us per op\n", "eager add f32[1], chain of 10000", t / calls * 1e6);
+    std::printf("ROW,add f32[1] per op,%.9f\n", t / calls);
+    std::printf("result check: %.0f (expected %d)\n", double(b.item<float>()), 1 + calls * 6);
+  }
+  std::printf("host fallbacks in this run: %lld\n", static_cast<long long>(host_fallback_count()));
+  return 0;
+}

@@ -1,0 +1,131 @@
+// Registry of backends and per-platform kernels, and the device functions of cjax/device.h that
+// dispatch through it.
+#include "core/backend.h"
+
+#include <absl/container/flat_hash_map.h>
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "cjax/errors.h"
+#include "core/array_impl.h"
+#include "core/buffer.h"
+#include "core/primitive.h"
+
+namespace cjax {
+namespace {
+constexpr size_t kNumPlatforms = 2;
+std::array<std::atomic<Backend*>, kNumPlatforms>& backends() {
+  static std::array<std::atomic<Backend*>, kNumPlatforms> table{};
+  return table;
+}
+
+struct KernelTable {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, std::array<KernelFn, kNumPlatforms>> kernels;
+};
+KernelTable& kernel_table() {
+  static KernelTable t;
+  return t;
+}
+
+std::atomic<int64_t> g_host_fallbacks{0};
+bool log_fallbacks() {
+  static const bool on = [] {
+    const char* v = std::getenv("CJAX_LOG_FALLBACKS");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+}  // namespace
+
+std::string_view platform_name(Platform platform) { return platform == Platform::cpu ? "cpu" : "cuda"; }
+
+bool register_backend(Backend* backend) {
+  backends()[size_t(backend->platform())].store(backend);
+  return true;
+}
+
+Backend* find_backend(Platform platform) { return backends()[size_t(platform)].load(); }
+
+Backend& backend_for(Platform platform) {
+  if (Backend* b = find_backend(platform)) return *b;
+  throw BackendError(fmt::format("platform '{}' is not built into this cjax (the {} backend is compiled only "
+                                 "when its toolkit is found at build time)",
+                                 platform_name(platform), platform_name(platform)));
+}
+
+void check_device(const Device& d) {
+  Backend& b = backend_for(d.platform());
+  std::vector<Device> devs = b.devices();
+  if (d.id() >= 0 && d.id() < int(devs.size())) return;
+  std::string reason = b.unavailable_reason();
+  if (devs.empty())
+    throw BackendError(fmt::format("no such device {}: the {} platform has no devices here ({})", d.str(),
+                                   platform_name(d.platform()), reason.empty() ? "none found" : reason));
+  throw BackendError(fmt::format("no such device {}: this process has {} {} devices{}", d.str(), devs.size(),
+                                 platform_name(d.platform()),
+                                 d.platform() == Platform::cpu ? " (CJAX_NUM_CPU_DEVICES)" : ""));
+}
+
+void register_kernel(std::string_view primitive, Platform platform, KernelFn fn) {
+  KernelTable& t = kernel_table();
+  std::lock_guard lock(t.mu);
+  t.kernels[std::string(primitive)][size_t(platform)] = std::move(fn);
+}
+
+const KernelFn* find_kernel(std::string_view primitive, Platform platform) {
+  KernelTable& t = kernel_table();
+  std::lock_guard lock(t.mu);
+  auto it = t.kernels.find(std::string(primitive));
+  if (it == t.kernels.end() || !it->second[size_t(platform)]) return nullptr;
+  return &it->second[size_t(platform)];  // entries are never erased: stable
+}
+
+std::vector<Array> run_on_host(const PrimitiveDef& def, Platform platform, std::span<const Array> in,
+                               std::span<const AbstractValue> out_avals, const Params& params) {
+  if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no kernel for any platform", def.name));
+  std::vector<Array> host;
+  host.reserve(in.size());
+  for (const Array& a : in) host.push_back(to_host(a));
+  std::vector<Array> outs = def.cpu_impl(host, out_avals, params);
+  int64_t n = ++g_host_fallbacks;
+  if (log_fallbacks())
+    std::fprintf(stderr, "cjax: host fallback #%lld: '%s' has no %.*s kernel for these operands; ran on cpu:0\n",
+                 static_cast<long long>(n), def.name.c_str(), int(platform_name(platform).size()),
+                 platform_name(platform).data());
+  Device home = concrete(in[0])->device();
+  for (Array& o : outs) o = make_from_host(raw_ptr(to_host(o)), o.aval(), home);
+  return outs;
+}
+
+int64_t host_fallback_count() { return g_host_fallbacks.load(); }
+
+void* device_allocate(const Device& d, size_t nbytes) { return backend_for(d.platform()).allocate(d, nbytes); }
+void device_deallocate(const Device& d, void* p, size_t nbytes) {
+  backend_for(d.platform()).deallocate(d, p, nbytes);
+}
+
+std::string Device::str() const { return fmt::format("{}:{}", platform_name(platform_), id_); }
+std::string Device::repr() const {
+  return fmt::format("{}(id={})", platform_ == Platform::cpu ? "CpuDevice" : "CudaDevice", id_);
+}
+
+std::vector<Device> devices(std::string_view platform) {
+  if (platform.empty() || platform == "cpu") return backend_for(Platform::cpu).devices();
+  if (platform == "cuda" || platform == "gpu") {
+    Backend* b = find_backend(Platform::cuda);
+    return b ? b->devices() : std::vector<Device>{};
+  }
+  throw BackendError(fmt::format("unknown platform '{}'; the platforms are 'cpu' and 'cuda' (alias 'gpu')", platform));
+}
+int device_count() { return int(devices().size()); }
+Device default_device() { return Device(Platform::cpu, 0); }
+
+MemoryStats memory_stats(const Device& d) { return backend_for(d.platform()).memory_stats(d); }
+void reset_peak_memory(const Device& d) { backend_for(d.platform()).reset_peak_memory(d); }
+
+}  // namespace cjax

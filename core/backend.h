@@ -1,0 +1,66 @@
+// The backend seam: what a platform (backends/cpu, backends/cuda) provides to the layers above.
+// Each backend registers itself at static initialisation; core/ reaches device memory, copies and
+// per-platform primitive kernels only through this header, never through a backend's files.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cjax/array.h"
+#include "cjax/device.h"
+
+namespace cjax {
+
+struct PrimitiveDef;
+class Params;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Platform platform() const = 0;
+  // The platform's devices; empty when the platform cannot run here (then unavailable_reason()
+  // says why: no driver, driver too old, library not found).
+  virtual std::vector<Device> devices() = 0;
+  virtual std::string unavailable_reason() { return {}; }
+  // Whether the host can read and write this platform's buffers through their pointers (CPU
+  // memory). Host reads of other buffers go through copy_to_host.
+  virtual bool host_accessible() const = 0;
+  virtual void* allocate(const Device& d, size_t nbytes) = 0;
+  virtual void deallocate(const Device& d, void* p, size_t nbytes) = 0;
+  virtual MemoryStats memory_stats(const Device& d) = 0;
+  virtual void reset_peak_memory(const Device& d) = 0;
+  // Synchronous copies between host memory and a buffer of this platform (after the work queued
+  // on the device that writes `src` has finished).
+  virtual void copy_to_host(const Device& d, const void* src, void* host_dst, size_t nbytes) = 0;
+  virtual void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) = 0;
+  // Waits until the device's queued work is done.
+  virtual void synchronize(const Device& d) = 0;
+};
+
+// Registers the backend of its platform (once, at static initialisation).
+bool register_backend(Backend* backend);
+// The backend of `platform`; raises BackendError when this build has none.
+Backend& backend_for(Platform platform);
+Backend* find_backend(Platform platform);
+std::string_view platform_name(Platform platform);  // "cpu", "cuda"
+// Raises BackendError naming the device and the reason unless `d` is a device of this process.
+void check_device(const Device& d);
+
+// Per-platform primitive kernels, keyed by (primitive name, platform). CPU kernels are the defs'
+// cpu_impl (registered by register_primitive); other backends register theirs here.
+using KernelFn = std::function<std::vector<Array>(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                                  const Params& params)>;
+void register_kernel(std::string_view primitive, Platform platform, KernelFn fn);
+const KernelFn* find_kernel(std::string_view primitive, Platform platform);
+
+// Host fallbacks: a primitive with no kernel for its operands' platform runs on the host, its
+// operands copied to cpu:0 and its outputs copied back. Never silent: each one is counted
+// (host_fallback_count in cjax/device.h) and, with CJAX_LOG_FALLBACKS=1, named on stderr.
+std::vector<Array> run_on_host(const PrimitiveDef& def, Platform platform, std::span<const Array> in,
+                               std::span<const AbstractValue> out_avals, const Params& params);
+
+}  // namespace cjax

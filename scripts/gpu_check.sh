@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool), from the repository root, after
+#   scripts/gpu_bundle.sh   (here, on the development machine).
+# Unpacks the bundle, runs the cuda tests (the device test under compute-sanitizer too), the
+# CPU suites that the seam touches, and bench_cuda with its PyTorch/JAX peers. Writes logs under
+# $OUT (or ./gpu_out) and prints a summary last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_out}
+mkdir -p "$out" /tmp/cjax_gpu
+tar -xJf .gpu_bundle/cjax_gpu.tar.xz -C /tmp/cjax_gpu || exit 1
+export LD_LIBRARY_PATH=/tmp/cjax_gpu/lib:${LD_LIBRARY_PATH:-}
+export CJAX_NUM_CPU_DEVICES=8 CJAX_ISA=avx2 CJAX_CACHE_DIR=/tmp/cjax_cache
+bin=/tmp/cjax_gpu/bin
+summary=()
+step() {  # step <name> <timeout s> <command...>
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+  tail -n 25 "$out/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
+step test_cuda_offline 300 "$bin/test_cuda_offline"
+step test_cuda_device 300 "$bin/test_cuda_device"
+step test_core 300 "$bin/test_core"
+step test_jit 300 "$bin/test_jit"
+step bench_cuda 300 "$bin/bench_cuda"
+step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_device" \
+    -tc='*device_put*,*weak scalars*,*host*,*errors*'
+fi
+echo "==== summary"
+printf '%s\n' "${summary[@]}"

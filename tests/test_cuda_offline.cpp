@@ -1,0 +1,132 @@
+// The cuda platform on any machine with the CUDA toolkit, GPU or not: device discovery and its
+// errors, and every generated elementwise kernel compiled by NVRTC to SASS (which needs no driver).
+#include <doctest/doctest.h>
+
+#include <cjax/cjax.h>
+#include <fmt/format.h>
+
+#include <regex>
+
+#include "backends/cuda/cuda_api.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/kernels/elementwise.h"
+
+using namespace cjax;
+namespace jnp = cjax::numpy;
+
+namespace {
+bool in_domain(ScalarDomain dom, DType d) {
+  bool fl = d == bf16 || d == f16 || d == f32 || d == f64;
+  bool boolean = d == bool_;
+  switch (dom) {
+    case ScalarDomain::Float:
+    case ScalarDomain::Pred: return fl;
+    case ScalarDomain::Int: return !fl && !boolean;
+    case ScalarDomain::Num: return !boolean;
+    case ScalarDomain::Logic: return !fl;
+    case ScalarDomain::Any:
+    case ScalarDomain::Cmp: return true;
+  }
+  return false;
+}
+DType out_dtype(const ScalarOpInfo& info, DType in) {
+  return info.domain == ScalarDomain::Cmp || info.domain == ScalarDomain::Pred ? bool_ : in;
+}
+}  // namespace
+
+TEST_CASE("without a driver the cuda platform is empty and asking for its device names the reason") {
+  if (cuda::driver()) {
+    MESSAGE("a driver is loaded here: checked by test_cuda_device instead");
+    CHECK(!devices("cuda").empty());
+    return;
+  }
+  CHECK(devices("cuda").empty());
+  CHECK(devices("gpu").empty());
+  std::string reason = cuda::driver_unavailable_reason();
+  CHECK(!reason.empty());
+  Array x = jnp::arange(4, f32);
+  try {
+    device_put(x, SingleDeviceSharding(Device(Platform::cuda, 0)));
+    FAIL("device_put to cuda:0 succeeded without a GPU");
+  } catch (const BackendError& e) {
+    std::string msg = e.what();
+    CHECK(msg.find("cuda:0") != std::string::npos);
+    CHECK(msg.find(reason) != std::string::npos);
+  }
+  CHECK_THROWS_AS(devices("tpu"), BackendError);
+}
+
+TEST_CASE("NVRTC is found and reports its version") {
+  REQUIRE(cuda::nvrtc_available());
+  const cuda::Nvrtc& rtc = cuda::nvrtc();
+  CHECK(rtc.major >= 12);
+  MESSAGE("NVRTC " << rtc.major << "." << rtc.minor << " from " << rtc.path);
+}
+
+TEST_CASE("elementwise source follows the CPU semantics in its text") {
+  auto div = cuda::elementwise_source(ScalarOp::Div, i32, i32, {false, false});
+  REQUIRE(div);
+  CHECK(div->find("y == 0 ? (int)-1") != std::string::npos);                // x / 0 = -1, as XLA
+  CHECK(div->find("(-2147483647 - 1) && y == -1) ? x") != std::string::npos);  // INT_MIN / -1 = INT_MIN
+  auto add = cuda::elementwise_source(ScalarOp::Add, bf16, bf16, {false, true});
+  REQUIRE(add);
+  CHECK(add->find("cj_from_bf16(in_1[0])") != std::string::npos);  // a scalar operand is read at 0
+  CHECK(add->find("out[i] = cj_to_bf16((x + y))") != std::string::npos);
+  CHECK(cuda::elementwise_source(ScalarOp::Add, bool_, bool_, {false, false}) == std::nullopt);
+  CHECK(cuda::convert_source(f64, bf16) == std::nullopt);  // would round twice: host fallback
+  CHECK(cuda::convert_source(f32, bf16));
+}
+
+TEST_CASE("every elementwise kernel compiles to SASS for sm_80 and sm_90 without spills") {
+  REQUIRE(cuda::nvrtc_available());
+  // One program per (op, dtype) would take minutes: concatenate them, each kernel renamed, and
+  // compile one program per architecture.
+  std::string program;
+  int kernels = 0;
+  const DType dtypes[] = {bool_, i8, i32, i64, u8, u32, bf16, f16, f32, f64};
+  for (const ScalarOpInfo& info : kScalarOps)
+    for (DType d : dtypes) {
+      if (!in_domain(info.domain, d)) continue;
+      std::vector<bool> scalar(size_t(info.arity), false);
+      if (info.arity > 1) scalar[1] = true;
+      auto src = cuda::elementwise_source(info.op, d, out_dtype(info, d), scalar);
+      if (!src) continue;
+      std::string name = fmt::format("k{}_{}", kernels++, info.name);
+      std::string body = std::regex_replace(*src, std::regex(cuda::kElementwiseKernelName), name);
+      // The prelude is shared: keep it once.
+      size_t at = body.find("extern \"C\"");
+      program += program.empty() ? body : body.substr(at);
+    }
+  for (DType in : {bool_, i32, bf16, f16, f32})
+    for (DType out : {bf16, f16, f32, f64})
+      if (auto src = cuda::convert_source(in, out)) {
+        std::string name = fmt::format("k{}_convert", kernels++);
+        std::string body = std::regex_replace(*src, std::regex(cuda::kElementwiseKernelName), name);
+        program += body.substr(body.find("extern \"C\""));
+      }
+  MESSAGE(kernels << " kernels in one program");
+  CHECK(kernels > 300);
+  for (auto [major, minor] : {std::pair{8, 0}, std::pair{9, 0}}) {
+    std::string log;
+    std::vector<char> cubin = cuda::compile_cubin(program, major, minor, &log, /*ptxas_verbose=*/true);
+    CHECK(cubin.size() > 1000);
+    CHECK(std::string(cubin.data(), 4) == "\x7f" "ELF");
+    // ptxas reports each kernel: no stack frame and no spills anywhere, registers within 64.
+    std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+    std::regex regs(R"(Used (\d+) registers)");
+    int reports = 0, max_regs = 0;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), spill); it != std::sregex_iterator(); ++it) {
+      ++reports;
+      CHECK((*it)[1].str() == "0");
+      CHECK((*it)[2].str() == "0");
+    }
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), regs); it != std::sregex_iterator(); ++it)
+      max_regs = std::max(max_regs, std::stoi((*it)[1].str()));
+    CHECK(reports >= kernels);  // one per kernel, plus one per non-inlined math helper
+    std::regex entry(R"(Compiling entry function '(\w+)')");
+    CHECK(std::distance(std::sregex_iterator(log.begin(), log.end(), entry), std::sregex_iterator()) == kernels);
+    CHECK(max_regs <= 64);
+    MESSAGE("sm_" << major << minor << ": " << cubin.size() << " bytes of SASS, at most " << max_regs
+                  << " registers per thread");
+  }
+}
