@@ -76,6 +76,10 @@ class ConcreteArray final : public ArrayImpl {
   // caller from the call on (calls dispatched before it still read the value).
   std::atomic<bool> donated{false};
   std::shared_ptr<const Sharding> sharding;  // null: SingleDeviceSharding(device())
+  // Placed explicitly (device_put, or computed from a committed operand), as in JAX. An
+  // uncommitted CPU value (a literal, jnp::ones) follows the other operands of a primitive to
+  // their device; committed operands on two platforms are an error (trace/trace.cpp).
+  bool committed = false;
   const std::shared_ptr<PendingValue> pending;  // set once at construction (never reassigned)
 };
 

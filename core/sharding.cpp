@@ -281,10 +281,16 @@ Array device_put(const Array& x, const Sharding& sharding) {
       throw ShardingError(fmt::format("device_put: the source array holds {} buffers but its sharding {} is not a "
                                       "NamedSharding over that many devices",
                                       c.buffers.size(), x.sharding().str()));
-    if (c.device() == single->device()) return x;
-    check_device(single->device());
-    Array host = to_host(x);
-    return make_from_host(raw_ptr(host), c.aval, single->device());
+    Array placed;
+    if (c.device() == single->device()) {
+      placed = make_view(x, c.aval);
+    } else {
+      check_device(single->device());
+      Array host = to_host(x);
+      placed = make_from_host(raw_ptr(host), c.aval, single->device());
+    }
+    concrete(placed)->committed = true;
+    return placed;
   }
   auto* dst = dynamic_cast<const NamedSharding*>(&sharding);
   if (!dst) throw ShardingError(fmt::format("device_put: unsupported sharding {}", sharding.str()));
@@ -310,6 +316,7 @@ Array device_put(const Array& x, const Sharding& sharding) {
   }
   out->aval.vma.clear();
   out->sharding = std::make_shared<NamedSharding>(*dst);
+  out->committed = true;
   return Array(std::move(out));
 }
 

@@ -343,6 +343,17 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
 }
 
+void require_host_argument(const Array& arg, size_t i) {
+  auto* c = dynamic_cast<const ConcreteArray*>(arg.impl());
+  if (!c || c->buffers.empty()) return;  // pending outputs of jit calls are CPU values
+  if (const Device& d = c->buffers[0]->device(); !host_accessible(d))
+    throw BackendError(fmt::format("jit: argument {} ({}) lives on {}, but jit compiles CPU code only so far (the CUDA "
+                                   "code generator is not built yet); call the function without jit (each primitive "
+                                   "runs on the device, or as a counted host fallback), or device_put the argument "
+                                   "to a cpu device",
+                                   i, arg.aval().str(), d.str()));
+}
+
 void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
                              std::vector<bool>& donated) const {
   if (args.size() != in_slots_.size())
@@ -354,12 +365,7 @@ void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t
     ConcreteArray* c = concrete(args[i]);
     if (!c) throw Error("internal: Executable::run on a non-concrete argument");
     if (c->buffers.empty()) raise_deleted(fmt::format("jit argument {}", i));
-    if (const Device& d = c->buffers[0]->device(); !host_accessible(d))
-      throw BackendError(fmt::format("jit: argument {} ({}) lives on {}, but jit compiles CPU code only so far (the CUDA "
-                                     "code generator is not built yet); call the function without jit (each primitive "
-                                     "runs on the device, or as a counted host fallback), or device_put the argument "
-                                     "to a cpu device",
-                                     i, args[i].aval().str(), d.str()));
+    require_host_argument(args[i], i);
     slots[size_t(in_slots_[i])] = args[i];
   }
   for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;

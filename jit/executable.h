@@ -32,6 +32,10 @@
 
 namespace cjax {
 
+// Raises BackendError naming argument i unless its buffer is host memory: jit compiles CPU code
+// only so far (docs/cuda.md).
+void require_host_argument(const Array& arg, size_t i);
+
 class Executable {
  public:
   // `name` labels dumps and profiles (the jit function's name).

@@ -476,6 +476,7 @@ std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Ar
                                    "eval_shape result) with no data; abstract arguments can be lowered "
                                    "(jit(f).lower(...)) but a call needs concrete Arrays",
                                    cache.opts.name, k, leaves[k].aval().str()));
+  for (size_t k = 0; k < leaves.size(); ++k) require_host_argument(leaves[k], k);
   if (config::async_dispatch() && !c.executable.has_effects()) {
     if (!c.executable.cheap()) return dispatch(c, cache.opts.name, leaves, donated_leaves);
     return run_inline(c, cache.opts.name, leaves, donated_leaves);

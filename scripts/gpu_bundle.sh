@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD"
 build=build-gpu
-cmake -S . -B "$build" -G Ninja -DCJAX_MARCH=x86-64-v3 -DCJAX_STATIC_LLVM=ON -DCJAX_BUILD_SAMPLES=OFF >/dev/null
+cmake -S . -B "$build" -G Ninja -DCJAX_MARCH=x86-64-v3 -DCJAX_STATIC_LLVM=ON -DCJAX_BUILD_SAMPLES=OFF -DCJAX_BUILD_BENCH=ON -DCJAX_BUILD_TESTS=ON >/dev/null
 targets=(test_cuda_offline test_cuda_device bench_cuda test_core test_jit)
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)

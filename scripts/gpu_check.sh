@@ -24,15 +24,16 @@ step() {  # step <name> <timeout s> <command...>
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
-step test_cuda_offline 300 "$bin/test_cuda_offline"
-step test_cuda_device 300 "$bin/test_cuda_device"
-step test_core 300 "$bin/test_core"
-step test_jit 300 "$bin/test_jit"
+for t in test_cuda_offline test_cuda_device test_cuda_kernels test_core test_jit; do
+  [ -x "$bin/$t" ] && step "$t" 300 "$bin/$t"
+done
 step bench_cuda 300 "$bin/bench_cuda"
 step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
 if command -v compute-sanitizer >/dev/null; then
   step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_device" \
     -tc='*device_put*,*weak scalars*,*host*,*errors*'
+  [ -x "$bin/test_cuda_kernels" ] && step memcheck_kernels 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$bin/test_cuda_kernels"
 fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"

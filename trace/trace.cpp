@@ -52,9 +52,12 @@ std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Arra
 
 namespace {
 Platform platform_of(const Array& a) { return static_cast<ConcreteArray*>(a.impl())->buffers[0]->device().platform(); }
-// A CPU scalar (a weak literal such as the 2 of x * 2) follows the other operands to their
-// device, as an uncommitted value does in JAX; other operands must share one platform.
-bool follows_operands(const Array& a) { return a.ndim() == 0 && platform_of(a) == Platform::cpu; }
+// An uncommitted CPU value (a literal such as the 2 of x * 2, jnp::ones, a gradient's seed)
+// follows the other operands to their device, as in JAX; committed operands must share one
+// platform.
+bool follows_operands(const Array& a) {
+  return platform_of(a) == Platform::cpu && !static_cast<ConcreteArray*>(a.impl())->committed;
+}
 
 // The platform of a primitive's operands when it is not the CPU (whose kernels are the defs'
 // cpu_impl); raises BackendError for operands on different platforms.
@@ -122,7 +125,14 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   if (std::optional<Platform> p = device_platform(def, inputs)) return run_on_platform(def, *p, inputs, out_avals, params);
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
   try {
-    return def.cpu_impl(inputs, out_avals, params);
+    std::vector<Array> outs = def.cpu_impl(inputs, out_avals, params);
+    for (const Array& a : inputs)
+      if (static_cast<ConcreteArray*>(a.impl())->committed) {
+        for (Array& o : outs)
+          if (auto* c = dynamic_cast<ConcreteArray*>(o.impl())) c->committed = true;
+        break;
+      }
+    return outs;
   } catch (const std::bad_alloc&) {
     // Device buffers fail with the allocator's BackendError; this is a kernel's host scratch memory.
     std::string outs;

@@ -6,214 +6,13 @@
 
 #include <span>
 
-#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/kernels/codegen.h"
 #include "core/array_impl.h"
 #include "core/backend.h"
 #include "core/primitive.h"
 
 namespace cjax::cuda {
 namespace {
-
-// Self-contained: NVRTC compiles it without toolkit headers. Half types are stored as 16-bit
-// integers and converted with PTX cvt (round to nearest even).
-constexpr const char* kPrelude = R"(
-__device__ __forceinline__ float cj_from_bf16(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
-__device__ __forceinline__ unsigned short cj_to_bf16(float f) {
-  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float cj_from_f16(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short cj_to_f16(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-template <class T> __device__ __forceinline__ T cj_fmax(T x, T y) { return x != x ? x : y != y ? y : (x > y ? x : y); }
-template <class T> __device__ __forceinline__ T cj_fmin(T x, T y) { return x != x ? x : y != y ? y : (x < y ? x : y); }
-template <class T> __device__ __forceinline__ T cj_max(T x, T y) { return x > y ? x : y; }
-template <class T> __device__ __forceinline__ T cj_min(T x, T y) { return x < y ? x : y; }
-)";
-
-bool is_half(DType d) { return d == DType::bfloat16 || d == DType::float16; }
-bool is_float(DType d) { return is_half(d) || d == DType::float32 || d == DType::float64; }
-bool is_signed_int(DType d) {
-  return d == DType::int8 || d == DType::int16 || d == DType::int32 || d == DType::int64;
-}
-
-// The CUDA type an element is stored as.
-std::string storage_type(DType d) {
-  switch (d) {
-    case DType::bool_: return "bool";
-    case DType::int8: return "signed char";
-    case DType::int16: return "short";
-    case DType::int32: return "int";
-    case DType::int64: return "long long";
-    case DType::uint8: return "unsigned char";
-    case DType::uint32: return "unsigned int";
-    case DType::bfloat16:
-    case DType::float16: return "unsigned short";
-    case DType::float32: return "float";
-    case DType::float64: return "double";
-  }
-  return "void";
-}
-// The type arithmetic happens in (f32 for the half types, as on the CPU).
-std::string compute_type(DType d) { return is_half(d) ? "float" : storage_type(d); }
-
-std::string load(DType d, const std::string& v) {
-  if (d == DType::bfloat16) return "cj_from_bf16(" + v + ")";
-  if (d == DType::float16) return "cj_from_f16(" + v + ")";
-  return v;
-}
-std::string store(DType d, const std::string& v) {
-  if (d == DType::bfloat16) return "cj_to_bf16(" + v + ")";
-  if (d == DType::float16) return "cj_to_f16(" + v + ")";
-  return "(" + storage_type(d) + ")(" + v + ")";
-}
-
-// Unsigned type of at least `unsigned int`'s width that integer arithmetic wraps in.
-std::string wrap_type(DType d) { return d == DType::int64 ? "unsigned long long" : "unsigned int"; }
-std::string unsigned_same_width(DType d) {
-  switch (d) {
-    case DType::int8: case DType::uint8: return "unsigned char";
-    case DType::int16: return "unsigned short";
-    case DType::int64: return "unsigned long long";
-    default: return "unsigned int";
-  }
-}
-std::string signed_same_width(DType d) {
-  switch (d) {
-    case DType::int8: case DType::uint8: return "signed char";
-    case DType::int16: return "short";
-    case DType::int64: return "long long";
-    default: return "int";
-  }
-}
-int bits(DType d) { return int(itemsize(d)) * 8; }
-std::string int_min(DType d) {
-  switch (d) {
-    case DType::int8: return "(-128)";
-    case DType::int16: return "(-32768)";
-    case DType::int32: return "(-2147483647 - 1)";
-    default: return "(-9223372036854775807LL - 1)";
-  }
-}
-
-// The op on compute-typed x, y, z; nullopt when this dtype has no expression here.
-std::optional<std::string> float_expr(ScalarOp op, DType d) {
-  const bool f64 = d == DType::float64;
-  const std::string T = compute_type(d);
-  auto fn = [&](const char* name) { return fmt::format("{}{}(x)", name, f64 ? "" : "f"); };
-  auto fn2 = [&](const char* name) { return fmt::format("{}{}(x, y)", name, f64 ? "" : "f"); };
-  switch (op) {
-    case ScalarOp::Neg: return "(-x)";
-    case ScalarOp::Sign: return fmt::format("(x != x ? x : ({})((x > 0) - (x < 0)))", T);
-    case ScalarOp::Abs: return fn("fabs");
-    case ScalarOp::Floor: return fn("floor");
-    case ScalarOp::Ceil: return fn("ceil");
-    case ScalarOp::Round: return fn("rint");  // half to even, as std::nearbyint on the CPU
-    case ScalarOp::IsFinite: return "(x - x == 0)";
-    case ScalarOp::Exp: return fn("exp");
-    case ScalarOp::Exp2: return fn("exp2");
-    case ScalarOp::Log: return fn("log");
-    case ScalarOp::Log1p: return fn("log1p");
-    case ScalarOp::Expm1: return fn("expm1");
-    case ScalarOp::Tanh: return fn("tanh");
-    case ScalarOp::Logistic: return fmt::format("(({0})1 / (({0})1 + {1}))", T, f64 ? "exp(-x)" : "expf(-x)");
-    case ScalarOp::Sin: return fn("sin");
-    case ScalarOp::Cos: return fn("cos");
-    case ScalarOp::Tan: return fn("tan");
-    case ScalarOp::Asin: return fn("asin");
-    case ScalarOp::Acos: return fn("acos");
-    case ScalarOp::Atan: return fn("atan");
-    case ScalarOp::Sinh: return fn("sinh");
-    case ScalarOp::Cosh: return fn("cosh");
-    case ScalarOp::Asinh: return fn("asinh");
-    case ScalarOp::Acosh: return fn("acosh");
-    case ScalarOp::Atanh: return fn("atanh");
-    case ScalarOp::Sqrt: return fn("sqrt");
-    case ScalarOp::Rsqrt: return fmt::format("(({})1 / {})", T, fn("sqrt"));
-    case ScalarOp::Cbrt: return fn("cbrt");
-    case ScalarOp::Erf: return fn("erf");
-    case ScalarOp::Erfc: return fn("erfc");
-    case ScalarOp::ErfInv: return fn("erfinv");
-    case ScalarOp::Lgamma: return fn("lgamma");
-    case ScalarOp::Square: return "(x * x)";
-    case ScalarOp::Add: return "(x + y)";
-    case ScalarOp::Sub: return "(x - y)";
-    case ScalarOp::Mul: return "(x * y)";
-    case ScalarOp::Div: return "(x / y)";
-    case ScalarOp::Rem: return fn2("fmod");
-    case ScalarOp::Pow: return fn2("pow");
-    case ScalarOp::Max: return "cj_fmax(x, y)";
-    case ScalarOp::Min: return "cj_fmin(x, y)";
-    case ScalarOp::Atan2: return fn2("atan2");
-    case ScalarOp::Nextafter: return fn2("nextafter");
-    case ScalarOp::Eq: return "(x == y)";
-    case ScalarOp::Ne: return "(x != y)";
-    case ScalarOp::Lt: return "(x < y)";
-    case ScalarOp::Le: return "(x <= y)";
-    case ScalarOp::Gt: return "(x > y)";
-    case ScalarOp::Ge: return "(x >= y)";
-    case ScalarOp::Clamp: return "cj_fmin(cj_fmax(y, x), z)";
-    default: return std::nullopt;
-  }
-}
-
-std::optional<std::string> int_expr(ScalarOp op, DType d) {
-  const std::string T = storage_type(d), W = wrap_type(d), U = unsigned_same_width(d), S = signed_same_width(d);
-  const bool is_signed = is_signed_int(d);
-  auto wrap = [&](const char* o) { return fmt::format("(({})(({})x {} ({})y))", T, W, o, W); };
-  std::string shift_oob = fmt::format("(y < 0 || y >= ({}){})", T, bits(d));
-  switch (op) {
-    case ScalarOp::Neg: return fmt::format("(({})(({})0 - ({})x))", T, W, W);
-    case ScalarOp::Sign:
-      return is_signed ? fmt::format("(({})((x > 0) - (x < 0)))", T) : fmt::format("(({})(x > 0))", T);
-    case ScalarOp::Abs: return is_signed ? fmt::format("(x < 0 ? ({})(({})0 - ({})x) : x)", T, W, W) : "x";
-    case ScalarOp::Not: return fmt::format("(({})(~x))", T);
-    case ScalarOp::Square: return fmt::format("(({})(({})x * ({})x))", T, W, W);
-    case ScalarOp::Add: return wrap("+");
-    case ScalarOp::Sub: return wrap("-");
-    case ScalarOp::Mul: return wrap("*");
-    case ScalarOp::Div:
-      return is_signed ? fmt::format("(y == 0 ? ({0})-1 : (x == {1} && y == -1) ? x : ({0})(x / y))", T, int_min(d))
-                       : fmt::format("(y == 0 ? ({0})-1 : ({0})(x / y))", T);
-    case ScalarOp::Rem:
-      return is_signed ? fmt::format("(y == 0 ? x : y == -1 ? ({0})0 : ({0})(x % y))", T)
-                       : fmt::format("(y == 0 ? x : ({0})(x % y))", T);
-    case ScalarOp::Max: return "cj_max(x, y)";
-    case ScalarOp::Min: return "cj_min(x, y)";
-    case ScalarOp::And: return fmt::format("(({})(x & y))", T);
-    case ScalarOp::Or: return fmt::format("(({})(x | y))", T);
-    case ScalarOp::Xor: return fmt::format("(({})(x ^ y))", T);
-    case ScalarOp::ShiftLeft: return fmt::format("({} ? ({})0 : ({})(({})x << ({})y))", shift_oob, T, T, U, U);
-    case ScalarOp::ShiftRightLogical: return fmt::format("({} ? ({})0 : ({})(({})x >> ({})y))", shift_oob, T, T, U, U);
-    case ScalarOp::ShiftRightArithmetic:
-      return fmt::format("({0} ? (({1})x < 0 ? ({2})-1 : ({2})0) : ({2})(({1})x >> ({1})y))", shift_oob, S, T);
-    case ScalarOp::Eq: return "(x == y)";
-    case ScalarOp::Ne: return "(x != y)";
-    case ScalarOp::Lt: return "(x < y)";
-    case ScalarOp::Le: return "(x <= y)";
-    case ScalarOp::Gt: return "(x > y)";
-    case ScalarOp::Ge: return "(x >= y)";
-    case ScalarOp::Clamp: return "cj_min(cj_max(y, x), z)";
-    default: return std::nullopt;
-  }
-}
-
-std::optional<std::string> bool_expr(ScalarOp op) {
-  switch (op) {
-    case ScalarOp::Not: return "(!x)";
-    case ScalarOp::And: return "(x && y)";
-    case ScalarOp::Or: return "(x || y)";
-    case ScalarOp::Xor: return "(x != y)";
-    case ScalarOp::Max: return "(x || y)";
-    case ScalarOp::Min: return "(x && y)";
-    case ScalarOp::Eq: return "(x == y)";
-    case ScalarOp::Ne: return "(x != y)";
-    case ScalarOp::Lt: return "(!x && y)";
-    case ScalarOp::Le: return "(!x || y)";
-    case ScalarOp::Gt: return "(x && !y)";
-    case ScalarOp::Ge: return "(x || !y)";
-    default: return std::nullopt;
-  }
-}
 
 // The kernel around `body` (which defines the compute-typed operands and writes out[i]).
 std::string kernel(const std::vector<std::string>& params, const std::string& body) {
@@ -236,9 +35,7 @@ extern "C" __global__ void __launch_bounds__({}) {}({}, long long n) {{
 }  // namespace
 
 std::optional<std::string> elementwise_source(ScalarOp op, DType in, DType out, const std::vector<bool>& scalar) {
-  std::optional<std::string> expr = in == DType::bool_ ? bool_expr(op)
-                                    : is_float(in)     ? float_expr(op, in)
-                                                       : int_expr(op, in);
+  std::optional<std::string> expr = scalar_expression(op, in);
   if (!expr) return std::nullopt;
   static constexpr const char* kNames[] = {"x", "y", "z"};
   std::vector<std::string> params;
@@ -266,8 +63,6 @@ std::optional<std::string> convert_source(DType in, DType out) {
 namespace {
 
 void launch_elementwise(const std::string& source, std::span<const Array> in, const Array& out) {
-  const Device d = concrete(out)->device();
-  CUfunction fn = load_kernel(d, source, kElementwiseKernelName);
   std::vector<void*> ptrs;
   for (const Array& a : in) ptrs.push_back(raw_ptr(a));
   ptrs.push_back(raw_ptr(out));
@@ -275,30 +70,37 @@ void launch_elementwise(const std::string& source, std::span<const Array> in, co
   std::vector<void*> args;
   for (void*& p : ptrs) args.push_back(&p);
   args.push_back(&n);
-  if (n == 0) return;
   long long per_block = kElementwiseThreads * kElementwisePerThread;
-  unsigned blocks = unsigned((n + per_block - 1) / per_block);
-  const Driver& api = activate(d);
-  check(api.cuLaunchKernel(fn, blocks, 1, 1, kElementwiseThreads, 1, 1, 0, nullptr, args.data(), nullptr),
-        "cuLaunchKernel (elementwise)");
+  launch(concrete(out)->device(), source, kElementwiseKernelName, unsigned((n + per_block - 1) / per_block),
+         kElementwiseThreads, std::move(args));
+}
+
+std::vector<Array> run_scalar_op(ScalarOp op, const char* primitive, std::span<const Array> in,
+                                 std::span<const AbstractValue> out_avals, const Params& params) {
+  std::vector<bool> scalar;
+  for (const Array& a : in) scalar.push_back(a.ndim() == 0);
+  std::optional<std::string> src = elementwise_source(op, in[0].dtype(), out_avals[0].dtype, scalar);
+  if (!src) return run_on_host(*find_primitive(primitive), Platform::cuda, in, out_avals, params);
+  Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
+  launch_elementwise(*src, in, out);
+  return {out};
 }
 
 // Registered by name: the primitives' defs register in other files' static initialisers.
 const bool g_registered = [] {
   for (const ScalarOpInfo& info : kScalarOps) {
     register_kernel(info.name, Platform::cuda,
-                    [op = info.op](std::span<const Array> in, std::span<const AbstractValue> out_avals,
-                                   const Params& params) -> std::vector<Array> {
-                      std::vector<bool> scalar;
-                      for (const Array& a : in) scalar.push_back(a.ndim() == 0);
-                      std::optional<std::string> src = elementwise_source(op, in[0].dtype(), out_avals[0].dtype, scalar);
-                      if (!src)
-                        return run_on_host(*find_primitive(scalar_op_info(op).name), Platform::cuda, in, out_avals, params);
-                      Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
-                      launch_elementwise(*src, in, out);
-                      return {out};
+                    [op = info.op, name = info.name.data()](std::span<const Array> in,
+                                                           std::span<const AbstractValue> out_avals,
+                                                           const Params& params) {
+                      return run_scalar_op(op, name, in, out_avals, params);
                     });
   }
+  // add_any: autodiff's accumulation of cotangents, an add.
+  register_kernel("add_any", Platform::cuda,
+                  [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& params) {
+                    return run_scalar_op(ScalarOp::Add, "add_any", in, out_avals, params);
+                  });
   register_kernel("convert_element_type", Platform::cuda,
                   [](std::span<const Array> in, std::span<const AbstractValue> out_avals,
                      const Params& params) -> std::vector<Array> {

@@ -1,0 +1,34 @@
+// Pieces shared by the cuda kernel generators: CUDA C++ types of cjax dtypes, the self-contained
+// prelude (no toolkit headers: NVRTC compiles it on any machine), the scalar-op expressions with
+// the CPU's semantics (core/scalar_fns.h), and kernel launches.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cjax/array.h"
+#include "cjax/dtype.h"
+#include "core/scalar_ops.h"
+
+namespace cjax::cuda {
+
+extern const char* const kPrelude;
+
+bool is_half(DType d);
+bool is_float(DType d);
+bool is_signed_int(DType d);
+std::string storage_type(DType d);  // the CUDA type an element is stored as ("unsigned short" for bf16)
+std::string compute_type(DType d);  // the type arithmetic happens in (float for bf16/f16)
+std::string load(DType d, const std::string& v);   // storage -> compute
+std::string store(DType d, const std::string& v);  // compute -> storage (round to nearest even)
+// `op` applied to compute-typed x (and y, z) of dtype d; nullopt where the dtype has no expression.
+std::optional<std::string> scalar_expression(ScalarOp op, DType d);
+// The lowest and highest values of d's compute type, as CUDA literals (-inf/inf for floats).
+std::string lowest_literal(DType d);
+std::string highest_literal(DType d);
+
+// Launches kernel `name` of `source` on d's GPU: `args` are pointers to the kernel's arguments.
+void launch(const Device& d, const std::string& source, const char* name, unsigned grid, unsigned block,
+            std::vector<void*> args);
+
+}  // namespace cjax::cuda
