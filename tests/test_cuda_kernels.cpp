@@ -110,3 +110,20 @@ TEST_CASE("an MLP training step runs on the GPU with the CPU's loss and gradient
   MESSAGE("host fallbacks in 5 GPU training steps: " << host_fallback_count() - before);
   CHECK(host_fallback_count() - before == 0);
 }
+
+TEST_CASE("select_n, integer_pow and stop_gradient on the GPU") {
+  int64_t before = host_fallback_count();
+  for (DType d : {f32, bf16, i32, f64}) {
+    CAPTURE(dtype_name(d));
+    Array a = random_array({5, 7}, f32, 21).astype(d), b = random_array({5, 7}, f32, 22).astype(d);
+    Array pred = random_array({5, 7}, f32, 23) > 0.0f;
+    check_same(lax::select_n(pred, {a, b}), lax::select_n(on_gpu(pred), {on_gpu(a), on_gpu(b)}), 0);
+    Array which = (random_array({5, 7}, f32, 24) * 2.0f).astype(i32);  // -5..5: clamped
+    check_same(lax::select_n(which, {a, b, a * 2}), lax::select_n(on_gpu(which), {on_gpu(a), on_gpu(b), on_gpu(a) * 2}), 0);
+    for (int y : {0, 1, 2, 3, 7})
+      check_same(lax::integer_pow(a, y), lax::integer_pow(on_gpu(a), y), d == bf16 ? 1e-2 : 1e-6);
+    if (d != i32) check_same(lax::integer_pow(a, -2), lax::integer_pow(on_gpu(a), -2), d == bf16 ? 1e-2 : 1e-6);
+    check_same(lax::stop_gradient(a), lax::stop_gradient(on_gpu(a)), 0);
+  }
+  CHECK(host_fallback_count() == before);
+}

@@ -6,10 +6,14 @@
 #include <fmt/format.h>
 
 #include <regex>
+#include <set>
 
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/kernels/codegen.h"
 #include "backends/cuda/kernels/elementwise.h"
+#include "core/backend.h"
+#include "trace/jaxpr.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
@@ -129,4 +133,60 @@ TEST_CASE("every elementwise kernel compiles to SASS for sm_80 and sm_90 without
     MESSAGE("sm_" << major << minor << ": " << cubin.size() << " bytes of SASS, at most " << max_regs
                   << " registers per thread");
   }
+}
+
+TEST_CASE("the shape and reduction library kernels compile for sm_90") {
+  REQUIRE(cuda::nvrtc_available());
+  // One program: each source in its own namespace, its extern "C" kernel renamed apart.
+  std::string program;
+  int kernels = 0;
+  auto add = [&](const std::string& src, const char* kernel) {
+    std::string name = fmt::format("k{}", kernels++);
+    program += "namespace n" + name + " {\n" + std::regex_replace(src, std::regex(kernel), name) + "}\n";
+  };
+  for (size_t itemsize : {1, 2, 4, 8})
+    for (int rank : {1, 3, 8}) add(cuda::strided_copy_source(itemsize, rank), "cj_strided_copy");
+  for (const char* r : {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"})
+    for (DType d : {bool_, i8, i32, i64, u8, u32, bf16, f16, f32, f64})
+      if (auto src = cuda::reduce_source(r, d, 2, 1)) add(*src, "cj_reduce");
+  for (DType d : {i8, i32, i64, u8, u32, bf16, f16, f32, f64}) {
+    if (auto src = cuda::integer_pow_source(d)) add(*src, cuda::kElementwiseKernelName);
+    add(cuda::select_n_source(bool_, d, 2, false), cuda::kElementwiseKernelName);
+    add(cuda::select_n_source(i32, d, 3, true), cuda::kElementwiseKernelName);
+  }
+  MESSAGE(kernels << " library kernels");
+  CHECK(kernels > 50);
+  CHECK(cuda::reduce_source("reduce_sum", bool_, 1, 1) == std::nullopt);  // not in sum's domain
+  std::string log;
+  std::vector<char> cubin = cuda::compile_cubin(program, 9, 0, &log, true);
+  CHECK(cubin.size() > 1000);
+  CHECK(log.find("spill stores") != std::string::npos);
+  std::regex spill(R"((\d+) bytes spill stores)");
+  int reports = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), spill); it != std::sregex_iterator(); ++it, ++reports)
+    CHECK((*it)[1].str() == "0");
+  CHECK(reports >= kernels);
+}
+
+TEST_CASE("every primitive of an MLP training step (tanh, relu, softmax cross-entropy) has a cuda kernel") {
+  auto loss = [](const std::vector<Array>& p, const Array& x, const Array& labels) {
+    Array h = jnp::tanh(jnp::matmul(x, p[0]) + p[1]);
+    h = jnp::maximum(jnp::matmul(h, p[2]) + p[3], 0.0f);
+    Array logits = jnp::matmul(h, p[4]);
+    Array logp = logits - nn::logsumexp(logits, -1, true);
+    return -jnp::mean(jnp::sum(logp * labels, -1)) + 1e-3f * jnp::sum(jnp::square(p[0]));
+  };
+  auto step = [&](const std::vector<Array>& p, const Array& x, const Array& labels) {
+    auto [l, g] = value_and_grad(loss)(p, x, labels);
+    std::vector<Array> out{l};
+    for (size_t i = 0; i < p.size(); ++i) out.push_back(p[i] - 0.1f * g[i]);
+    return out;
+  };
+  std::vector<Array> p = {jnp::ones({8, 16}), jnp::ones({16}), jnp::ones({16, 16}), jnp::ones({16}), jnp::ones({16, 4})};
+  ClosedJaxpr j = make_jaxpr(step)(p, jnp::ones({32, 8}), jnp::ones({32, 4}));
+  std::set<std::string> missing;
+  for (const JaxprEqn& e : j->eqns())
+    if (!find_kernel(e.primitive->name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder)
+      missing.insert(e.primitive->name);
+  CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
 }

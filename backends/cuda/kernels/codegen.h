@@ -27,6 +27,11 @@ std::optional<std::string> scalar_expression(ScalarOp op, DType d);
 std::string lowest_literal(DType d);
 std::string highest_literal(DType d);
 
+// The generated library kernels (exposed for the offline NVRTC test): the strided copy of the
+// shape primitives (backends/cuda/kernels/shape.cpp) and the reductions (reduce.cpp).
+std::string strided_copy_source(size_t itemsize, int rank);
+std::optional<std::string> reduce_source(const std::string& primitive, DType d, int kept_rank, int reduced_rank);
+
 // Launches kernel `name` of `source` on d's GPU: `args` are pointers to the kernel's arguments.
 void launch(const Device& d, const std::string& source, const char* name, unsigned grid, unsigned block,
             std::vector<void*> args);

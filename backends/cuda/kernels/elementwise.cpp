@@ -60,15 +60,51 @@ std::optional<std::string> convert_source(DType in, DType out) {
                 fmt::format("      out[i] = {};", store(out, value)));
 }
 
+std::string select_n_source(DType which, DType t, size_t ncases, bool scalar_which) {
+  std::vector<std::string> params = {fmt::format("const {}* __restrict__ which", storage_type(which))};
+  for (size_t c = 0; c < ncases; ++c) params.push_back(fmt::format("const {}* __restrict__ case_{}", storage_type(t), c));
+  params.push_back(fmt::format("{}* __restrict__ out", storage_type(t)));
+  // Out-of-range selectors clamp, as on the CPU.
+  std::string body = fmt::format("      long long c = (long long)which[{}];\n", scalar_which ? "0" : "i");
+  std::string pick = fmt::format("case_{}[i]", ncases - 1);
+  for (size_t c = ncases - 1; c-- > 0;) pick = fmt::format("c <= {} ? case_{}[i] : {}", c, c, pick);
+  body += "      out[i] = " + pick + ";";
+  return kernel(params, body);
+}
+
+std::optional<std::string> integer_pow_source(DType d) {
+  std::optional<std::string> mul = scalar_expression(ScalarOp::Mul, d);
+  if (!mul || d == DType::bool_) return std::nullopt;
+  std::string ct = compute_type(d);
+  std::string src = kernel({fmt::format("const {}* __restrict__ in_0", storage_type(d)),
+                            fmt::format("{}* __restrict__ out", storage_type(d)), "long long y"},
+                           fmt::format(R"(      {0} base = {1}, acc = ({0})1, x, y2;
+      unsigned long long e = y < 0 ? (unsigned long long)(-y) : (unsigned long long)y;
+      while (e) {{
+        if (e & 1) {{ x = acc; y2 = base; acc = cj_mul(x, y2); }}
+        x = base; y2 = base; base = cj_mul(x, y2);
+        e >>= 1;
+      }}
+      out[i] = {2};)",
+                                       ct, load(d, "in_0[i]"), store(d, is_float(d) ? "(y < 0 ? (" + ct + ")1 / acc : acc)" : "acc")));
+  // cj_mul(x, y) is the table's mul (wrapping for integers); the kernel's own `y` is the exponent.
+  std::string helper = fmt::format("__device__ __forceinline__ {0} cj_mul({0} x, {0} y) {{ return {1}; }}\n", ct, *mul);
+  size_t at = src.find("extern \"C\"");
+  return src.insert(at, helper);
+}
+
 namespace {
 
-void launch_elementwise(const std::string& source, std::span<const Array> in, const Array& out) {
+// `extra`: a scalar argument after the pointers (integer_pow's exponent).
+void launch_elementwise(const std::string& source, std::span<const Array> in, const Array& out,
+                        long long* extra = nullptr) {
   std::vector<void*> ptrs;
   for (const Array& a : in) ptrs.push_back(raw_ptr(a));
   ptrs.push_back(raw_ptr(out));
   long long n = out.size();
   std::vector<void*> args;
   for (void*& p : ptrs) args.push_back(&p);
+  if (extra) args.push_back(extra);  // declared before n
   args.push_back(&n);
   long long per_block = kElementwiseThreads * kElementwisePerThread;
   launch(concrete(out)->device(), source, kElementwiseKernelName, unsigned((n + per_block - 1) / per_block),
@@ -96,6 +132,24 @@ const bool g_registered = [] {
                       return run_scalar_op(op, name, in, out_avals, params);
                     });
   }
+  register_kernel("select_n", Platform::cuda,
+                  [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& params) {
+                    if (in[0].dtype() != DType::bool_ && in[0].dtype() != DType::int32)
+                      return run_on_host(*find_primitive("select_n"), Platform::cuda, in, out_avals, params);
+                    Array out = make_uninitialized(out_avals[0], concrete(in[1])->device());
+                    launch_elementwise(select_n_source(in[0].dtype(), out.dtype(), in.size() - 1, in[0].ndim() == 0),
+                                       in, out);
+                    return std::vector<Array>{out};
+                  });
+  register_kernel("integer_pow", Platform::cuda,
+                  [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& params) {
+                    std::optional<std::string> src = integer_pow_source(in[0].dtype());
+                    if (!src) return run_on_host(*find_primitive("integer_pow"), Platform::cuda, in, out_avals, params);
+                    Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
+                    long long y = params.i("y");
+                    launch_elementwise(*src, in, out, &y);
+                    return std::vector<Array>{out};
+                  });
   // add_any: autodiff's accumulation of cotangents, an add.
   register_kernel("add_any", Platform::cuda,
                   [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& params) {

@@ -19,6 +19,10 @@ inline constexpr int kElementwisePerThread = 4;     // elements per thread, stri
 // or nullopt when the op/dtype pair has no GPU expression yet (the primitive then falls back to
 // the host, counted). Signature: (const In* in_0, ..., Out* out, long long n).
 std::optional<std::string> elementwise_source(ScalarOp op, DType in, DType out, const std::vector<bool>& scalar);
+// select_n(which, case_0, ...) with a bool or int32 selector (clamped to the cases).
+std::string select_n_source(DType which, DType t, size_t ncases, bool scalar_which);
+// integer_pow(x, y): exponentiation by squaring in the compute type, as the CPU kernel.
+std::optional<std::string> integer_pow_source(DType d);
 // convert_element_type between float dtypes, and from integers and bool to floats.
 std::optional<std::string> convert_source(DType in, DType out);
 

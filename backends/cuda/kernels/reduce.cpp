@@ -43,7 +43,7 @@ const Reduction kReductions[] = {
     {"reduce_and", ScalarOp::And, all_ones},      {"reduce_or", ScalarOp::Or, zero},
 };
 
-std::optional<std::string> reduce_source(const Reduction& r, DType d, int kept_rank, int red_rank) {
+std::optional<std::string> reduce_source_of(const Reduction& r, DType d, int kept_rank, int red_rank) {
   std::optional<std::string> expr = scalar_expression(r.combine, d);
   if (!expr) return std::nullopt;
   const std::string ct = compute_type(d);
@@ -82,6 +82,12 @@ extern "C" __global__ void __launch_bounds__({4}) cj_reduce(const {5}* __restric
                      load(d, "in[off]"), store(d, "part[0]"));
 }
 
+const Reduction* find_reduction(const std::string& name) {
+  for (const Reduction& r : kReductions)
+    if (name == r.name) return &r;
+  return nullptr;
+}
+
 std::optional<Array> reduce(const Reduction& r, const Array& x, const AbstractValue& oa, const Params& p) {
   const auto& axes = p.ints("axes");
   std::vector<bool> reduced(size_t(x.ndim()), false);
@@ -99,7 +105,7 @@ std::optional<Array> reduce(const Reduction& r, const Array& x, const AbstractVa
       dims.kept_ext[kept] = x.shape()[i], dims.kept_stride[kept++] = strides[i];
     }
   }
-  std::optional<std::string> src = reduce_source(r, x.dtype(), std::max(kept, 1), std::max(red, 1));
+  std::optional<std::string> src = reduce_source_of(r, x.dtype(), std::max(kept, 1), std::max(red, 1));
   if (!src || oa.size() > (int64_t(1) << 31) - 1) return std::nullopt;
   Device dev = concrete(x)->device();
   Array out = make_uninitialized(oa, dev);
@@ -111,6 +117,14 @@ std::optional<Array> reduce(const Reduction& r, const Array& x, const AbstractVa
   return out;
 }
 
+}  // namespace
+
+std::optional<std::string> reduce_source(const std::string& primitive, DType d, int kept_rank, int reduced_rank) {
+  const Reduction* r = find_reduction(primitive);
+  return r ? reduce_source_of(*r, d, kept_rank, reduced_rank) : std::nullopt;
+}
+
+namespace {
 const bool g_registered = [] {
   for (const Reduction& r : kReductions)
     register_kernel(r.name, Platform::cuda,

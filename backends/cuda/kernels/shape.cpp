@@ -25,7 +25,9 @@ struct CopyDims {  // mirrors the kernel's CjDims (passed by value)
   long long out_stride[kMaxRank];
 };
 
-std::string copy_source(size_t itemsize, int rank) {
+}  // namespace
+
+std::string strided_copy_source(size_t itemsize, int rank) {
   const char* t = itemsize == 1 ? "unsigned char" : itemsize == 2 ? "unsigned short" : itemsize == 4 ? "unsigned int"
                                                                                                       : "unsigned long long";
   return fmt::format(R"(
@@ -48,6 +50,8 @@ extern "C" __global__ void __launch_bounds__({1}) cj_strided_copy(const {2}* __r
                      kMaxRank, kThreads, t, rank);
 }
 
+namespace {
+
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 20)); }
 
 // Copies the index space `ext` (element strides on both sides). Rank above 8: false.
@@ -67,7 +71,7 @@ bool strided_copy(const Device& d, const Array& in, int64_t in_off, const std::v
   void* src = raw_ptr(in);
   void* dst = raw_ptr(out);
   long long ioff = in_off, ooff = out_off, count = n;
-  launch(d, copy_source(itemsize(in.dtype()), rank), "cj_strided_copy", grid_for(n), kThreads,
+  launch(d, strided_copy_source(itemsize(in.dtype()), rank), "cj_strided_copy", grid_for(n), kThreads,
          {&src, &dst, &ioff, &ooff, &dims, &count});
   return true;
 }
@@ -161,7 +165,7 @@ std::optional<Array> concatenate(std::span<const Array> in, const AbstractValue&
 
 const bool g_registered = [] {
   // Views: the CPU rule touches no data, so it serves every platform.
-  for (const char* view : {"reshape", "squeeze"})
+  for (const char* view : {"reshape", "squeeze", "stop_gradient"})
     register_kernel(view, Platform::cuda,
                     [view](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
                       return find_primitive(view)->cpu_impl(in, out_avals, p);
