@@ -25,7 +25,7 @@ step() {  # step <name> <timeout s> <command...>
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 for t in test_cuda_offline test_cuda_device test_cuda_kernels test_core test_jit; do
-  [ -x "$bin/$t" ] && step "$t" 300 "$bin/$t"
+  [ -x "$bin/$t" ] && step "$t" 300 env CJAX_LOG_FALLBACKS=1 "$bin/$t"
 done
 step bench_cuda 300 "$bin/bench_cuda"
 step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"

@@ -127,3 +127,16 @@ TEST_CASE("select_n, integer_pow and stop_gradient on the GPU") {
   }
   CHECK(host_fallback_count() == before);
 }
+
+TEST_CASE("random numbers on the GPU are bit-exact with the CPU (threefry2x32)") {
+  int64_t before = host_fallback_count();
+  Array k = random::key(42);
+  Array kg = on_gpu(k);
+  Array u = random::uniform(k, {1000}), ug = random::uniform(kg, {1000});
+  CHECK(device_of(ug) == kGpu);
+  CHECK(ug.to_vector<float>() == u.to_vector<float>());
+  Array n = random::normal(random::split(k, 3), {3, 17});
+  Array ng = random::normal(random::split(kg, 3), {3, 17});
+  CHECK(ng.to_vector<float>() == n.to_vector<float>());
+  CHECK(host_fallback_count() == before);
+}

@@ -149,6 +149,7 @@ TEST_CASE("the shape and reduction library kernels compile for sm_90") {
   for (const char* r : {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"})
     for (DType d : {bool_, i8, i32, i64, u8, u32, bf16, f16, f32, f64})
       if (auto src = cuda::reduce_source(r, d, 2, 1)) add(*src, "cj_reduce");
+  add(cuda::threefry_source({true, true, false, false}), cuda::kElementwiseKernelName);
   for (DType d : {i8, i32, i64, u8, u32, bf16, f16, f32, f64}) {
     if (auto src = cuda::integer_pow_source(d)) add(*src, cuda::kElementwiseKernelName);
     add(cuda::select_n_source(bool_, d, 2, false), cuda::kElementwiseKernelName);

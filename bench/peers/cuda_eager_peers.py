@@ -39,6 +39,26 @@ def torch_rows():
         a = torch.ones(n, n, device=dev, dtype=dt)
         b = torch.ones(n, n, device=dev, dtype=dt) * 0.5
         rows[f"matmul {name}[{n}^3]"] = median_time(lambda: (a @ b, torch.cuda.synchronize()))
+    torch.manual_seed(0)
+    batch, width = 512, 2048
+    ps = [torch.randn(width, width, device=dev) * 0.02, torch.zeros(width, device=dev),
+          torch.randn(width, width, device=dev) * 0.02, torch.zeros(width, device=dev),
+          torch.randn(width, width, device=dev) * 0.02]
+    for p in ps:
+        p.requires_grad_(True)
+    x = torch.randn(batch, width, device=dev)
+    y = torch.randn(batch, width, device=dev)
+
+    def step():
+        h = torch.tanh(x @ ps[0] + ps[1])
+        h = torch.tanh(h @ ps[2] + ps[3])
+        loss = ((h @ ps[4] - y) ** 2).mean()
+        grads = torch.autograd.grad(loss, ps)
+        with torch.no_grad():
+            for p, g in zip(ps, grads):
+                p -= 0.01 * g
+        torch.cuda.synchronize()
+    rows["mlp step f32"] = median_time(step)
     a = torch.ones(1, device=dev)
 
     def chain():

@@ -93,6 +93,36 @@ std::optional<std::string> integer_pow_source(DType d) {
   return src.insert(at, helper);
 }
 
+std::string threefry_source(const std::vector<bool>& scalar) {
+  std::vector<std::string> params;
+  for (int k = 0; k < 4; ++k) params.push_back(fmt::format("const unsigned int* __restrict__ in_{}", k));
+  params.push_back("unsigned int* __restrict__ out_0");
+  params.push_back("unsigned int* __restrict__ out_1");
+  auto at = [&](int k) { return fmt::format("in_{}[{}]", k, scalar[size_t(k)] ? "0" : "i"); };
+  // Random123 Threefry-2x32, 20 rounds: bit for bit the CPU kernel (core/elementwise.cpp).
+  std::string body = fmt::format(R"(      unsigned int k0 = {}, k1 = {}, x0 = {}, x1 = {};
+      const unsigned int ks[3] = {{k0, k1, k0 ^ k1 ^ 0x1BD11BDAu}};
+      const int rot[2][4] = {{{{13, 15, 26, 6}}, {{17, 29, 16, 24}}}};
+      x0 += ks[0];
+      x1 += ks[1];
+#pragma unroll
+      for (int g = 1; g <= 5; ++g) {{
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {{
+          int r = rot[(g - 1) & 1][j];
+          x0 += x1;
+          x1 = (x1 << r) | (x1 >> (32 - r));
+          x1 ^= x0;
+        }}
+        x0 += ks[g % 3];
+        x1 += ks[(g + 1) % 3] + (unsigned int)g;
+      }}
+      out_0[i] = x0;
+      out_1[i] = x1;)",
+                                 at(0), at(1), at(2), at(3));
+  return kernel(params, body);
+}
+
 namespace {
 
 // `extra`: a scalar argument after the pointers (integer_pow's exponent).
@@ -149,6 +179,25 @@ const bool g_registered = [] {
                     long long y = params.i("y");
                     launch_elementwise(*src, in, out, &y);
                     return std::vector<Array>{out};
+                  });
+  register_kernel("threefry2x32", Platform::cuda,
+                  [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
+                    std::vector<bool> scalar;
+                    for (const Array& a : in) scalar.push_back(a.ndim() == 0);
+                    Device dev = concrete(in[0])->device();
+                    Array y0 = make_uninitialized(out_avals[0], dev), y1 = make_uninitialized(out_avals[1], dev);
+                    std::vector<void*> ptrs;
+                    for (const Array& a : in) ptrs.push_back(raw_ptr(a));
+                    ptrs.push_back(raw_ptr(y0));
+                    ptrs.push_back(raw_ptr(y1));
+                    long long n = y0.size();
+                    std::vector<void*> args;
+                    for (void*& p : ptrs) args.push_back(&p);
+                    args.push_back(&n);
+                    long long per_block = kElementwiseThreads * kElementwisePerThread;
+                    launch(dev, threefry_source(scalar), kElementwiseKernelName,
+                           unsigned((n + per_block - 1) / per_block), kElementwiseThreads, std::move(args));
+                    return std::vector<Array>{y0, y1};
                   });
   // add_any: autodiff's accumulation of cotangents, an add.
   register_kernel("add_any", Platform::cuda,

@@ -23,6 +23,8 @@ std::optional<std::string> elementwise_source(ScalarOp op, DType in, DType out, 
 std::string select_n_source(DType which, DType t, size_t ncases, bool scalar_which);
 // integer_pow(x, y): exponentiation by squaring in the compute type, as the CPU kernel.
 std::optional<std::string> integer_pow_source(DType d);
+// threefry2x32(k0, k1, x0, x1) -> (y0, y1), bit-exact with the CPU (operands marked scalar read at 0).
+std::string threefry_source(const std::vector<bool>& scalar);
 // convert_element_type between float dtypes, and from integers and bool to floats.
 std::optional<std::string> convert_source(DType in, DType out);
 

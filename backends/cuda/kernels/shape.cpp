@@ -165,7 +165,7 @@ std::optional<Array> concatenate(std::span<const Array> in, const AbstractValue&
 
 const bool g_registered = [] {
   // Views: the CPU rule touches no data, so it serves every platform.
-  for (const char* view : {"reshape", "squeeze", "stop_gradient"})
+  for (const char* view : {"reshape", "squeeze", "stop_gradient", "bitcast_convert_type"})
     register_kernel(view, Platform::cuda,
                     [view](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
                       return find_primitive(view)->cpu_impl(in, out_avals, p);
