@@ -82,6 +82,25 @@ int main() {
     }, 20);
     report("tanh f32[64M]", t, 8.0 * double(n));
   }
+  // Small library ops of a training step (their host-side launch cost shows here).
+  {
+    Array m = device_put(jnp::ones({512, 2048}), SingleDeviceSharding(kGpu));
+    Array b = device_put(jnp::ones({2048}), SingleDeviceSharding(kGpu));
+    Array z;
+    auto row = [&](const char* what, const std::function<Array()>& f) {
+      double t = seconds([&] {
+        z = f();
+        z.block_until_ready();
+      }, 50);
+      std::printf("%-34s %9.1f us\n", what, t * 1e6);
+      std::printf("ROW,%s,%.9f\n", what, t);
+    };
+    row("sum f32[512,2048] all", [&] { return jnp::sum(m); });
+    row("sum f32[512,2048] axis 0", [&] { return jnp::sum(m, 0); });
+    row("sum f32[512,2048] axis 1", [&] { return jnp::sum(m, 1); });
+    row("bias add f32[512,2048]+[2048]", [&] { return m + b; });
+    row("transpose f32[512,2048]", [&] { return jnp::transpose(m); });
+  }
   // GEMMs on cuBLASLt through dot_general (TFLOP/s; the peers run torch.matmul / jnp.matmul).
   std::printf("\n%-34s %12s %10s\n", "matmul (cjax dot_general)", "time", "TFLOP/s");
   for (auto [n, d] : {std::pair{int64_t(8192), bf16}, std::pair{int64_t(4096), bf16}, std::pair{int64_t(4096), f32},

@@ -43,7 +43,8 @@ TEST_CASE("shape primitives copy on the GPU: broadcast, transpose, slice, rev, c
     check_same(lax::slice(x, {1, 0, 1}, {3, 4, 5}, std::vector<int64_t>{1, 2, 3}),
                lax::slice(g, {1, 0, 1}, {3, 4, 5}, std::vector<int64_t>{1, 2, 3}), 0);
     check_same(lax::rev(x, {0, 2}), lax::rev(g, {0, 2}), 0);
-    check_same(lax::concatenate({x, x * 0 + x}, 1), lax::concatenate({g, g * 0 + g}, 1), 0);
+    Array y = lax::rev(x, {1});
+    check_same(lax::concatenate({x, y}, 1), lax::concatenate({g, lax::rev(g, {1})}, 1), 0);
     check_same(x.reshape({20, 3}), g.reshape({20, 3}), 0);
     check_same(jnp::squeeze(x.reshape({1, 60})), jnp::squeeze(g.reshape({1, 60})), 0);
   }
@@ -135,8 +136,9 @@ TEST_CASE("random numbers on the GPU are bit-exact with the CPU (threefry2x32)")
   Array u = random::uniform(k, {1000}), ug = random::uniform(kg, {1000});
   CHECK(device_of(ug) == kGpu);
   CHECK(ug.to_vector<float>() == u.to_vector<float>());
-  Array n = random::normal(random::split(k, 3), {3, 17});
-  Array ng = random::normal(random::split(kg, 3), {3, 17});
+  auto second = [](const Array& keys) { return lax::slice(keys, {1, 0}, {2, 2}).reshape({2}); };
+  Array n = random::normal(second(random::split(k, 3)), {3, 17});
+  Array ng = random::normal(second(random::split(kg, 3)), {3, 17});
   CHECK(ng.to_vector<float>() == n.to_vector<float>());
   CHECK(host_fallback_count() == before);
 }

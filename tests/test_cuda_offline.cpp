@@ -148,7 +148,8 @@ TEST_CASE("the shape and reduction library kernels compile for sm_90") {
     for (int rank : {1, 3, 8}) add(cuda::strided_copy_source(itemsize, rank), "cj_strided_copy");
   for (const char* r : {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"})
     for (DType d : {bool_, i8, i32, i64, u8, u32, bf16, f16, f32, f64})
-      if (auto src = cuda::reduce_source(r, d, 2, 1)) add(*src, "cj_reduce");
+      for (int red : {1, 2})
+        if (auto src = cuda::reduce_source(r, d, d, 2, red)) add(*src, "cj_reduce");
   add(cuda::threefry_source({true, true, false, false}), cuda::kElementwiseKernelName);
   for (DType d : {i8, i32, i64, u8, u32, bf16, f16, f32, f64}) {
     if (auto src = cuda::integer_pow_source(d)) add(*src, cuda::kElementwiseKernelName);
@@ -157,7 +158,11 @@ TEST_CASE("the shape and reduction library kernels compile for sm_90") {
   }
   MESSAGE(kernels << " library kernels");
   CHECK(kernels > 50);
-  CHECK(cuda::reduce_source("reduce_sum", bool_, 1, 1) == std::nullopt);  // not in sum's domain
+  for (DType half : {bf16, f16}) {  // bf16 partial sums in f32, then f32 -> bf16
+    add(*cuda::reduce_source("reduce_sum", half, f32, 1, 1), "cj_reduce");
+    add(*cuda::reduce_source("reduce_sum", f32, half, 1, 1), "cj_reduce");
+  }
+  CHECK(cuda::reduce_source("reduce_sum", bool_, bool_, 1, 1) == std::nullopt);  // not in sum's domain
   std::string log;
   std::vector<char> cubin = cuda::compile_cubin(program, 9, 0, &log, true);
   CHECK(cubin.size() > 1000);

@@ -39,6 +39,12 @@ def torch_rows():
         a = torch.ones(n, n, device=dev, dtype=dt)
         b = torch.ones(n, n, device=dev, dtype=dt) * 0.5
         rows[f"matmul {name}[{n}^3]"] = median_time(lambda: (a @ b, torch.cuda.synchronize()))
+    m = torch.ones(512, 2048, device=dev)
+    bias = torch.ones(2048, device=dev)
+    for name, f in (("sum f32[512,2048] all", lambda: m.sum()), ("sum f32[512,2048] axis 0", lambda: m.sum(0)),
+                    ("sum f32[512,2048] axis 1", lambda: m.sum(1)), ("bias add f32[512,2048]+[2048]", lambda: m + bias),
+                    ("transpose f32[512,2048]", lambda: m.t().contiguous())):
+        rows[name] = median_time(lambda: (f(), torch.cuda.synchronize()), 50)
     torch.manual_seed(0)
     batch, width = 512, 2048
     ps = [torch.randn(width, width, device=dev) * 0.02, torch.zeros(width, device=dev),

@@ -30,7 +30,10 @@ std::string highest_literal(DType d);
 // The generated library kernels (exposed for the offline NVRTC test): the strided copy of the
 // shape primitives (backends/cuda/kernels/shape.cpp) and the reductions (reduce.cpp).
 std::string strided_copy_source(size_t itemsize, int rank);
-std::optional<std::string> reduce_source(const std::string& primitive, DType d, int kept_rank, int reduced_rank);
+// Block b reduces chunk b % chunks of output b / chunks, reading `in`, writing `out` (the same
+// compute type: partial results of bf16 are f32).
+std::optional<std::string> reduce_source(const std::string& primitive, DType in, DType out, int kept_rank,
+                                         int reduced_rank);
 
 // Launches kernel `name` of `source` on d's GPU: `args` are pointers to the kernel's arguments.
 void launch(const Device& d, const std::string& source, const char* name, unsigned grid, unsigned block,
