@@ -5,6 +5,8 @@
 #include "cjax/autodiff.h"
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
+#include "cjax/sharding.h"
+#include "core/array_impl.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax::ad_detail {
@@ -97,7 +99,16 @@ void check_grad_input(const Array& leaf, size_t argnum, const char* api) {
                                  api, argnum, leaf.aval().str()));
 }
 
-Array ones_like(const Array& x) { return lax::broadcast_in_dim(make_scalar(1.0, x.dtype()), x.shape(), {}); }
+Array ones_like(const Array& x) {
+  Array one = make_scalar(1.0, x.dtype());
+  // On x's device: the seed of a GPU loss's backward pass is broadcast there, not on the host
+  // and then copied over.
+  if (auto* c = dynamic_cast<const ConcreteArray*>(x.impl()); c && c->ready() && !c->buffers.empty()) {
+    const Device& d = c->buffers[0]->device();
+    if (!host_accessible(d)) one = device_put(one, SingleDeviceSharding(d));
+  }
+  return lax::broadcast_in_dim(one, x.shape(), {});
+}
 
 namespace {
 // Row i of the identity of size n, shaped like x.

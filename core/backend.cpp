@@ -85,6 +85,12 @@ const KernelFn* find_kernel(std::string_view primitive, Platform platform) {
   return &it->second[size_t(platform)];  // entries are never erased: stable
 }
 
+void note_follow_transfer(std::string_view primitive, const Array& value, const Device& to) {
+  if (value.size() > 1 && log_fallbacks())
+    std::fprintf(stderr, "cjax: '%.*s' copied an uncommitted cpu:0 operand %s to %s\n", int(primitive.size()),
+                 primitive.data(), value.aval().str().c_str(), to.str().c_str());
+}
+
 std::vector<Array> run_on_host(const PrimitiveDef& def, Platform platform, std::span<const Array> in,
                                std::span<const AbstractValue> out_avals, const Params& params) {
   if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no kernel for any platform", def.name));

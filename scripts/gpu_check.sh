@@ -27,7 +27,7 @@ lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 for t in test_cuda_offline test_cuda_device test_cuda_kernels test_core test_jit; do
   [ -x "$bin/$t" ] && step "$t" 300 env CJAX_LOG_FALLBACKS=1 "$bin/$t"
 done
-step bench_cuda 300 "$bin/bench_cuda"
+step bench_cuda 300 env CJAX_LOG_FALLBACKS=1 "$bin/bench_cuda"
 step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
 if command -v compute-sanitizer >/dev/null; then
   step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_device" \

@@ -95,7 +95,10 @@ std::vector<Array> run_on_platform(const PrimitiveDef& def, Platform platform, s
   for (const Array& a : inputs)
     if (platform_of(a) == platform) home = concrete(a)->device();
   for (Array& a : placed)
-    if (platform_of(a) != platform) a = device_put(a, SingleDeviceSharding(home));
+    if (platform_of(a) != platform) {
+      note_follow_transfer(def.name, a, home);
+      a = device_put(a, SingleDeviceSharding(home));
+    }
   inputs = placed;
   if (const KernelFn* k = find_kernel(def.name, platform)) return (*k)(inputs, out_avals, params);
   if (def.kind == PrimKind::HigherOrder && def.cpu_impl) return def.cpu_impl(inputs, out_avals, params);
