@@ -129,7 +129,7 @@ TEST_CASE("select_n, integer_pow and stop_gradient on the GPU") {
   CHECK(host_fallback_count() == before);
 }
 
-TEST_CASE("random numbers on the GPU are bit-exact with the CPU (threefry2x32)") {
+TEST_CASE("random bits on the GPU are bit-exact with the CPU (threefry2x32); normals agree to float rounding") {
   int64_t before = host_fallback_count();
   Array k = random::key(42);
   Array kg = on_gpu(k);
@@ -139,6 +139,9 @@ TEST_CASE("random numbers on the GPU are bit-exact with the CPU (threefry2x32)")
   auto second = [](const Array& keys) { return lax::slice(keys, {1, 0}, {2, 2}).reshape({2}); };
   Array n = random::normal(second(random::split(k, 3)), {3, 17});
   Array ng = random::normal(second(random::split(kg, 3)), {3, 17});
-  CHECK(ng.to_vector<float>() == n.to_vector<float>());
+  // normal maps the same bits through erf_inv, whose GPU (libdevice) and CPU versions differ in
+  // the last bits.
+  std::vector<float> nv = n.to_vector<float>(), ngv = ng.to_vector<float>();
+  for (size_t i = 0; i < nv.size(); ++i) CHECK(close(ngv[i], nv[i], 2e-6, 1e-6));
   CHECK(host_fallback_count() == before);
 }

@@ -111,7 +111,7 @@ def main():
     with open(sys.argv[1]) as f:
         for line in f:
             if line.startswith("ROW,"):
-                _, name, t = line.strip().split(",")
+                name, t = line.strip()[len("ROW,"):].rsplit(",", 1)
                 ours[name] = float(t)
     peers = {}
     for label, fn in (("torch", torch_rows), ("jax", jax_rows)):
