@@ -178,6 +178,20 @@ void strided_copy(void* dst, const std::vector<int64_t>& dst_strides, const void
   });
 }
 
+std::vector<int64_t> broadcast_source_strides(const Shape& in, size_t out_rank, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> ss(out_rank, 0);
+  auto ist = row_major_strides(in);
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (in[i] != 1) ss[size_t(dims[i])] = ist[i];
+  return ss;
+}
+std::vector<int64_t> transpose_source_strides(const Shape& in, const std::vector<int64_t>& perm) {
+  auto ist = row_major_strides(in);
+  std::vector<int64_t> ss(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) ss[i] = ist[size_t(perm[i])];
+  return ss;
+}
+
 void fill_items(void* dst, int64_t n, const void* value, size_t itemsize) {
   if (n <= 0) return;
   visit_itemsize(itemsize, [&](auto tag) {
@@ -256,11 +270,7 @@ const PrimitiveDef& g_broadcast_in_dim = register_primitive([] {
     // Only size-1 dimensions are inserted: the row-major layout is unchanged.
     if (oa.size() == x.size()) return std::vector<Array>{make_view(x, oa)};
     Array out = make_uninitialized(oa, device_of(x));
-    const auto& bd = p.ints("broadcast_dimensions");
-    std::vector<int64_t> ss(oa.shape.size(), 0);
-    auto ist = row_major_strides(x.shape());
-    for (size_t i = 0; i < bd.size(); ++i)
-      if (x.shape()[i] != 1) ss[size_t(bd[i])] = ist[i];
+    std::vector<int64_t> ss = broadcast_source_strides(x.shape(), oa.shape.size(), p.ints("broadcast_dimensions"));
     strided_copy(raw_ptr(out), row_major_strides(oa.shape), raw_ptr(x), ss, oa.shape, itemsize(oa.dtype));
     return std::vector<Array>{out};
   };
@@ -324,9 +334,7 @@ const PrimitiveDef& g_transpose = register_primitive([] {
       if (x.shape()[size_t(a)] != 1) kept.push_back(a);
     if (std::is_sorted(kept.begin(), kept.end())) return std::vector<Array>{make_view(x, oa)};
     Array out = make_uninitialized(oa, device_of(x));
-    auto ist = row_major_strides(x.shape());
-    std::vector<int64_t> ss(perm.size());
-    for (size_t i = 0; i < perm.size(); ++i) ss[i] = ist[size_t(perm[i])];
+    std::vector<int64_t> ss = transpose_source_strides(x.shape(), perm);
     strided_copy(raw_ptr(out), row_major_strides(oa.shape), raw_ptr(x), ss, oa.shape, itemsize(oa.dtype));
     return std::vector<Array>{out};
   };

@@ -31,6 +31,10 @@ namespace cjax {
 // memcpy'd, transposes are cache-blocked, and large copies run on the thread pool.
 void strided_copy(void* dst, const std::vector<int64_t>& dst_strides, const void* src,
                   const std::vector<int64_t>& src_strides, const std::vector<int64_t>& shape, size_t itemsize);
+// The source strides (elements) per output dim of broadcast_in_dim (0 where broadcast) and of
+// transpose, over a row-major operand: the strided copy of either primitive on any platform.
+std::vector<int64_t> broadcast_source_strides(const Shape& in, size_t out_rank, const std::vector<int64_t>& dims);
+std::vector<int64_t> transpose_source_strides(const Shape& in, const std::vector<int64_t>& perm);
 // Fills `n` contiguous items of `itemsize` bytes at `dst` with the item at `value`.
 void fill_items(void* dst, int64_t n, const void* value, size_t itemsize);
 

@@ -62,21 +62,10 @@ std::string store(DType d, const std::string& v) {
 namespace {
 // Unsigned type of at least `unsigned int`'s width that integer arithmetic wraps in.
 std::string wrap_type(DType d) { return d == DType::int64 ? "unsigned long long" : "unsigned int"; }
-std::string unsigned_same_width(DType d) {
-  switch (d) {
-    case DType::int8: case DType::uint8: return "unsigned char";
-    case DType::int16: return "unsigned short";
-    case DType::int64: return "unsigned long long";
-    default: return "unsigned int";
-  }
-}
-std::string signed_same_width(DType d) {
-  switch (d) {
-    case DType::int8: case DType::uint8: return "signed char";
-    case DType::int16: return "short";
-    case DType::int64: return "long long";
-    default: return "int";
-  }
+// The integer type of d's width with the given signedness.
+std::string same_width(DType d, bool is_signed) {
+  const char* base = itemsize(d) == 1 ? "char" : itemsize(d) == 2 ? "short" : itemsize(d) == 8 ? "long long" : "int";
+  return std::string(is_signed ? (itemsize(d) == 1 ? "signed " : "") : "unsigned ") + base;
 }
 int bits(DType d) { return int(itemsize(d)) * 8; }
 std::string int_min(DType d) {
@@ -138,19 +127,13 @@ std::optional<std::string> float_expr(ScalarOp op, DType d) {
     case ScalarOp::Min: return "cj_fmin(x, y)";
     case ScalarOp::Atan2: return fn2("atan2");
     case ScalarOp::Nextafter: return fn2("nextafter");
-    case ScalarOp::Eq: return "(x == y)";
-    case ScalarOp::Ne: return "(x != y)";
-    case ScalarOp::Lt: return "(x < y)";
-    case ScalarOp::Le: return "(x <= y)";
-    case ScalarOp::Gt: return "(x > y)";
-    case ScalarOp::Ge: return "(x >= y)";
     case ScalarOp::Clamp: return "cj_fmin(cj_fmax(y, x), z)";
     default: return std::nullopt;
   }
 }
 
 std::optional<std::string> int_expr(ScalarOp op, DType d) {
-  const std::string T = storage_type(d), W = wrap_type(d), U = unsigned_same_width(d), S = signed_same_width(d);
+  const std::string T = storage_type(d), W = wrap_type(d), U = same_width(d, false), S = same_width(d, true);
   const bool is_signed = is_signed_int(d);
   auto wrap = [&](const char* o) { return fmt::format("(({})(({})x {} ({})y))", T, W, o, W); };
   std::string shift_oob = fmt::format("(y < 0 || y >= ({}){})", T, bits(d));
@@ -179,12 +162,6 @@ std::optional<std::string> int_expr(ScalarOp op, DType d) {
     case ScalarOp::ShiftRightLogical: return fmt::format("({} ? ({})0 : ({})(({})x >> ({})y))", shift_oob, T, T, U, U);
     case ScalarOp::ShiftRightArithmetic:
       return fmt::format("({0} ? (({1})x < 0 ? ({2})-1 : ({2})0) : ({2})(({1})x >> ({1})y))", shift_oob, S, T);
-    case ScalarOp::Eq: return "(x == y)";
-    case ScalarOp::Ne: return "(x != y)";
-    case ScalarOp::Lt: return "(x < y)";
-    case ScalarOp::Le: return "(x <= y)";
-    case ScalarOp::Gt: return "(x > y)";
-    case ScalarOp::Ge: return "(x >= y)";
     case ScalarOp::Clamp: return "cj_min(cj_max(y, x), z)";
     default: return std::nullopt;
   }
@@ -208,9 +185,23 @@ std::optional<std::string> bool_expr(ScalarOp op) {
   }
 }
 
+// Comparisons read the same for floats and integers (NaN compares unequal, as on the CPU).
+std::optional<std::string> comparison_expr(ScalarOp op) {
+  switch (op) {
+    case ScalarOp::Eq: return "(x == y)";
+    case ScalarOp::Ne: return "(x != y)";
+    case ScalarOp::Lt: return "(x < y)";
+    case ScalarOp::Le: return "(x <= y)";
+    case ScalarOp::Gt: return "(x > y)";
+    case ScalarOp::Ge: return "(x >= y)";
+    default: return std::nullopt;
+  }
+}
 }  // namespace
 
 std::optional<std::string> scalar_expression(ScalarOp op, DType d) {
+  if (d != DType::bool_)
+    if (std::optional<std::string> c = comparison_expr(op)) return c;
   return d == DType::bool_ ? bool_expr(op) : is_float(d) ? float_expr(op, d) : int_expr(op, d);
 }
 

@@ -12,6 +12,7 @@
 #include "core/array_impl.h"
 #include "core/backend.h"
 #include "core/primitive.h"
+#include "core/shape.h"
 
 namespace cjax::cuda {
 namespace {
@@ -94,11 +95,7 @@ std::optional<Array> broadcast_in_dim(std::span<const Array> in, const AbstractV
   const Array& x = in[0];
   if (oa.size() == x.size()) return make_view(x, oa);
   Array out = make_uninitialized(oa, device_of(x));
-  const auto& bd = p.ints("broadcast_dimensions");
-  std::vector<int64_t> ss(oa.shape.size(), 0);
-  auto ist = row_major_strides(x.shape());
-  for (size_t i = 0; i < bd.size(); ++i)
-    if (x.shape()[i] != 1) ss[size_t(bd[i])] = ist[i];
+  std::vector<int64_t> ss = broadcast_source_strides(x.shape(), oa.shape.size(), p.ints("broadcast_dimensions"));
   if (!strided_copy(device_of(x), x, 0, ss, out, 0, row_major_strides(oa.shape), oa.shape)) return std::nullopt;
   return out;
 }
@@ -111,9 +108,7 @@ std::optional<Array> transpose(std::span<const Array> in, const AbstractValue& o
     if (x.shape()[size_t(a)] != 1) kept.push_back(a);
   if (std::is_sorted(kept.begin(), kept.end())) return make_view(x, oa);
   Array out = make_uninitialized(oa, device_of(x));
-  auto ist = row_major_strides(x.shape());
-  std::vector<int64_t> ss(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) ss[i] = ist[size_t(perm[i])];
+  std::vector<int64_t> ss = transpose_source_strides(x.shape(), perm);
   if (!strided_copy(device_of(x), x, 0, ss, out, 0, row_major_strides(oa.shape), oa.shape)) return std::nullopt;
   return out;
 }
