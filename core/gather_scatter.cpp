@@ -717,6 +717,35 @@ const lax::GatherDimensionNumbers& gather_dimension_numbers(const Params& p) {
 const lax::ScatterDimensionNumbers& scatter_dimension_numbers(const Params& p) {
   return p.object<ScatterDimensionNumbersParam>("dimension_numbers")->dn;
 }
+std::optional<LeadingBatchGather> leading_batch_gather(const Array& operand, const Array& indices, const Params& p) {
+  const auto& dn = gather_dimension_numbers(p);
+  const auto& ss = p.ints("slice_sizes");
+  GatherGeom g = gather_geometry(operand, indices, dn, ss);
+  if (!dn.operand_batching_dims.empty()) return std::nullopt;
+  for (size_t k = 0; k < g.batch_out_dims.size(); ++k)
+    if (g.batch_out_dims[k] != int64_t(k)) return std::nullopt;
+  const Shape& os = operand.shape();
+  std::vector<int64_t> istr = row_major_strides(os);
+  LeadingBatchGather out;
+  out.batches = shape_size(g.batch_shape);
+  out.window = ss;
+  out.window_size = shape_size(ss);
+  out.window_strides = istr;
+  out.K = g.K;
+  for (int64_t k = 0; k < g.K; ++k) {
+    int64_t d = dn.start_index_map[size_t(k)];
+    out.hi.push_back(os[size_t(d)] - ss[size_t(d)]);
+    out.start_stride.push_back(istr[size_t(d)]);
+  }
+  out.fill_mode = gather_scatter_mode(p) == lax::GatherScatterMode::fill_or_drop;
+  visit_dtype(operand.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T fill = fill_of<T>(gather_fill_value(p));
+    std::memcpy(&out.fill_bits, &fill, sizeof(T));
+  });
+  return out;
+}
+
 lax::GatherScatterMode gather_scatter_mode(const Params& p) { return p.object<GatherScatterModeParam>("mode")->mode; }
 std::optional<double> gather_fill_value(const Params& p) {
   if (!p.has("fill_value")) return std::nullopt;

@@ -54,6 +54,21 @@ Params gather_params(const lax::GatherDimensionNumbers& dn, const std::vector<in
 Params scatter_params(const lax::ScatterDimensionNumbers& dn, lax::GatherScatterMode mode,
                       bool indices_are_sorted = false, bool unique_indices = false);
 
+// A gather whose batch dims lead the output and that has no batching dims (take, x[idx],
+// embedding lookups), as index arithmetic a device kernel can run: output element (b, w) reads
+// operand[sum_k clamp(indices[b, k], 0, hi[k]) * start_stride[k] + window offset of w], where w
+// runs row-major over `window` (the slice sizes) with `window_strides`; in fill mode an index out
+// of [0, hi[k]] writes `fill` (the element's bytes) instead. nullopt for other layouts.
+struct LeadingBatchGather {
+  int64_t batches = 0, window_size = 0, K = 0;
+  std::vector<int64_t> hi, start_stride;
+  Shape window;
+  std::vector<int64_t> window_strides;
+  bool fill_mode = false;
+  uint64_t fill_bits = 0;
+};
+std::optional<LeadingBatchGather> leading_batch_gather(const Array& operand, const Array& indices, const Params& p);
+
 // Binds with the sortedness/uniqueness hints (lax::gather / lax::scatter_* pass false).
 Array gather_with(const Array& operand, const Array& indices, const lax::GatherDimensionNumbers& dn,
                   const std::vector<int64_t>& slice_sizes, lax::GatherScatterMode mode,

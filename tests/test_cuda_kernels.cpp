@@ -145,3 +145,23 @@ TEST_CASE("random bits on the GPU are bit-exact with the CPU (threefry2x32); nor
   for (size_t i = 0; i < nv.size(); ++i) CHECK(close(ngv[i], nv[i], 2e-6, 1e-6));
   CHECK(host_fallback_count() == before);
 }
+
+TEST_CASE("gather on the GPU: take, x[idx], embedding lookups, every mode") {
+  int64_t before = host_fallback_count();
+  for (DType d : {f32, bf16, i32, f64}) {
+    CAPTURE(dtype_name(d));
+    Array table = random_array({50, 8}, f32, 31).astype(d);
+    Array ids = jnp::array<int32_t>({0, 3, 49, 7, -1, 50, 3}, {7});  // two out of bounds
+    Array g = on_gpu(table), gi = on_gpu(ids);
+    for (const char* mode : {"clip", "fill", "wrap"}) {
+      CAPTURE(mode);
+      check_same(jnp::take(table, ids, 0, mode), jnp::take(g, gi, 0, mode), 0);
+    }
+    Array rows = jnp::array<int32_t>({1, 2, 1, 0}, {2, 2});  // a batch of 2x2 row ids
+    check_same(jnp::take(table, rows, 0), jnp::take(g, on_gpu(rows), 0), 0);
+    check_same(jnp::take(table, ids, 1, "clip"), jnp::take(g, gi, 1, "clip"), 0);
+  }
+  Array x = random_array({6, 5}, f32, 33);
+  check_same(x[2], on_gpu(x)[2], 0);
+  CHECK(host_fallback_count() == before);
+}

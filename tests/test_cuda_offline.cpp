@@ -151,6 +151,9 @@ TEST_CASE("the shape and reduction library kernels compile for sm_90") {
       for (int red : {1, 2})
         if (auto src = cuda::reduce_source(r, d, d, 2, red)) add(*src, "cj_reduce");
   add(cuda::threefry_source({true, true, false, false}), cuda::kElementwiseKernelName);
+  for (DType index : {i32, i64, u8, u32})
+    for (bool fill : {false, true}) add(cuda::gather_source(4, index, 2, 3, fill), "cj_gather");
+  add(cuda::gather_source(2, i32, 1, 2, true), "cj_gather");
   for (DType d : {i8, i32, i64, u8, u32, bf16, f16, f32, f64}) {
     if (auto src = cuda::integer_pow_source(d)) add(*src, cuda::kElementwiseKernelName);
     add(cuda::select_n_source(bool_, d, 2, false), cuda::kElementwiseKernelName);

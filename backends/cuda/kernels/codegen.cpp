@@ -48,6 +48,11 @@ std::string storage_type(DType d) {
 // The type arithmetic happens in (f32 for the half types, as on the CPU).
 std::string compute_type(DType d) { return is_half(d) ? "float" : storage_type(d); }
 
+const char* bits_type(size_t itemsize) {
+  return itemsize == 1 ? "unsigned char" : itemsize == 2 ? "unsigned short" : itemsize == 4 ? "unsigned int"
+                                                                                            : "unsigned long long";
+}
+
 std::string load(DType d, const std::string& v) {
   if (d == DType::bfloat16) return "cj_from_bf16(" + v + ")";
   if (d == DType::float16) return "cj_from_f16(" + v + ")";

@@ -19,6 +19,7 @@ bool is_float(DType d);
 bool is_signed_int(DType d);
 std::string storage_type(DType d);  // the CUDA type an element is stored as ("unsigned short" for bf16)
 std::string compute_type(DType d);  // the type arithmetic happens in (float for bf16/f16)
+const char* bits_type(size_t itemsize);  // an unsigned type of that size: copies move raw bits
 std::string load(DType d, const std::string& v);   // storage -> compute
 std::string store(DType d, const std::string& v);  // compute -> storage (round to nearest even)
 // `op` applied to compute-typed x (and y, z) of dtype d; nullopt where the dtype has no expression.
@@ -34,6 +35,9 @@ std::string strided_copy_source(size_t itemsize, int rank);
 // compute type: partial results of bf16 are f32).
 std::optional<std::string> reduce_source(const std::string& primitive, DType in, DType out, int kept_rank,
                                          int reduced_rank);
+
+// gather for the leading-batch layout (backends/cuda/kernels/gather.cpp).
+std::string gather_source(size_t itemsize, DType index_dtype, int K, int window_rank, bool fill_mode);
 
 // Launches kernel `name` of `source` on d's GPU: `args` are pointers to the kernel's arguments.
 void launch(const Device& d, const std::string& source, const char* name, unsigned grid, unsigned block,

@@ -29,8 +29,7 @@ struct CopyDims {  // mirrors the kernel's CjDims (passed by value)
 }  // namespace
 
 std::string strided_copy_source(size_t itemsize, int rank) {
-  const char* t = itemsize == 1 ? "unsigned char" : itemsize == 2 ? "unsigned short" : itemsize == 4 ? "unsigned int"
-                                                                                                      : "unsigned long long";
+  const char* t = bits_type(itemsize);
   return fmt::format(R"(
 struct CjDims {{ long long ext[{0}]; long long in_stride[{0}]; long long out_stride[{0}]; }};
 extern "C" __global__ void __launch_bounds__({1}) cj_strided_copy(const {2}* __restrict__ in, {2}* __restrict__ out,
