@@ -130,7 +130,7 @@ int main() {
                                  put(random::normal(random::key(2), {width, width}) * 0.02f), put(jnp::zeros({width})),
                                  put(random::normal(random::key(3), {width, width}) * 0.02f)};
     Array x = put(random::normal(random::key(4), {batch, width})), y = put(random::normal(random::key(5), {batch, width}));
-    int64_t before = host_fallback_count();
+    int64_t before = profiler::host_fallback_count();
     Array l;
     double t = seconds([&] {
       auto [value, grads] = value_and_grad(loss)(params, x, y);
@@ -139,7 +139,7 @@ int main() {
       params.back().block_until_ready();
     }, 20);
     std::printf("%-34s %9.1f us  (loss %.5f, %lld host fallbacks per step)\n", "MLP train step f32 512x2048 x3", t * 1e6,
-                double(l.item<float>()), static_cast<long long>((host_fallback_count() - before) / 21));
+                double(l.item<float>()), static_cast<long long>((profiler::host_fallback_count() - before) / 21));
     std::printf("ROW,mlp step f32,%.9f\n", t);
   }
   // Host cost of one eager op on the GPU (dispatch + launch), on 1-element arrays.
@@ -155,6 +155,6 @@ int main() {
     std::printf("ROW,add f32[1] per op,%.9f\n", t / calls);
     std::printf("result check: %.0f (expected %d)\n", double(b.item<float>()), 1 + calls * 6);
   }
-  std::printf("host fallbacks in this run: %lld\n", static_cast<long long>(host_fallback_count()));
+  std::printf("host fallbacks in this run: %lld\n", static_cast<long long>(profiler::host_fallback_count()));
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "cjax/errors.h"
+#include "cjax/profiler.h"
 #include "core/array_impl.h"
 #include "core/buffer.h"
 #include "core/primitive.h"
@@ -104,11 +105,13 @@ std::vector<Array> run_on_host(const PrimitiveDef& def, Platform platform, std::
                  static_cast<long long>(n), def.name.c_str(), int(platform_name(platform).size()),
                  platform_name(platform).data());
   Device home = concrete(in[0])->device();
-  for (Array& o : outs) o = make_from_host(raw_ptr(to_host(o)), o.aval(), home);
+  for (Array& o : outs) o = make_from_host(raw_ptr(o), o.aval(), home);  // CPU kernel outputs: host memory
   return outs;
 }
 
+namespace profiler {
 int64_t host_fallback_count() { return g_host_fallbacks.load(); }
+}  // namespace profiler
 
 void* device_allocate(const Device& d, size_t nbytes) { return backend_for(d.platform()).allocate(d, nbytes); }
 void device_deallocate(const Device& d, void* p, size_t nbytes) {

@@ -59,7 +59,7 @@ const KernelFn* find_kernel(std::string_view primitive, Platform platform);
 
 // Host fallbacks: a primitive with no kernel for its operands' platform runs on the host, its
 // operands copied to cpu:0 and its outputs copied back. Never silent: each one is counted
-// (host_fallback_count in cjax/device.h) and, with CJAX_LOG_FALLBACKS=1, named on stderr.
+// (profiler::host_fallback_count in cjax/profiler.h) and, with CJAX_LOG_FALLBACKS=1, named on stderr.
 // An uncommitted CPU operand copied to a device operand's device (JAX's placement rule): logged
 // with CJAX_LOG_FALLBACKS=1 when larger than a scalar, since a large one costs a transfer per use.
 void note_follow_transfer(std::string_view primitive, const Array& value, const Device& to);

@@ -103,7 +103,7 @@ TEST_CASE("every elementwise primitive on the GPU matches the CPU kernel") {
   std::mt19937 rng(7);
   const DType dtypes[] = {bool_, i8, i32, i64, u8, u32, bf16, f16, f32, f64};
   const int64_t n = 5000;  // several blocks and a partial one
-  int64_t fallbacks_before = host_fallback_count();
+  int64_t fallbacks_before = profiler::host_fallback_count();
   int checked = 0;
   for (const ScalarOpInfo& info : kScalarOps) {
     const PrimitiveDef* def = find_primitive(info.name);
@@ -147,11 +147,11 @@ TEST_CASE("every elementwise primitive on the GPU matches the CPU kernel") {
   }
   MESSAGE(checked << " (primitive, dtype, operand shape) combinations compared");
   CHECK(checked > 150);
-  CHECK(host_fallback_count() == fallbacks_before);  // every one ran as a GPU kernel
+  CHECK(profiler::host_fallback_count() == fallbacks_before);  // every one ran as a GPU kernel
 }
 
 TEST_CASE("weak scalars, numpy operators and conversions run on the GPU") {
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   Array x = on_gpu(jnp::array<float>({1.0f, 2.0f, 4.0f}));
   Array y = jnp::exp(x * 2.0f + 1.0f) / x;
   CHECK(device_of(y) == kGpu);
@@ -163,14 +163,14 @@ TEST_CASE("weak scalars, numpy operators and conversions run on the GPU") {
   Array h = x.astype(bf16);
   CHECK(device_of(h) == kGpu);
   CHECK(h.astype(f32).to_vector<float>() == std::vector<float>{1, 2, 4});
-  CHECK(host_fallback_count() == before);
+  CHECK(profiler::host_fallback_count() == before);
 }
 
 TEST_CASE("a primitive without a GPU kernel runs on the host, counted, and its result stays on the GPU") {
   Array x = on_gpu(jnp::arange(0.0, 10.0, 1.0, f32));
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   Array s = lax::cumsum(x);  // no GPU kernel yet
-  CHECK(host_fallback_count() == before + 1);
+  CHECK(profiler::host_fallback_count() == before + 1);
   CHECK(device_of(s) == kGpu);
   CHECK(s.to_vector<float>().back() == 45.0f);
   // A whole computation mixes GPU kernels and fallbacks and stays correct.
@@ -237,7 +237,7 @@ TEST_CASE("dot_general runs on cuBLASLt: transposes, batches and interleaved bat
       {{2, 16, 4, 8}, {2, 24, 4, 8}, {3}, {3}, {0, 2}, {0, 2}},  // attention's q k^T: batch dims interleave
       {{7, 5}, {5, 3}, {1}, {0}, {}, {}},                        // odd sizes
   };
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   for (DType d : {f32, bf16, f16, f64})
     for (const Case& c : cases) {
       Array l = random(c.lhs, d), r = random(c.rhs, d);
@@ -257,7 +257,7 @@ TEST_CASE("dot_general runs on cuBLASLt: transposes, batches and interleaved bat
         if (!close(w[i], g[i], tol, tol) && bad++ < 3) MESSAGE("[" << i << "]: cpu " << w[i] << " gpu " << g[i]);
       CHECK(bad == 0);
     }
-  CHECK(host_fallback_count() == before);
+  CHECK(profiler::host_fallback_count() == before);
   // bf16 operands with an f32 result (preferred_element_type), as mixed-precision training uses.
   Array l = random({16, 32}, bf16), r = random({32, 8}, bf16);
   lax::DotDimensionNumbers matmul{{{1}, {0}}, {{}, {}}};
@@ -268,7 +268,7 @@ TEST_CASE("dot_general runs on cuBLASLt: transposes, batches and interleaved bat
   for (size_t i = 0; i < w.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(1e-4));
   // Integer operands have no cuBLASLt path: counted fallback, still exact.
   Array li = jnp::arange(12, i32).reshape({3, 4}), ri = jnp::arange(8, i32).reshape({4, 2});
-  before = host_fallback_count();
+  before = profiler::host_fallback_count();
   CHECK(jnp::matmul(on_gpu(li), on_gpu(ri)).to_vector<int32_t>() == jnp::matmul(li, ri).to_vector<int32_t>());
-  CHECK(host_fallback_count() == before + 1);
+  CHECK(profiler::host_fallback_count() == before + 1);
 }

@@ -32,7 +32,7 @@ void check_same(const Array& want, const Array& got, double tol) {
 }  // namespace
 
 TEST_CASE("shape primitives copy on the GPU: broadcast, transpose, slice, rev, concatenate, views") {
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   for (DType d : {f32, bf16, i32, bool_, f64, u8}) {
     CAPTURE(dtype_name(d));
     Array x = random_array({3, 4, 5}, f32, 1).astype(d);
@@ -48,11 +48,11 @@ TEST_CASE("shape primitives copy on the GPU: broadcast, transpose, slice, rev, c
     check_same(x.reshape({20, 3}), g.reshape({20, 3}), 0);
     check_same(jnp::squeeze(x.reshape({1, 60})), jnp::squeeze(g.reshape({1, 60})), 0);
   }
-  CHECK(host_fallback_count() == before);
+  CHECK(profiler::host_fallback_count() == before);
 }
 
 TEST_CASE("reductions over any axes on the GPU") {
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   struct Case {
     Shape shape;
     std::vector<int64_t> axes;
@@ -78,7 +78,7 @@ TEST_CASE("reductions over any axes on the GPU") {
   // NaN propagates through max, as on the CPU.
   Array n = jnp::array<float>({1.0f, NAN, 3.0f});
   CHECK(std::isnan(lax::reduce_max(on_gpu(n), {0}).item<float>()));
-  CHECK(host_fallback_count() == before);
+  CHECK(profiler::host_fallback_count() == before);
   // Deterministic: the same reduction twice gives the same bits.
   Array big = on_gpu(random_array({1 << 20}, f32, 9));
   CHECK(jnp::sum(big).item<float>() == jnp::sum(big).item<float>());
@@ -101,19 +101,19 @@ TEST_CASE("an MLP training step runs on the GPU with the CPU's loss and gradient
     for (size_t i = 0; i < ps.size(); ++i) ps[i] = ps[i] - 0.1f * grads[i];
     return l;
   };
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   for (int i = 0; i < 5; ++i) {
     float want = step(params, x, y).item<float>();
     float got = step(gparams, gx, gy).item<float>();
     CHECK(got == doctest::Approx(want).epsilon(1e-5));
   }
   for (size_t i = 0; i < params.size(); ++i) check_same(params[i], gparams[i], 1e-4);
-  MESSAGE("host fallbacks in 5 GPU training steps: " << host_fallback_count() - before);
-  CHECK(host_fallback_count() - before == 0);
+  MESSAGE("host fallbacks in 5 GPU training steps: " << profiler::host_fallback_count() - before);
+  CHECK(profiler::host_fallback_count() - before == 0);
 }
 
 TEST_CASE("select_n, integer_pow and stop_gradient on the GPU") {
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   for (DType d : {f32, bf16, i32, f64}) {
     CAPTURE(dtype_name(d));
     Array a = random_array({5, 7}, f32, 21).astype(d), b = random_array({5, 7}, f32, 22).astype(d);
@@ -126,11 +126,11 @@ TEST_CASE("select_n, integer_pow and stop_gradient on the GPU") {
     if (d != i32) check_same(lax::integer_pow(a, -2), lax::integer_pow(on_gpu(a), -2), d == bf16 ? 1e-2 : 1e-6);
     check_same(lax::stop_gradient(a), lax::stop_gradient(on_gpu(a)), 0);
   }
-  CHECK(host_fallback_count() == before);
+  CHECK(profiler::host_fallback_count() == before);
 }
 
 TEST_CASE("random bits on the GPU are bit-exact with the CPU (threefry2x32); normals agree to float rounding") {
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   Array k = random::key(42);
   Array kg = on_gpu(k);
   Array u = random::uniform(k, {1000}), ug = random::uniform(kg, {1000});
@@ -143,11 +143,11 @@ TEST_CASE("random bits on the GPU are bit-exact with the CPU (threefry2x32); nor
   // the last bits.
   std::vector<float> nv = n.to_vector<float>(), ngv = ng.to_vector<float>();
   for (size_t i = 0; i < nv.size(); ++i) CHECK(close(ngv[i], nv[i], 2e-6, 1e-6));
-  CHECK(host_fallback_count() == before);
+  CHECK(profiler::host_fallback_count() == before);
 }
 
 TEST_CASE("gather on the GPU: take, x[idx], embedding lookups, every mode") {
-  int64_t before = host_fallback_count();
+  int64_t before = profiler::host_fallback_count();
   for (DType d : {f32, bf16, i32, f64}) {
     CAPTURE(dtype_name(d));
     Array table = random_array({50, 8}, f32, 31).astype(d);
@@ -160,11 +160,11 @@ TEST_CASE("gather on the GPU: take, x[idx], embedding lookups, every mode") {
     Array rows = jnp::array<int32_t>({1, 2, 1, 0}, {2, 2});  // a batch of 2x2 row ids
     check_same(jnp::take(table, rows, 0), jnp::take(g, on_gpu(rows), 0), 0);
     // Along axis 1 the batch dims do not lead the output: a counted host fallback for now.
-    int64_t fallbacks = host_fallback_count();
+    int64_t fallbacks = profiler::host_fallback_count();
     check_same(jnp::take(table, ids, 1, "clip"), jnp::take(g, gi, 1, "clip"), 0);
-    CHECK(host_fallback_count() == fallbacks + 1);
+    CHECK(profiler::host_fallback_count() == fallbacks + 1);
   }
   Array x = random_array({6, 5}, f32, 33);
   check_same(x[2], on_gpu(x)[2], 0);
-  CHECK(host_fallback_count() == before + 4);  // the four axis-1 takes above
+  CHECK(profiler::host_fallback_count() == before + 4);  // the four axis-1 takes above
 }

@@ -8,7 +8,7 @@
 
 namespace cjax::cuda {
 
-// X(name as called, symbol): the symbol is the versioned export behind cuda.h's macros.
+// X(name): looked up under the versioned export that cuda.h's macros give the name (cuMemAlloc_v2).
 #define CJAX_CUDA_DRIVER_FUNCTIONS(X)             \
   X(cuInit)                                       \
   X(cuDriverGetVersion)                           \
@@ -34,11 +34,7 @@ namespace cjax::cuda {
   X(cuMemGetInfo)                                 \
   X(cuModuleLoadData)                             \
   X(cuModuleGetFunction)                          \
-  X(cuLaunchKernel)                               \
-  X(cuEventCreate)                                \
-  X(cuEventRecord)                                \
-  X(cuEventSynchronize)                           \
-  X(cuEventElapsedTime)
+  X(cuLaunchKernel)
 
 #define CJAX_NVRTC_FUNCTIONS(X) \
   X(nvrtcVersion)               \
@@ -49,9 +45,7 @@ namespace cjax::cuda {
   X(nvrtcGetProgramLogSize)     \
   X(nvrtcGetProgramLog)         \
   X(nvrtcGetCUBINSize)          \
-  X(nvrtcGetCUBIN)              \
-  X(nvrtcGetPTXSize)            \
-  X(nvrtcGetPTX)
+  X(nvrtcGetCUBIN)
 
 struct Driver {
 #define CJAX_X(f) decltype(&::f) f = nullptr;

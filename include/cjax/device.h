@@ -40,10 +40,6 @@ struct MemoryStats {
   int64_t num_cache_hits = 0; // requests served from the cache
 };
 MemoryStats memory_stats(const Device&);
-// Primitives that ran on the host because their operands' platform has no kernel for them yet
-// (operands copied to cpu:0, outputs copied back), counted since the process started.
-// CJAX_LOG_FALLBACKS=1 names each one on stderr.
-int64_t host_fallback_count();
 void reset_peak_memory(const Device&);
 
 namespace config {

@@ -15,6 +15,11 @@
 
 namespace cjax::profiler {
 
+// Primitives that ran on the host because their operands' platform has no kernel for them yet
+// (operands copied to cpu:0, outputs copied back), counted since the process started, whether
+// or not the profiler is recording. CJAX_LOG_FALLBACKS=1 names each one on stderr.
+int64_t host_fallback_count();
+
 struct Event {
   std::string name;  // "fused[mul add tanh]" or the primitive, e.g. "dot_general"
   std::string jit;   // the jit function's name
