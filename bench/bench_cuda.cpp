@@ -14,6 +14,7 @@
 using namespace cjax;
 using namespace cjax::bench;
 namespace jnp = cjax::numpy;
+namespace nn = cjax::nn;
 
 namespace {
 const Device kGpu(Platform::cuda, 0);
@@ -117,30 +118,104 @@ int main() {
     std::printf("ROW,%s,%.9f\n", what.c_str(), t);
   }
   std::printf("\n");
-  // An eager MLP training step (forward, backward through value_and_grad, SGD update) on the GPU.
+  // jit: fused kernels generated as CUDA C++ (bytes = inputs read + outputs written once).
+  std::printf("%-34s %12s %10s %10s\n", "jit (cjax fused kernels)", "time", "GB/s", "of copy");
+  {
+    auto chain = [](const Array& x) {  // 15 elementwise ops, one kernel
+      Array y = x * 1.5f + 0.25f;
+      y = jnp::tanh(y) * x - 0.5f;
+      y = jnp::exp(y * 0.125f) + jnp::square(x);
+      return jnp::sqrt(jnp::abs(y) + 1.0f) / (y * y + 2.0f);
+    };
+    auto chain_jit = jit(chain);
+    for (auto [n, d] : {std::pair{int64_t(1) << 24, f32}, std::pair{int64_t(1) << 26, f32},
+                        std::pair{int64_t(1) << 28, f32}, std::pair{int64_t(1) << 26, bf16}}) {
+      Array x = device_put(random::normal(random::key(7), {n}), SingleDeviceSharding(kGpu)).astype(d);
+      Array z;
+      double t = seconds([&] {
+        z = chain_jit(x);
+        z.block_until_ready();
+      }, 20);
+      report(fmt::format("jit chain {}[{}M]", dtype_name(d), n >> 20), t, 2.0 * double(itemsize(d)) * double(n));
+    }
+    auto softmax_jit = jit([](const Array& x) { return nn::softmax(x, -1); });
+    auto rms_jit = jit([](const Array& x, const Array& g) { return nn::rms_norm(x, g); });
+    auto layer_norm_jit = jit([](const Array& x, const Array& g, const Array& b) {
+      Array mu = jnp::mean(x, -1, true);
+      Array var = jnp::mean(jnp::square(x - mu), -1, true);
+      return (x - mu) / jnp::sqrt(var + 1e-5f) * g + b;
+    });
+    for (auto [r, c, d] : {std::tuple{int64_t(4096), int64_t(4096), f32}, std::tuple{int64_t(32768), int64_t(1024), f32},
+                           std::tuple{int64_t(1024), int64_t(32768), f32}, std::tuple{int64_t(4096), int64_t(4096), bf16}}) {
+      Array x = device_put(random::normal(random::key(8), {r, c}), SingleDeviceSharding(kGpu)).astype(d);
+      Array z;
+      double bytes = 2.0 * double(itemsize(d)) * double(r * c);
+      double t = seconds([&] {
+        z = softmax_jit(x);
+        z.block_until_ready();
+      }, 20);
+      report(fmt::format("jit softmax {}[{},{}]", dtype_name(d), r, c), t, bytes);
+      if (d != f32 || c != 1024) continue;
+      Array g = device_put(jnp::ones({c}), SingleDeviceSharding(kGpu)), b = device_put(jnp::zeros({c}), SingleDeviceSharding(kGpu));
+      t = seconds([&] {
+        z = rms_jit(x, g);
+        z.block_until_ready();
+      }, 20);
+      report(fmt::format("jit rms_norm {}[{},{}]", dtype_name(d), r, c), t, bytes);
+      t = seconds([&] {
+        z = layer_norm_jit(x, g, b);
+        z.block_until_ready();
+      }, 20);
+      report(fmt::format("jit layer_norm {}[{},{}]", dtype_name(d), r, c), t, bytes);
+    }
+    // Host time of a cached one-kernel jit call (queued, not waited for).
+    Array one = device_put(jnp::ones({1}), SingleDeviceSharding(kGpu)), acc = one;
+    auto tiny = jit([](const Array& a, const Array& b) { return a * 0.5f + b; });
+    acc = tiny(acc, one);
+    const int calls = 1000;
+    double t = seconds([&] {
+      for (int i = 0; i < calls; ++i) acc = tiny(acc, one);
+      acc.block_until_ready();
+    }, 5);
+    std::printf("%-34s %9.2f us per call\n", "jit 1-kernel call, chain of 1000", t / calls * 1e6);
+    std::printf("ROW,jit tiny call,%.9f\n", t / calls);
+  }
+  std::printf("\n");
+  // An MLP training step (forward, backward through value_and_grad, SGD update) on the GPU, eager
+  // and under jit with the parameters donated.
   {
     auto loss = [](const std::vector<Array>& p, const Array& x, const Array& y) {
       Array h = jnp::tanh(jnp::matmul(x, p[0]) + p[1]);
       h = jnp::tanh(jnp::matmul(h, p[2]) + p[3]);
       return jnp::mean(jnp::square(jnp::matmul(h, p[4]) - y));
     };
+    auto eager_step = [&](const std::vector<Array>& p, const Array& x, const Array& y) {
+      auto [value, grads] = value_and_grad(loss)(p, x, y);
+      std::vector<Array> out{value};
+      for (size_t i = 0; i < p.size(); ++i) out.push_back(p[i] - 0.01f * grads[i]);
+      return out;
+    };
+    auto jit_step = jit(eager_step, {.donate_argnums = {0}});
     const int64_t batch = 512, width = 2048;
     auto put = [](const Array& a) { return device_put(a, SingleDeviceSharding(kGpu)); };
-    std::vector<Array> params = {put(random::normal(random::key(1), {width, width}) * 0.02f), put(jnp::zeros({width})),
-                                 put(random::normal(random::key(2), {width, width}) * 0.02f), put(jnp::zeros({width})),
-                                 put(random::normal(random::key(3), {width, width}) * 0.02f)};
     Array x = put(random::normal(random::key(4), {batch, width})), y = put(random::normal(random::key(5), {batch, width}));
-    int64_t before = profiler::host_fallback_count();
-    Array l;
-    double t = seconds([&] {
-      auto [value, grads] = value_and_grad(loss)(params, x, y);
-      for (size_t i = 0; i < params.size(); ++i) params[i] = params[i] - 0.01f * grads[i];
-      l = value;
-      params.back().block_until_ready();
-    }, 20);
-    std::printf("%-34s %9.1f us  (loss %.5f, %lld host fallbacks per step)\n", "MLP train step f32 512x2048 x3", t * 1e6,
-                double(l.item<float>()), static_cast<long long>((profiler::host_fallback_count() - before) / 21));
-    std::printf("ROW,mlp step f32,%.9f\n", t);
+    for (bool jitted : {false, true}) {
+      std::vector<Array> params = {put(random::normal(random::key(1), {width, width}) * 0.02f), put(jnp::zeros({width})),
+                                   put(random::normal(random::key(2), {width, width}) * 0.02f), put(jnp::zeros({width})),
+                                   put(random::normal(random::key(3), {width, width}) * 0.02f)};
+      int64_t before = profiler::host_fallback_count();
+      Array l;
+      double t = seconds([&] {
+        std::vector<Array> out = jitted ? jit_step(params, x, y) : eager_step(params, x, y);
+        l = out[0];
+        params.assign(out.begin() + 1, out.end());
+        params.back().block_until_ready();
+      }, 20);
+      std::printf("%-34s %9.1f us  (loss %.5f, %lld host fallbacks per step)\n",
+                  jitted ? "jit MLP train step f32, donated" : "MLP train step f32 512x2048 x3", t * 1e6,
+                  double(l.item<float>()), static_cast<long long>((profiler::host_fallback_count() - before) / 21));
+      std::printf("ROW,%s,%.9f\n", jitted ? "jit mlp step f32" : "mlp step f32", t);
+    }
   }
   // Host cost of one eager op on the GPU (dispatch + launch), on 1-element arrays.
   {

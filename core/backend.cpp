@@ -26,7 +26,7 @@ std::array<std::atomic<Backend*>, kNumPlatforms>& backends() {
 
 struct KernelTable {
   std::mutex mu;
-  absl::flat_hash_map<std::string, std::array<KernelFn, kNumPlatforms>> kernels;
+  absl::flat_hash_map<std::string, std::array<PrimitiveKernel, kNumPlatforms>> kernels;
 };
 KernelTable& kernel_table() {
   static KernelTable t;
@@ -72,13 +72,13 @@ void check_device(const Device& d) {
                                  d.platform() == Platform::cpu ? " (CJAX_NUM_CPU_DEVICES)" : ""));
 }
 
-void register_kernel(std::string_view primitive, Platform platform, KernelFn fn) {
+void register_kernel(std::string_view primitive, Platform platform, PrimitiveKernel fn) {
   KernelTable& t = kernel_table();
   std::lock_guard lock(t.mu);
   t.kernels[std::string(primitive)][size_t(platform)] = std::move(fn);
 }
 
-const KernelFn* find_kernel(std::string_view primitive, Platform platform) {
+const PrimitiveKernel* find_kernel(std::string_view primitive, Platform platform) {
   KernelTable& t = kernel_table();
   std::lock_guard lock(t.mu);
   auto it = t.kernels.find(std::string(primitive));

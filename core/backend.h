@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,6 +18,32 @@ namespace cjax {
 
 struct PrimitiveDef;
 class Params;
+struct KernelSpec;
+
+// The fused kernels of one jit program (core/kernel_spec.h), compiled for one device.
+class KernelModule {
+ public:
+  virtual ~KernelModule() = default;
+  // Runs kernel k over `buffers` (the spec's inputs, then its outputs: memory of the module's
+  // device), in order with the work queued before it on that device. An output marked in place
+  // of an input may be given that input's buffer or a buffer of its own.
+  virtual void launch(size_t kernel, std::span<void* const> buffers) const = 0;
+  // False where the generator could not express kernel k: jit then runs its equations one by
+  // one, each as its own primitive.
+  virtual bool has_kernel(size_t kernel) const = 0;
+  bool from_cache = false;  // the compiled code came from the kernel cache
+  double compile_ms = 0;
+};
+
+// A platform's code generator for fused kernels.
+class KernelCompiler {
+ public:
+  virtual ~KernelCompiler() = default;
+  // Compiles `specs` as one module for device d. With a non-empty `dump_base` (CJAX_DUMP), writes
+  // what the generator produced next to the program's other dumps (dump_base + suffix).
+  virtual std::shared_ptr<const KernelModule> compile(const Device& d, std::span<const KernelSpec* const> specs,
+                                                      const std::string& dump_base) = 0;
+};
 
 class Backend {
  public:
@@ -39,6 +66,9 @@ class Backend {
   virtual void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) = 0;
   // Waits until the device's queued work is done.
   virtual void synchronize(const Device& d) = 0;
+  // The fused-kernel compiler jit uses for this platform's devices; null where jit runs the CPU
+  // path (backends/cpu compiles through jit/codegen.h until it moves behind this interface).
+  virtual KernelCompiler* kernel_compiler() { return nullptr; }
 };
 
 // Registers the backend of its platform (once, at static initialisation).
@@ -52,10 +82,10 @@ void check_device(const Device& d);
 
 // Per-platform primitive kernels, keyed by (primitive name, platform). CPU kernels are the defs'
 // cpu_impl (registered by register_primitive); other backends register theirs here.
-using KernelFn = std::function<std::vector<Array>(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+using PrimitiveKernel = std::function<std::vector<Array>(std::span<const Array> in, std::span<const AbstractValue> out_avals,
                                                   const Params& params)>;
-void register_kernel(std::string_view primitive, Platform platform, KernelFn fn);
-const KernelFn* find_kernel(std::string_view primitive, Platform platform);
+void register_kernel(std::string_view primitive, Platform platform, PrimitiveKernel fn);
+const PrimitiveKernel* find_kernel(std::string_view primitive, Platform platform);
 
 // Host fallbacks: a primitive with no kernel for its operands' platform runs on the host, its
 // operands copied to cpu:0 and its outputs copied back. Never silent: each one is counted

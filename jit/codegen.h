@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/kernel_spec.h"
+#include "core/kernel_spec.h"
 
 namespace cjax {
 

@@ -251,6 +251,20 @@ void Executable::run_kernel_unfused(const Instr& in, std::vector<Array>& slots) 
   for (size_t o = 0; o < k.outputs.size(); ++o) slots[size_t(in.outputs[o])] = env.at(k.outputs[o].id());
 }
 
+// An in-place output takes its input's buffer when nothing else holds it (an intermediate that
+// dies here, or a donated argument); otherwise the kernel writes a buffer of its own.
+bool Executable::may_write_in_place(const Instr& in, const std::vector<Array>& slots,
+                                    const std::vector<bool>& donated) const {
+  for (const KernelOutput& ko : plan_.kernels[size_t(in.kernel)].spec.outputs) {
+    if (ko.in_place_of < 0) continue;
+    int s = in.inputs[size_t(ko.in_place_of)];
+    const Array& a = slots[size_t(s)];
+    ConcreteArray* c = concrete(a);
+    if (!(c->buffer().use_count() == 1 && (a.impl_ptr().use_count() == 1 || donated[size_t(s)]))) return false;
+  }
+  return true;
+}
+
 KernelFn Executable::out_of_place_variant(int kernel) const {
   const KernelSpec& spec = plan_.kernels[size_t(kernel)].spec;
   bool has_in_place = false;
@@ -293,16 +307,7 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
     if (!have_dev) dev = c->device();
     have_dev = true;
   }
-  // An in-place output takes its input's buffer when nothing else holds it (an intermediate that
-  // dies here, or a donated argument); otherwise the kernel's out-of-place variant runs.
-  bool in_place = true;
-  for (const KernelOutput& ko : spec.outputs) {
-    if (ko.in_place_of < 0) continue;
-    int s = in.inputs[size_t(ko.in_place_of)];
-    const Array& a = slots[size_t(s)];
-    ConcreteArray* c = concrete(a);
-    in_place = in_place && c->buffer().use_count() == 1 && (a.impl_ptr().use_count() == 1 || donated[size_t(s)]);
-  }
+  bool in_place = may_write_in_place(in, slots, donated);
   std::vector<Array> outs;
   for (size_t o = 0; o < in.outputs.size(); ++o) {
     if (int r = spec.outputs[o].in_place_of; r >= 0 && in_place) {
@@ -343,17 +348,6 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
 }
 
-void require_host_argument(const Array& arg, size_t i) {
-  auto* c = dynamic_cast<const ConcreteArray*>(arg.impl());
-  if (!c || c->buffers.empty()) return;  // pending outputs of jit calls are CPU values
-  if (const Device& d = c->buffers[0]->device(); !host_accessible(d))
-    throw BackendError(fmt::format("jit: argument {} ({}) lives on {}, but jit compiles CPU code only so far (the CUDA "
-                                   "code generator is not built yet); call the function without jit (each primitive "
-                                   "runs on the device, or as a counted host fallback), or device_put the argument "
-                                   "to a cpu device",
-                                   i, arg.aval().str(), d.str()));
-}
-
 void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
                              std::vector<bool>& donated) const {
   if (args.size() != in_slots_.size())
@@ -365,31 +359,36 @@ void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t
     ConcreteArray* c = concrete(args[i]);
     if (!c) throw Error("internal: Executable::run on a non-concrete argument");
     if (c->buffers.empty()) raise_deleted(fmt::format("jit argument {}", i));
-    require_host_argument(args[i], i);
     slots[size_t(in_slots_[i])] = args[i];
   }
   for (size_t i : donated_args) donated[size_t(in_slots_[i])] = true;
 }
 
 // dot_general_accumulate (jit/passes.h fuse_gemm_updates) over an accumulator that nothing else
-// holds (an intermediate dying here, or a donated argument): BLAS adds into its buffer, which
-// becomes the output. Returns false when the accumulator must be kept (the primitive's impl then
-// accumulates into a copy).
-bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots,
-                                          std::vector<bool>& donated) const {
+// holds (an intermediate dying here, or a donated argument): the GEMM adds into its buffer, which
+// becomes the output. Otherwise the primitive's kernel accumulates into a new buffer.
+bool Executable::gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots,
+                                       const std::vector<bool>& donated) const {
   int s = instr.inputs[2];
   if (s < 0 || std::find(instr.release.begin(), instr.release.end(), s) == instr.release.end()) return false;
   for (int k : {instr.inputs[0], instr.inputs[1]})
     if (k < 0 || k == s) return false;
-  Array& acc = slots[size_t(s)];
+  const Array& acc = slots[size_t(s)];
   ConcreteArray* c = concrete(acc);
   if (c->buffers.size() != 1 || c->buffer().use_count() != 1 || !(acc.impl_ptr().use_count() == 1 || donated[size_t(s)]))
     return false;
   const Array &lhs = slots[size_t(instr.inputs[0])], &rhs = slots[size_t(instr.inputs[1])];
-  if (concrete(lhs)->buffers.size() != 1 || concrete(rhs)->buffers.size() != 1) return false;
+  return concrete(lhs)->buffers.size() == 1 && concrete(rhs)->buffers.size() == 1;
+}
+
+bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots,
+                                          std::vector<bool>& donated) const {
+  if (!gemm_update_may_reuse(instr, slots, donated)) return false;
+  Array& acc = slots[size_t(instr.inputs[2])];
+  const Array &lhs = slots[size_t(instr.inputs[0])], &rhs = slots[size_t(instr.inputs[1])];
   dot_general_accumulate_into(lhs, rhs, *instr.params.object<DotDimsParam>("dimension_numbers"),
                               instr.params.get<double>("alpha"), acc);
-  slots[size_t(instr.outputs[0])] = Array(std::make_shared<ConcreteArray>(instr.out_avals[0], c->buffer()));
+  slots[size_t(instr.outputs[0])] = Array(std::make_shared<ConcreteArray>(instr.out_avals[0], concrete(acc)->buffer()));
   for (int r : instr.release) slots[size_t(r)] = Array();
   return true;
 }
@@ -428,6 +427,7 @@ std::vector<Array> Executable::collect_outputs(const std::vector<Array>& slots) 
 }
 
 std::vector<Array> Executable::run(std::span<const Array> args, std::span<const size_t> donated_args) const {
+  if (std::optional<Device> d = device_of_arguments(args)) return run_on_device(*d, args, donated_args);
   std::vector<Array> slots;
   std::vector<bool> donated;
   bind_inputs(args, donated_args, slots, donated);
@@ -436,6 +436,131 @@ std::vector<Array> Executable::run(std::span<const Array> args, std::span<const 
   return collect_outputs(slots);
 }
 
+std::optional<Device> Executable::device_of_arguments(std::span<const Array> args) {
+  std::optional<Device> found;
+  std::optional<size_t> committed_at;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto* c = dynamic_cast<const ConcreteArray*>(args[i].impl());
+    if (!c || c->buffers.size() != 1) continue;
+    const Device& d = c->buffers[0]->device();
+    if (host_accessible(d)) {
+      if (c->committed && !committed_at) committed_at = i;
+      continue;
+    }
+    if (!found) {
+      found = d;
+    } else if (*found != d) {
+      throw BackendError(fmt::format("jit: arguments live on {} and {} (argument {}): a jit program runs on one device; "
+                                     "device_put them to one device",
+                                     found->str(), d.str(), i));
+    }
+  }
+  if (found && committed_at)
+    throw BackendError(fmt::format("jit: argument {} was placed on {} (device_put) but other arguments live on {}; a jit "
+                                   "program runs on one device: device_put it to {}",
+                                   *committed_at, concrete(args[*committed_at])->device().str(), found->str(),
+                                   found->str()));
+  return found;
+}
+
+const Executable::DeviceProgram& Executable::device_program(const Device& d) const {
+  std::lock_guard lock(device_programs_->mu);
+  auto& slot = device_programs_->by_device[{int(d.platform()), d.id()}];
+  if (slot) return *slot;
+  auto p = std::make_unique<DeviceProgram>();
+  if (!plan_.kernels.empty()) {
+    KernelCompiler* compiler = backend_for(d.platform()).kernel_compiler();
+    if (!compiler)
+      throw BackendError(fmt::format("jit: platform '{}' has no kernel compiler; run the function without jit or "
+                                     "device_put its arguments to a cpu device",
+                                     platform_name(d.platform())));
+    std::vector<const KernelSpec*> specs;
+    for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
+    p->module = compiler->compile(d, specs, dump_base_.empty() ? "" : dump_base_ + "." + d.str());
+  }
+  for (const Array& c : consts_) p->consts.push_back(device_put(c, SingleDeviceSharding(d)));
+  slot = std::move(p);
+  return *slot;
+}
+
+void Executable::run_kernel_on_device(const DeviceProgram& p, const Device& d, const Instr& in,
+                                      std::vector<Array>& slots, std::vector<bool>& donated) const {
+  if (!p.module->has_kernel(size_t(in.kernel))) return run_kernel_unfused(in, slots);
+  const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
+  std::vector<void*> bufs;
+  bufs.reserve(in.inputs.size() + in.outputs.size());
+  for (int s : in.inputs) {
+    ConcreteArray* c = concrete(slots[size_t(s)]);
+    if (c->buffers.empty()) raise_deleted(fmt::format("jit '{}'", name_));
+    if (c->buffers.size() > 1) return run_kernel_unfused(in, slots);
+    if (c->device() != d) {  // an uncommitted host value (a library step's host fallback) follows
+      note_follow_transfer(kernel_label(plan_.kernels[size_t(in.kernel)]), slots[size_t(s)], d);
+      slots[size_t(s)] = device_put(slots[size_t(s)], SingleDeviceSharding(d));
+      c = concrete(slots[size_t(s)]);
+    }
+    bufs.push_back(c->buffer()->data());
+  }
+  bool in_place = may_write_in_place(in, slots, donated);
+  std::vector<Array> outs;
+  for (size_t o = 0; o < in.outputs.size(); ++o) {
+    if (int r = spec.outputs[o].in_place_of; r >= 0 && in_place) {
+      outs.emplace_back(
+          std::make_shared<ConcreteArray>(in.out_avals[o], concrete(slots[size_t(in.inputs[size_t(r)])])->buffer()));
+      continue;
+    }
+    outs.push_back(make_uninitialized(in.out_avals[o], d));
+  }
+  for (const Array& o : outs) bufs.push_back(raw_ptr(o));
+  p.module->launch(size_t(in.kernel), bufs);
+  for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
+}
+
+std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Array> args,
+                                             std::span<const size_t> donated_args) const {
+  const DeviceProgram& program = device_program(d);
+  std::vector<Array> slots;
+  std::vector<bool> donated;
+  bind_inputs(args, donated_args, slots, donated);
+  for (size_t i = 0; i < program.consts.size(); ++i) slots[i] = program.consts[i];
+  TraceScope scope(eval_trace());
+  bool profiling = profiler::enabled();
+  for (const Instr& instr : program_) {
+    ProfileScope timing(profiling);
+    if (instr.kernel >= 0) {
+      run_kernel_on_device(program, d, instr, slots, donated);
+      if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
+    } else {
+      std::vector<Array> in;
+      in.reserve(instr.inputs.size());
+      for (size_t k = 0; k < instr.inputs.size(); ++k)
+        in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+      std::vector<Array> outs;
+      const PrimitiveKernel* update = nullptr;
+      bool on_device = std::all_of(in.begin(), in.end(), [&](const Array& x) {
+        ConcreteArray* c = concrete(x);
+        return c->buffers.size() == 1 && c->device() == d;
+      });
+      if (instr.def == gemm_update_ && on_device && gemm_update_may_reuse(instr, slots, donated) &&
+          (update = find_kernel(instr.def->name, d.platform()))) {
+        // The platform's GEMM adds into the accumulator's buffer (D = C), which nothing else holds.
+        Params params = instr.params;
+        params.set("accumulate_in_place", true);
+        outs = (*update)(in, instr.out_avals, params);
+      } else {
+        outs = cjax::bind(*instr.def, in, instr.params);
+      }
+      for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
+      if (profiling) timing.record(instr.def->name, name_);
+    }
+    for (int s : instr.release) slots[size_t(s)] = Array();
+  }
+  std::vector<Array> outs = collect_outputs(slots);
+  // Outputs that stayed on the host (literal outputs, host fallbacks) join the program's device.
+  for (Array& o : outs)
+    if (auto* c = dynamic_cast<ConcreteArray*>(o.impl()); c && c->buffers.size() == 1 && c->device() != d)
+      o = device_put(o, SingleDeviceSharding(d));
+  return outs;
+}
 
 std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes,
                                                          bool backward, bool parallel,

@@ -16,8 +16,10 @@
 // CJAX_DUMP=<dir> writes, per compilation, the jaxpr after passes, the fusion plan, each
 // kernel's KernelSpec and the LLVM IR before and after optimization.
 #pragma once
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,23 +28,24 @@
 #include "cjax/make_jaxpr.h"
 #include "cjax/sharding.h"
 #include "core/spmd.h"
+#include "core/backend.h"
 #include "jit/codegen.h"
 #include "jit/fusion.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {
 
-// Raises BackendError naming argument i unless its buffer is host memory: jit compiles CPU code
-// only so far (docs/cuda.md).
-void require_host_argument(const Array& arg, size_t i);
-
 class Executable {
  public:
   // `name` labels dumps and profiles (the jit function's name).
   explicit Executable(const ClosedJaxpr& traced, std::string name = "jit");
   // Runs on concrete inputs (one per invar of the traced jaxpr) on the caller's thread. The
-  // buffers of `donated` arguments may be reused for outputs.
+  // buffers of `donated` arguments may be reused for outputs. Arguments on a device platform
+  // (a GPU) run the program there: see run_on_device.
   std::vector<Array> run(std::span<const Array> args, std::span<const size_t> donated = {}) const;
+  // The device of the arguments when it is not host memory (the program then runs there), else
+  // nullopt. Committed arguments on two devices raise BackendError naming both.
+  static std::optional<Device> device_of_arguments(std::span<const Array> args);
   // A shard_map body run for every device of `mesh` in lockstep: the program splits at its
   // collectives into segments; each segment runs for devices 0..n-1 (on the caller's thread, or
   // with `parallel` on the thread pool, one device per task, the device's instructions in order),
@@ -87,9 +90,24 @@ class Executable {
   void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
   bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  bool gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
   const PrimitiveDef* gemm_update_ = find_primitive("dot_general_accumulate");
   void run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const;
   void run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const;
+
+  // On a device platform: the fused kernels compiled by the platform's KernelCompiler on first
+  // use (one module per device), and the program's constants copied there once. Library steps
+  // run through the eager dispatcher: the platform's kernel, or a counted host fallback.
+  struct DeviceProgram {
+    std::shared_ptr<const KernelModule> module;
+    std::vector<Array> consts;
+  };
+  const DeviceProgram& device_program(const Device& d) const;
+  std::vector<Array> run_on_device(const Device& d, std::span<const Array> args, std::span<const size_t> donated) const;
+  void run_kernel_on_device(const DeviceProgram& p, const Device& d, const Instr& in, std::vector<Array>& slots,
+                            std::vector<bool>& donated) const;
+  // Whether output o of the kernel may take its input's buffer (nothing else holds it).
+  bool may_write_in_place(const Instr& in, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
 
   // Kernel k writes some output over an input the caller still holds (not donated): the variant
   // that writes every output to a fresh buffer, compiled on first need.
@@ -110,6 +128,11 @@ class Executable {
     CompiledKernels compiled;
   };
   std::vector<std::unique_ptr<LazyVariant>> out_of_place_;  // per kernel
+  struct DevicePrograms {
+    std::mutex mu;
+    std::map<std::pair<int, int>, std::unique_ptr<DeviceProgram>> by_device;  // (platform, id)
+  };
+  std::unique_ptr<DevicePrograms> device_programs_ = std::make_unique<DevicePrograms>();
   std::string dump_base_;  // CJAX_DUMP: path prefix of this executable's files, else empty
   bool has_effects_ = false;
   bool cheap_ = false;

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/kernel_spec.h"
+#include "core/kernel_spec.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {

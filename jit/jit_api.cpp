@@ -476,8 +476,10 @@ std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Ar
                                    "eval_shape result) with no data; abstract arguments can be lowered "
                                    "(jit(f).lower(...)) but a call needs concrete Arrays",
                                    cache.opts.name, k, leaves[k].aval().str()));
-  for (size_t k = 0; k < leaves.size(); ++k) require_host_argument(leaves[k], k);
-  if (config::async_dispatch() && !c.executable.has_effects()) {
+  // On a GPU the program's kernels are queued on the device's stream by the calling thread: the
+  // call returns once they are queued, without a dispatch thread.
+  bool on_device = Executable::device_of_arguments(leaves).has_value();
+  if (config::async_dispatch() && !c.executable.has_effects() && !on_device) {
     if (!c.executable.cheap()) return dispatch(c, cache.opts.name, leaves, donated_leaves);
     return run_inline(c, cache.opts.name, leaves, donated_leaves);
   }

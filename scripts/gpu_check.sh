@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), from the repository root, after
 #   scripts/gpu_bundle.sh   (here, on the development machine).
-# Unpacks the bundle, runs the cuda tests (the device test under compute-sanitizer too), the
-# CPU suites that the seam touches, and bench_cuda with its PyTorch/JAX peers. Writes logs under
+# Unpacks the bundle, runs the cuda tests (jit's fused kernels under compute-sanitizer too; CPU
+# suites named in GPU_CHECK_CPU_SUITES), and bench_cuda with its PyTorch/JAX peers. Writes logs under
 # $OUT (or ./gpu_out) and prints a summary last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,16 +24,22 @@ step() {  # step <name> <timeout s> <command...>
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
-for t in test_cuda_offline test_cuda_device test_cuda_kernels test_core test_jit; do
+for t in test_cuda_jit test_cuda_offline test_cuda_device test_cuda_kernels ${GPU_CHECK_CPU_SUITES:-}; do
   [ -x "$bin/$t" ] && step "$t" 300 env CJAX_LOG_FALLBACKS=1 "$bin/$t"
 done
 step bench_cuda 300 env CJAX_LOG_FALLBACKS=1 "$bin/bench_cuda"
 step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
 if command -v compute-sanitizer >/dev/null; then
-  step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_device" \
-    -tc='*device_put*,*weak scalars*,*host*,*errors*'
-  [ -x "$bin/test_cuda_kernels" ] && step memcheck_kernels 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$bin/test_cuda_kernels"
+  # The fused-kernel corpus under memcheck, racecheck (shared memory of the row reductions) and
+  # synccheck (barriers); GPU_CHECK_FULL_SANITIZER=1 adds the eager kernels' suites.
+  for tool in memcheck racecheck synccheck; do
+    step "$tool"_jit 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/test_cuda_jit" -tc='*corpus*'
+  done
+  if [ -n "${GPU_CHECK_FULL_SANITIZER:-}" ]; then
+    step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_device" \
+      -tc='*device_put*,*weak scalars*,*host*,*errors*'
+    step memcheck_kernels 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_kernels"
+  fi
 fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"

@@ -1,5 +1,6 @@
 // The cuda platform on any machine with the CUDA toolkit, GPU or not: device discovery and its
-// errors, and every generated elementwise kernel compiled by NVRTC to SASS (which needs no driver).
+// errors, and every generated elementwise, library and fused (jit) kernel compiled by NVRTC to SASS
+// (which needs no driver).
 #include <doctest/doctest.h>
 
 #include <cjax/cjax.h>
@@ -12,7 +13,10 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/kernels/codegen.h"
 #include "backends/cuda/kernels/elementwise.h"
+#include "backends/cuda/kernels/fused.h"
 #include "core/backend.h"
+#include "cuda_jit_corpus.h"
+#include "jit/executable.h"
 #include "trace/jaxpr.h"
 
 using namespace cjax;
@@ -198,4 +202,53 @@ TEST_CASE("every primitive of an MLP training step (tanh, relu, softmax cross-en
     if (!find_kernel(e.primitive->name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder)
       missing.insert(e.primitive->name);
   CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
+}
+
+TEST_CASE("jit's fused kernels of the corpus are emitted as CUDA C++ and compile for sm_80 and sm_90 without spills") {
+  REQUIRE(cuda::nvrtc_available());
+  std::string program = cuda::fused_prelude();
+  int kernels = 0;
+  std::set<int> plans;
+  std::string softmax_source, chain_source;
+  for (const cuda_corpus::Program& prog : cuda_corpus::programs()) {
+    CAPTURE(prog.name);
+    Executable e(make_jaxpr(prog.fn)(prog.args));
+    for (const FusedKernel& k : e.plan().kernels) {
+      std::string name = fmt::format("k{}", kernels++);
+      std::optional<std::string> src = cuda::fused_kernel_source(k.spec, name);
+      REQUIRE_MESSAGE(src.has_value(), k.spec.canonical());
+      plans.insert(int(cuda::fused_launch_plan(k.spec).kind));
+      program += "\n" + *src;
+      if (prog.name == "softmax rows (block per row)" && k.spec.has_reduction) softmax_source = *src;
+      if (prog.name == "chain10 f32 (tail)") chain_source = *src;
+    }
+  }
+  MESSAGE(kernels << " fused kernels in one program");
+  CHECK(kernels >= 25);
+  CHECK(plans.size() == 3);  // elements, thread per row, block per row
+  // Golden snippets: extents are literals; a row reduction combines warps with shuffles.
+  CHECK(chain_source.find("if (cj_base + 768 < 37000) {") != std::string::npos);
+  CHECK(chain_source.find("if (cj_base + cj_u * 256 >= 37000) break;") != std::string::npos);
+  CHECK(chain_source.find("__launch_bounds__(256)") != std::string::npos);
+  CHECK(softmax_source.find("col < 129") != std::string::npos);
+  CHECK(softmax_source.find("cj_shfl_xor") != std::string::npos);
+  CHECK(softmax_source.find("__syncthreads();") != std::string::npos);
+  for (auto [major, minor] : {std::pair{8, 0}, std::pair{9, 0}}) {
+    std::string log;
+    std::vector<char> cubin = cuda::compile_cubin(program, major, minor, &log, /*ptxas_verbose=*/true);
+    CHECK(std::string(cubin.data(), 4) == "\x7f" "ELF");
+    std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), spill); it != std::sregex_iterator(); ++it) {
+      CHECK((*it)[1].str() == "0");
+      CHECK((*it)[2].str() == "0");
+    }
+    std::regex entry(R"(Compiling entry function '(\w+)')");
+    CHECK(std::distance(std::sregex_iterator(log.begin(), log.end(), entry), std::sregex_iterator()) == kernels);
+    int max_regs = 0;
+    std::regex regs(R"(Used (\d+) registers)");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), regs); it != std::sregex_iterator(); ++it)
+      max_regs = std::max(max_regs, std::stoi((*it)[1].str()));
+    CHECK(max_regs <= 64);  // 1024-thread blocks need <= 64
+    MESSAGE("sm_" << major << minor << ": " << cubin.size() << " bytes of SASS, at most " << max_regs << " registers");
+  }
 }

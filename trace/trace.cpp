@@ -100,7 +100,7 @@ std::vector<Array> run_on_platform(const PrimitiveDef& def, Platform platform, s
       a = device_put(a, SingleDeviceSharding(home));
     }
   inputs = placed;
-  if (const KernelFn* k = find_kernel(def.name, platform)) return (*k)(inputs, out_avals, params);
+  if (const PrimitiveKernel* k = find_kernel(def.name, platform)) return (*k)(inputs, out_avals, params);
   if (def.kind == PrimKind::HigherOrder && def.cpu_impl) return def.cpu_impl(inputs, out_avals, params);
   return run_on_host(def, platform, inputs, out_avals, params);
 }

@@ -4,20 +4,16 @@
 // with FMA contraction, then linked into one LLJIT. One jit compilation = one llvm::Module = one
 // object file = one JitCode; the code lives as long as its JitCode.
 //
-// The object cache keys object files by a caller-given string (the canonical kernel specs of the
-// module) extended with the host target and the LLVM/cjax versions. It lives in memory and on
-// disk under $CJAX_CACHE_DIR (default: $XDG_CACHE_HOME/cjax or ~/.cache/cjax; CJAX_CACHE_DIR=""
-// turns the disk cache off). Files are written to a temporary name and renamed, so concurrent
-// processes never read a partial file; each file stores its full key, so a hash collision is a
-// miss, never wrong code. The disk cache is capped at CJAX_CACHE_MAX_MB (default 512): past it,
-// the least recently used files (by modification time, refreshed on every hit) are deleted down
-// to 80% of the cap, on a process's first write and every 64th after. A reader whose file is
-// deleted under it just recompiles.
+// Object files go through the shared kernel cache (core/kernel_cache.h), keyed by a caller-given
+// string (the canonical kernel specs of the module) extended with the host target and the
+// LLVM/cjax versions.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+
+#include "core/kernel_cache.h"
 
 namespace llvm {
 class Module;
@@ -55,13 +51,10 @@ size_t jit_library_count();
 std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key);
 void store_object(const std::string& key, const llvm::MemoryBuffer& object);
 
-struct KernelCacheStats {
-  int64_t memory_hits = 0, disk_hits = 0, misses = 0, disk_writes = 0;
-};
-KernelCacheStats kernel_cache_stats();
-// Applies the disk cache's size cap now (store_object also does, from time to time).
-void trim_disk_kernel_cache();
-// Drops the in-memory cache (tests use it to exercise the disk cache within one process).
-void clear_memory_kernel_cache();
+// The shared kernel cache (core/kernel_cache.h), under this module's names.
+using cjax::KernelCacheStats;
+using cjax::kernel_cache_stats;
+using cjax::trim_disk_kernel_cache;
+using cjax::clear_memory_kernel_cache;
 
 }  // namespace cjax::cpu

@@ -45,7 +45,9 @@ namespace cjax::cuda {
   X(nvrtcGetProgramLogSize)     \
   X(nvrtcGetProgramLog)         \
   X(nvrtcGetCUBINSize)          \
-  X(nvrtcGetCUBIN)
+  X(nvrtcGetCUBIN)              \
+  X(nvrtcGetPTXSize)            \
+  X(nvrtcGetPTX)
 
 struct Driver {
 #define CJAX_X(f) decltype(&::f) f = nullptr;

@@ -10,6 +10,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
@@ -93,6 +94,7 @@ class CudaBackend final : public Backend {
     check(activate(d).cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes), "cuMemcpyHtoD");
   }
   void synchronize(const Device& d) override { check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize"); }
+  KernelCompiler* kernel_compiler() override { return &fused_kernel_compiler(); }
 
   Gpu& gpu_of(const Device& d) {
     init();
@@ -173,14 +175,15 @@ const Driver& activate(const Device& d) {
   return api;
 }
 
-std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_minor, std::string* log,
-                                bool ptxas_verbose) {
+namespace {
+// NVRTC over `source` for `arch` ("sm_90": CUBIN; "compute_90": PTX); returns the output.
+std::vector<char> run_nvrtc(const std::string& source, const std::string& arch, std::string* log, bool ptxas_verbose) {
   const Nvrtc& rtc = nvrtc();
   nvrtcProgram prog = nullptr;
   check_nvrtc(rtc.nvrtcCreateProgram(&prog, source.c_str(), "cjax_kernels.cu", 0, nullptr, nullptr),
               "nvrtcCreateProgram");
-  std::string arch = fmt::format("--gpu-architecture=sm_{}{}", cc_major, cc_minor);
-  std::vector<const char*> opts = {arch.c_str(), "--std=c++17", "-default-device"};
+  std::string arch_opt = "--gpu-architecture=" + arch;
+  std::vector<const char*> opts = {arch_opt.c_str(), "--std=c++17", "-default-device"};
   if (ptxas_verbose) opts.push_back("--ptxas-options=-v");
   nvrtcResult r = rtc.nvrtcCompileProgram(prog, int(opts.size()), opts.data());
   size_t log_size = 0;
@@ -191,15 +194,34 @@ std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_
   if (log) *log = text;
   if (r != NVRTC_SUCCESS) {
     rtc.nvrtcDestroyProgram(&prog);
-    throw BackendError(fmt::format("NVRTC could not compile a generated kernel for sm_{}{} ({}):\n{}\n--- source ---\n{}",
-                                   cc_major, cc_minor, rtc.nvrtcGetErrorString(r), text, source));
+    throw BackendError(fmt::format("NVRTC could not compile a generated kernel for {} ({}):\n{}\n--- source ---\n{}",
+                                   arch, rtc.nvrtcGetErrorString(r), text, source));
   }
+  bool ptx = arch.rfind("compute_", 0) == 0;
   size_t size = 0;
-  check_nvrtc(rtc.nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
-  std::vector<char> cubin(size);
-  check_nvrtc(rtc.nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
+  check_nvrtc(ptx ? rtc.nvrtcGetPTXSize(prog, &size) : rtc.nvrtcGetCUBINSize(prog, &size), "nvrtcGet*Size");
+  std::vector<char> out(size);
+  check_nvrtc(ptx ? rtc.nvrtcGetPTX(prog, out.data()) : rtc.nvrtcGetCUBIN(prog, out.data()), "nvrtcGet*");
   rtc.nvrtcDestroyProgram(&prog);
-  return cubin;
+  return out;
+}
+}  // namespace
+
+std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_minor, std::string* log,
+                                bool ptxas_verbose) {
+  return run_nvrtc(source, fmt::format("sm_{}{}", cc_major, cc_minor), log, ptxas_verbose);
+}
+
+std::string compile_ptx(const std::string& source, int cc_major, int cc_minor) {
+  std::vector<char> ptx = run_nvrtc(source, fmt::format("compute_{}{}", cc_major, cc_minor), nullptr, false);
+  return std::string(ptx.data(), strnlen(ptx.data(), ptx.size()));
+}
+
+CUmodule load_module(const Device& d, const std::vector<char>& cubin) {
+  const Driver& api = activate(d);
+  CUmodule module = nullptr;
+  check(api.cuModuleLoadData(&module, cubin.data()), "cuModuleLoadData");
+  return module;
 }
 
 CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name) {
@@ -210,12 +232,9 @@ CUfunction load_kernel(const Device& d, const std::string& source, const std::st
     if (auto it = cache.functions.find(key); it != cache.functions.end()) return it->second;
   }
   const GpuInfo& info = gpu(d);
-  std::vector<char> cubin = compile_cubin(source, info.cc_major, info.cc_minor);
-  const Driver& api = activate(d);
-  CUmodule module = nullptr;
-  check(api.cuModuleLoadData(&module, cubin.data()), "cuModuleLoadData");
+  CUmodule module = load_module(d, compile_cubin(source, info.cc_major, info.cc_minor));
   CUfunction fn = nullptr;
-  check(api.cuModuleGetFunction(&fn, module, name.c_str()), "cuModuleGetFunction");
+  check(activate(d).cuModuleGetFunction(&fn, module, name.c_str()), "cuModuleGetFunction");
   std::lock_guard lock(cache.mu);
   cache.functions.emplace(std::move(key), fn);  // modules stay loaded for the process
   return fn;

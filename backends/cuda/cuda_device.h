@@ -8,6 +8,10 @@
 #include "backends/cuda/cuda_api.h"
 #include "cjax/device.h"
 
+namespace cjax {
+class KernelCompiler;
+}
+
 namespace cjax::cuda {
 
 struct GpuInfo {
@@ -29,8 +33,14 @@ const Driver& activate(const Device& d);
 // receives NVRTC's log (with `--ptxas-options=-v`, ptxas's register and spill report).
 std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_minor, std::string* log = nullptr,
                                 bool ptxas_verbose = false);
+// PTX of `source` for compute_<cc> (CJAX_DUMP output).
+std::string compile_ptx(const std::string& source, int cc_major, int cc_minor);
+// Loads a CUBIN into d's context (modules stay loaded for the process).
+CUmodule load_module(const Device& d, const std::vector<char>& cubin);
 // The kernel `name` of `source`, compiled for d's GPU and loaded into its context; cached in memory
 // by (device, source).
 CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name);
+// jit's fused kernels as CUDA C++ (backends/cuda/kernels/fused_module.cpp).
+KernelCompiler& fused_kernel_compiler();
 
 }  // namespace cjax::cuda

@@ -73,6 +73,87 @@ def torch_rows():
             b = b + a
         torch.cuda.synchronize()
     rows["add f32[1] per op"] = median_time(chain, 5) / 10000
+    rows.update(jit_rows_torch(torch, dev))
+    return rows
+
+
+def chain15(np, x):
+    """bench_cuda's 15-op elementwise chain (np: torch or jax.numpy)."""
+    y = x * 1.5 + 0.25
+    y = np.tanh(y) * x - 0.5
+    y = np.exp(y * 0.125) + x * x
+    return np.sqrt(np.abs(y) + 1.0) / (y * y + 2.0)
+
+
+def jit_rows_torch(torch, dev):
+    """torch.compile of the jit rows that matter most (compiles are slow: two shapes only)."""
+    rows = {}
+    try:
+        chain = torch.compile(lambda x: chain15(torch, x))
+        x = torch.randn(1 << 26, device=dev)
+        rows["jit chain float32[64M]"] = median_time(lambda: (chain(x), torch.cuda.synchronize()))
+        softmax = torch.compile(lambda x: torch.softmax(x, -1))
+        m = torch.randn(4096, 4096, device=dev)
+        rows["jit softmax float32[4096,4096]"] = median_time(lambda: (softmax(m), torch.cuda.synchronize()))
+    except Exception as e:
+        print(f"torch.compile: not measured ({type(e).__name__}: {e})")
+    return rows
+
+
+def jax_jit_rows(jax, jnp):
+    rows = {}
+    chain = jax.jit(lambda x: chain15(jnp, x))
+    for n, dt in ((1 << 24, jnp.float32), (1 << 26, jnp.float32), (1 << 28, jnp.float32), (1 << 26, jnp.bfloat16)):
+        x = jax.random.normal(jax.random.key(7), (n,)).astype(dt)
+        rows[f"jit chain {jnp.dtype(dt).name}[{n >> 20}M]"] = median_time(lambda: chain(x).block_until_ready())
+    softmax = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+    rms = jax.jit(lambda x, g: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g)
+
+    def layer_norm(x, g, b):
+        mu = jnp.mean(x, -1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
+        return (x - mu) / jnp.sqrt(var + 1e-5) * g + b
+    ln = jax.jit(layer_norm)
+    for r, c, dt in ((4096, 4096, jnp.float32), (32768, 1024, jnp.float32), (1024, 32768, jnp.float32),
+                     (4096, 4096, jnp.bfloat16)):
+        x = jax.random.normal(jax.random.key(8), (r, c)).astype(dt)
+        name = jnp.dtype(dt).name
+        rows[f"jit softmax {name}[{r},{c}]"] = median_time(lambda: softmax(x).block_until_ready())
+        if dt == jnp.float32 and c == 1024:
+            g, b = jnp.ones(c), jnp.zeros(c)
+            rows[f"jit rms_norm {name}[{r},{c}]"] = median_time(lambda: rms(x, g).block_until_ready())
+            rows[f"jit layer_norm {name}[{r},{c}]"] = median_time(lambda: ln(x, g, b).block_until_ready())
+    tiny = jax.jit(lambda a, b: a * 0.5 + b)
+    one = jnp.ones(1)
+    acc = tiny(one, one)
+
+    def calls():
+        a = acc
+        for _ in range(1000):
+            a = tiny(a, one)
+        a.block_until_ready()
+    rows["jit tiny call"] = median_time(calls, 5) / 1000
+
+    def loss(p, x, y):
+        h = jnp.tanh(x @ p[0] + p[1])
+        h = jnp.tanh(h @ p[2] + p[3])
+        return jnp.mean(jnp.square(h @ p[4] - y))
+
+    @jax.jit
+    def step(p, x, y):
+        value, grads = jax.value_and_grad(loss)(p, x, y)
+        return value, [w - 0.01 * g for w, g in zip(p, grads)]
+    k = jax.random.split(jax.random.key(1), 5)
+    width, batch = 2048, 512
+    state = {"p": [jax.random.normal(k[0], (width, width)) * 0.02, jnp.zeros(width),
+                   jax.random.normal(k[1], (width, width)) * 0.02, jnp.zeros(width),
+                   jax.random.normal(k[2], (width, width)) * 0.02]}
+    x, y = jax.random.normal(k[3], (batch, width)), jax.random.normal(k[4], (batch, width))
+
+    def run():
+        value, state["p"] = step(state["p"], x, y)
+        state["p"][-1].block_until_ready()
+    rows["jit mlp step f32"] = median_time(run)
     return rows
 
 
@@ -103,6 +184,7 @@ def jax_rows():
             b = b + a
         b.block_until_ready()
     rows["add f32[1] per op"] = median_time(chain, 5) / 10000
+    rows.update(jax_jit_rows(jax, jnp))
     return rows
 
 

@@ -126,10 +126,10 @@ struct Layout {
 };
 
 // D = alpha * op(A) op(B) + beta * C in cuBLASLt's column-major terms, over `batch` strided
-// matrices (batch 1 for a single GEMM).
+// matrices (batch 1 for a single GEMM); C has D's layout (C == D accumulates in place).
 void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* d,
-               int64_t batch, double beta) {
+               int64_t batch, double alpha_value, const void* c, double beta) {
   const CublasLt& lt = cublaslt();
   const Driver& api = activate(dev);
   cudaDataType_t tin = *cuda_type(in), tout = *cuda_type(out);
@@ -153,7 +153,7 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
   Layout la(tin, trans_a ? k : m, trans_a ? m : k, lda, batch, stride_a);
   Layout lb(tin, trans_b ? n : k, trans_b ? k : n, ldb, batch, stride_b);
   Layout ld(tout, m, n, m, batch, m * n);
-  uint32_t align = alignment({uintptr_t(a), uintptr_t(b), uintptr_t(d)});
+  uint32_t align = alignment({uintptr_t(a), uintptr_t(b), uintptr_t(d), uintptr_t(c)});
   std::string key = fmt::format("{} {} {} {} {}x{}x{} {} {} {} {} {} {} {}", int(in), int(out), ta, tb, m, n, k, lda,
                                 ldb, stride_a, stride_b, batch, align, beta != 0);
   cublasLtMatmulAlgo_t algo;
@@ -184,52 +184,80 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
     pd.algos.emplace(key, algo);
     lock.unlock();
   }
-  float alpha32 = 1, beta32 = float(beta);
-  double alpha64 = 1, beta64 = beta;
+  float alpha32 = float(alpha_value), beta32 = float(beta);
+  double alpha64 = alpha_value, beta64 = beta;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* betap = f64 ? static_cast<const void*>(&beta64) : &beta32;
-  cublasStatus_t s = lt.cublasLtMatmul(pd.handle, desc, alpha, a, la.h, b, lb.h, betap, d, ld.h, d, ld.h, &algo,
+  cublasStatus_t s = lt.cublasLtMatmul(pd.handle, desc, alpha, a, la.h, b, lb.h, betap, c, ld.h, d, ld.h, &algo,
                                        pd.workspace, kWorkspaceBytes, nullptr);
   lt.cublasLtMatmulDescDestroy(desc);
   check_lt(s, "cublasLtMatmul");
 }
 
-std::vector<Array> dot_general_cuda(std::span<const Array> in, std::span<const AbstractValue> out_avals,
-                                    const Params& p) {
-  const Array &lhs = in[0], &rhs = in[1];
-  const DotDimsParam& dn = *p.object<DotDimsParam>("dimension_numbers");
-  DType dt = lhs.dtype(), out_dt = out_avals[0].dtype;
+// out = alpha * dot_general(lhs, rhs) + acc (acc == nullptr: beta 0), or nullopt where cuBLASLt
+// cannot take the operands (the caller falls back to the host). With `in_place`, out is acc's
+// buffer (D = C).
+std::optional<Array> gemm(const Array& lhs, const Array& rhs, const DotDimsParam& dn, const AbstractValue& out_aval,
+                          double alpha, const Array* acc, bool in_place = false) {
+  DType dt = lhs.dtype(), out_dt = out_aval.dtype;
   std::optional<GemmViews> g = gemm_views(lhs.shape(), rhs.shape(), dn);
   bool supported = cuda_type(dt) && cuda_type(out_dt) && (dt == DType::float64) == (out_dt == DType::float64) && g;
-  if (!supported) return run_on_host(*find_primitive("dot_general"), Platform::cuda, in, out_avals, p);
+  if (!supported) return std::nullopt;
   Device dev = concrete(lhs)->device();
-  Array out = make_uninitialized(out_avals[0], dev);
-  if (out.size() == 0) return {out};
-  if (g->K == 0) {  // an empty contraction: zeros
-    check(activate(dev).cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(raw_ptr(out)), 0,
-                                        size_t(out.size()) * itemsize(out_dt), nullptr),
-          "cuMemsetD8Async");
-    return {out};
+  in_place = in_place && acc;
+  Array out = in_place ? Array(std::make_shared<ConcreteArray>(out_aval, concrete(*acc)->buffer()))
+                       : make_uninitialized(out_aval, dev);
+  if (out.size() == 0 || (in_place && g->K == 0)) return out;
+  const Driver& api = activate(dev);
+  size_t out_bytes = size_t(out.size()) * itemsize(out_dt);
+  if (g->K == 0) {  // an empty contraction: zeros (or the accumulator)
+    CUdeviceptr o = reinterpret_cast<CUdeviceptr>(raw_ptr(out));
+    if (acc)
+      check(api.cuMemcpyDtoD(o, reinterpret_cast<CUdeviceptr>(raw_ptr(*acc)), out_bytes), "cuMemcpyDtoD");
+    else
+      check(api.cuMemsetD8Async(o, 0, out_bytes, nullptr), "cuMemsetD8Async");
+    return out;
   }
   const GemmOperand &A = g->A, &B = g->Bop;
   size_t es = itemsize(dt), os = itemsize(out_dt);
   auto* a0 = static_cast<const std::byte*>(raw_ptr(lhs));
   auto* b0 = static_cast<const std::byte*>(raw_ptr(rhs));
   auto* d0 = static_cast<std::byte*>(raw_ptr(out));
+  auto* c0 = acc ? static_cast<const std::byte*>(raw_ptr(*acc)) : d0;
   // cuBLASLt's A = our B (N x K column-major when B is not transposed), its B = our A.
   bool uniform = A.batch_dims.empty() && B.batch_dims.empty();
   int64_t launches = uniform ? 1 : g->B;
   int64_t batch = uniform ? g->B : 1;
   for (int64_t b = 0; b < launches; ++b) {
+    size_t out_offset = size_t(b * g->M * g->N) * os;
     lt_matmul(dev, dt, out_dt, B.trans, A.trans, g->N, g->M, g->K, b0 + size_t(B.batch_offset(b)) * es, B.ld,
-              B.batch_stride, a0 + size_t(A.batch_offset(b)) * es, A.ld, A.batch_stride,
-              d0 + size_t(b * g->M * g->N) * os, batch, 0.0);
+              B.batch_stride, a0 + size_t(A.batch_offset(b)) * es, A.ld, A.batch_stride, d0 + out_offset, batch, alpha,
+              c0 + out_offset, acc ? 1.0 : 0.0);
   }
-  return {out};
+  return out;
+}
+
+std::vector<Array> dot_general_cuda(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                    const Params& p) {
+  if (auto out = gemm(in[0], in[1], *p.object<DotDimsParam>("dimension_numbers"), out_avals[0], 1.0, nullptr))
+    return {*out};
+  return run_on_host(*find_primitive("dot_general"), Platform::cuda, in, out_avals, p);
+}
+
+// jit's fused GEMM update (jit/passes.h fuse_gemm_updates): acc + alpha * lhs.rhs in one cuBLASLt
+// call with beta = 1, reading the accumulator as C and writing a new D; in place (D = C) when jit
+// says nothing else holds the accumulator (param accumulate_in_place).
+std::vector<Array> dot_general_accumulate_cuda(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                               const Params& p) {
+  if (auto out = gemm(in[0], in[1], *p.object<DotDimsParam>("dimension_numbers"), out_avals[0], p.get<double>("alpha"),
+                      &in[2], p.has("accumulate_in_place")))
+    return {*out};
+  return run_on_host(*find_primitive("dot_general_accumulate"), Platform::cuda, in, out_avals, p);
 }
 
 const bool g_registered = [] {
   register_kernel("dot_general", Platform::cuda, dot_general_cuda);
+  register_kernel("dot_general_accumulate", Platform::cuda, dot_general_accumulate_cuda);
   return true;
 }();
 

@@ -1,4 +1,4 @@
-#include "jit/kernel_spec.h"
+#include "core/kernel_spec.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

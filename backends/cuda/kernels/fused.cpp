@@ -1,0 +1,471 @@
+#include "backends/cuda/kernels/fused.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backends/cuda/kernels/codegen.h"
+
+namespace cjax::cuda {
+namespace {
+
+using Op = KernelNode::Op;
+
+constexpr unsigned kElementThreads = 256;
+constexpr unsigned kElementsPerThread = 4;
+constexpr int64_t kThreadPerRowMaxCols = 32;
+
+int avail(const KernelNode& n) { return n.op == Op::Reduce ? n.pass + 1 : n.pass; }
+
+// A compute-typed literal of d.
+std::string literal(const KernelNode& n) {
+  DType d = n.dtype;
+  if (d == DType::bool_) return n.fvalue != 0 || n.ivalue != 0 ? "true" : "false";
+  if (is_float(d)) {
+    double v = n.fvalue;
+    bool f64 = d == DType::float64;
+    if (std::isnan(v)) return f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
+    if (std::isinf(v)) return v > 0 ? highest_literal(f64 ? DType::float64 : DType::float32)
+                                     : lowest_literal(f64 ? DType::float64 : DType::float32);
+    return fmt::format("(({}){:a})", compute_type(d), v);
+  }
+  if (n.ivalue == std::numeric_limits<int64_t>::min()) return "(-9223372036854775807LL - 1)";
+  return fmt::format("(({}){}LL)", compute_type(d), n.ivalue);
+}
+
+// f32 -> the half type and back: bf16/f16 values are computed in f32 and rounded per op.
+std::string rounded(DType d, const std::string& v) { return is_half(d) ? load(d, store(d, v)) : v; }
+
+// The CPU's conversions (backends/cpu/llvm_scalar.cpp): float -> integer truncates, saturating,
+// NaN -> 0; -> bool is != 0; integer -> integer wraps (C casts).
+std::string convert_expr(DType from, DType to, const std::string& v) {
+  std::string ct = compute_type(to);
+  if (to == DType::bool_) return fmt::format("({} != 0)", v);
+  if (is_float(from) && !is_float(to) && to != DType::bool_) {
+    std::string lo = lowest_literal(to), hi = highest_literal(to);
+    return fmt::format("({0} != {0} ? ({1})0 : (double){0} <= (double){2} ? ({1}){2} : (double){0} >= (double){3} ? "
+                       "({1}){3} : ({1}){0})",
+                       v, ct, lo, hi);
+  }
+  return fmt::format("(({}){})", ct, v);
+}
+
+std::string reduce_combine(const KernelNode& n, const std::string& a, const std::string& b, std::string* error) {
+  static constexpr ScalarOp kOps[] = {ScalarOp::Add, ScalarOp::Mul, ScalarOp::Max, ScalarOp::Min};
+  ScalarOp op = kOps[int(n.reduce)];
+  if (n.dtype == DType::bool_) op = n.reduce == KernelReduce::Sum ? ScalarOp::Or
+                                  : n.reduce == KernelReduce::Prod ? ScalarOp::And : op;
+  std::optional<std::string> e = scalar_expression(op, n.dtype);
+  if (!e) {
+    *error = fmt::format("reduce of {}", dtype_name(n.dtype));
+    return "";
+  }
+  std::string ct = compute_type(n.dtype);
+  return fmt::format("[&] {{ const {0} x = {1}, y = {2}; return ({0})({3}); }}()", ct, a, b, *e);
+}
+
+std::string reduce_init(const KernelNode& n) {
+  std::string ct = compute_type(n.dtype);
+  switch (n.reduce) {
+    case KernelReduce::Sum: return n.dtype == DType::bool_ ? "false" : fmt::format("({})0", ct);
+    case KernelReduce::Prod: return n.dtype == DType::bool_ ? "true" : fmt::format("({})1", ct);
+    case KernelReduce::Max: return lowest_literal(n.dtype);
+    case KernelReduce::Min: return highest_literal(n.dtype);
+  }
+  return "";
+}
+
+class Emitter {
+ public:
+  Emitter(const KernelSpec& spec, FusedLaunchPlan plan) : s_(spec), plan_(plan) {
+    int64_t total = spec.rows() * spec.cols;
+    int64_t reach = total;
+    for (const KernelInput& in : spec.inputs) {
+      int64_t off = in.col_stride * std::max<int64_t>(spec.cols - 1, 0);
+      for (size_t d = 0; d < spec.outer.size(); ++d) off += std::max<int64_t>(spec.outer[d] - 1, 0) * in.outer_strides[d];
+      reach = std::max(reach, off + 1);
+    }
+    index_type_ = reach + int64_t(kElementThreads * kElementsPerThread) < std::numeric_limits<int32_t>::max()
+                      ? "int" : "long long";
+  }
+
+  std::optional<std::string> source(const std::string& name) {
+    std::vector<std::string> params;
+    std::vector<bool> aliased(s_.inputs.size(), false);
+    for (const KernelOutput& o : s_.outputs)
+      if (o.in_place_of >= 0) aliased[size_t(o.in_place_of)] = true;
+    for (size_t k = 0; k < s_.inputs.size(); ++k)
+      params.push_back(fmt::format("const {}* {}in{}", storage_type(s_.inputs[k].dtype),
+                                   aliased[k] ? "" : "__restrict__ ", k));
+    for (size_t o = 0; o < s_.outputs.size(); ++o)
+      params.push_back(fmt::format("{}* {}out{}", storage_type(s_.outputs[o].dtype),
+                                   s_.outputs[o].in_place_of >= 0 ? "" : "__restrict__ ", o));
+    std::string body = plan_.kind == FusedLaunchPlan::Kind::Elements ? elements_body() : rows_body();
+    if (!error_.empty()) return std::nullopt;
+    return fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n{}}}\n", plan_.block, name,
+                       fmt::join(params, ", "), body);
+  }
+
+ private:
+  const KernelSpec& s_;
+  FusedLaunchPlan plan_;
+  std::string index_type_;
+  std::string error_;
+  std::string code_;                 // statements being emitted
+  std::vector<bool> emitted_full_;   // per node, in the current scope
+  std::string indent_ = "  ";
+  std::string sfx_;  // appended to per-element names (the unrolled elements of a thread)
+
+  void line(const std::string& l) { code_ += indent_ + l + "\n"; }
+
+  // Statements decomposing `row` into the outer indices that some input's stride needs.
+  void row_offsets(const std::string& row) {
+    const std::string& I = index_type_;
+    size_t D = s_.outer.size();
+    std::vector<bool> needed(D, false);
+    for (const KernelInput& in : s_.inputs)
+      for (size_t d = 0; d < D; ++d) needed[d] = needed[d] || in.outer_strides[d] != 0;
+    std::string t = "cj_t" + sfx_;
+    if (D > 0) line(fmt::format("{} {} = {};", I, t, row));
+    for (size_t d = D; d-- > 0;) {
+      bool more = d > 0;
+      if (needed[d])
+        line(fmt::format("const {} i{}{} = {};", I, d, sfx_, more ? fmt::format("{} % {}", t, s_.outer[d]) : t));
+      if (more) line(fmt::format("{} /= {};", t, s_.outer[d]));
+    }
+    if (D > 0) line(fmt::format("(void){};", t));
+    for (size_t k = 0; k < s_.inputs.size(); ++k) {
+      std::vector<std::string> terms;
+      for (size_t d = 0; d < D; ++d)
+        if (s_.inputs[k].outer_strides[d] != 0)
+          terms.push_back(fmt::format("i{}{} * {}", d, sfx_, s_.inputs[k].outer_strides[d]));
+      line(fmt::format("const {} b{}{} = {};", I, k, sfx_,
+                       terms.empty() ? std::string("0") : fmt::format("{}", fmt::join(terms, " + "))));
+    }
+  }
+
+  std::string name_of(int i) const {
+    const KernelNode& n = s_.nodes[size_t(i)];
+    return (n.row_level ? "r" : "v") + std::to_string(i) + sfx_;
+  }
+
+  // The expression computing node i from its arguments' variables (not a Load or Reduce).
+  std::string compute(int i) {
+    const KernelNode& n = s_.nodes[size_t(i)];
+    std::vector<std::string> a;
+    for (int k : n.args) a.push_back(name_of(k));
+    auto arg_dtype = [&](size_t k) { return s_.nodes[size_t(n.args[k])].dtype; };
+    std::string ct = compute_type(n.dtype);
+    switch (n.op) {
+      case Op::Const: return rounded(n.dtype, literal(n));
+      case Op::Scalar: {
+        std::optional<std::string> e = scalar_expression(n.scalar_op, arg_dtype(0));
+        if (!e) {
+          error_ = fmt::format("{} of {}", scalar_op_info(n.scalar_op).name, dtype_name(arg_dtype(0)));
+          return "0";
+        }
+        static constexpr const char* kNames[] = {"x", "y", "z"};
+        std::string decls;
+        for (size_t k = 0; k < a.size() && k < 3; ++k)
+          decls += fmt::format("const {} {} = {}; ", compute_type(arg_dtype(k)), kNames[k], a[k]);
+        return rounded(n.dtype, fmt::format("[&] {{ {}return ({})({}); }}()", decls, ct, *e));
+      }
+      case Op::Convert: return rounded(n.dtype, convert_expr(arg_dtype(0), n.dtype, a[0]));
+      case Op::Select: {
+        if (arg_dtype(0) == DType::bool_) return fmt::format("({} ? {} : {})", a[0], a[2], a[1]);
+        size_t ncases = a.size() - 1;
+        std::string r = a[1];
+        for (size_t k = 1; k < ncases; ++k)  // out-of-range selectors clamp, as on the CPU
+          r = fmt::format("({} {} {} ? {} : {})", a[0], k + 1 == ncases ? ">=" : "==", k, a[k + 1], r);
+        return r;
+      }
+      case Op::IntegerPow: {
+        std::optional<std::string> mul = scalar_expression(ScalarOp::Mul, n.dtype);
+        if (!mul) {
+          error_ = fmt::format("integer_pow of {}", dtype_name(n.dtype));
+          return "0";
+        }
+        auto times = [&](const std::string& p, const std::string& q) {
+          return fmt::format("[&] {{ const {0} x = {1}, y = {2}; return ({0})({3}); }}()", ct, p, q, *mul);
+        };
+        uint64_t e = uint64_t(n.ivalue < 0 ? -n.ivalue : n.ivalue);
+        std::string acc, base = a[0];
+        std::string body;
+        int step = 0;
+        while (e) {
+          if (e & 1) {
+            std::string next = acc.empty() ? base : times(acc, base);
+            body += fmt::format("const {} p{} = {}; ", ct, step, next);
+            acc = fmt::format("p{}", step++);
+          }
+          e >>= 1;
+          if (e) {
+            body += fmt::format("const {} p{} = {}; ", ct, step, times(base, base));
+            base = fmt::format("p{}", step++);
+          }
+        }
+        if (acc.empty()) acc = fmt::format("({})1", ct);
+        if (n.ivalue < 0 && is_float(n.dtype)) acc = fmt::format("(({})1 / {})", ct, acc);
+        return rounded(n.dtype, fmt::format("[&] {{ {}return ({}){}; }}()", body, ct, acc));
+      }
+      default: error_ = "internal: unexpected kernel node"; return "0";
+    }
+  }
+
+  std::string load_expr(int i, const std::string& col) {
+    const KernelNode& n = s_.nodes[size_t(i)];
+    const KernelInput& in = s_.inputs[size_t(n.input)];
+    std::string at = in.col_stride == 0 ? fmt::format("b{}{}", n.input, sfx_)
+                                        : fmt::format("b{}{} + {}", n.input, sfx_, col);
+    return fmt::format("({})({})", compute_type(n.dtype), load(in.dtype, fmt::format("in{}[{}]", n.input, at)));
+  }
+
+  // Emits node i (full level) and what it needs that this scope has not computed yet.
+  void full_value(int i, const std::string& col) {
+    const KernelNode& n = s_.nodes[size_t(i)];
+    if (n.row_level || emitted_full_[size_t(i)]) return;
+    for (int a : n.args) full_value(a, col);
+    emitted_full_[size_t(i)] = true;
+    std::string v = n.op == Op::Load ? load_expr(i, col) : compute(i);
+    line(fmt::format("const {} {} = {};", compute_type(n.dtype), name_of(i), v));
+  }
+
+  // Row-level nodes (not reductions) available at `pass`, in order.
+  void row_values(int pass) {
+    for (size_t i = 0; i < s_.nodes.size(); ++i) {
+      const KernelNode& n = s_.nodes[i];
+      if (!n.row_level || n.op == Op::Reduce || n.pass != pass) continue;
+      std::string v = n.op == Op::Load ? load_expr(int(i), "0") : compute(int(i));
+      line(fmt::format("{} = {};", name_of(int(i)), v));
+    }
+  }
+
+  void declare_row_values() {
+    for (size_t i = 0; i < s_.nodes.size(); ++i)
+      if (s_.nodes[i].row_level) line(fmt::format("{} {};", compute_type(s_.nodes[i].dtype), name_of(int(i))));
+  }
+
+  void store_output(size_t o, const std::string& at) {
+    const KernelOutput& out = s_.outputs[o];
+    DType nd = s_.nodes[size_t(out.node)].dtype;
+    std::string v = name_of(out.node);
+    if (nd != out.dtype) v = convert_expr(nd, out.dtype, v);
+    line(fmt::format("out{}[{}] = {};", o, at, store(out.dtype, v)));
+  }
+
+  // One element's index, row and column, and its inputs' row offsets.
+  void element_index(const std::string& e_value) {
+    const std::string& I = index_type_;
+    line(fmt::format("const {} e{} = {};", I, sfx_, e_value));
+    line(fmt::format("const {0} row{1} = e{1} / {2};", I, sfx_, s_.cols));
+    line(fmt::format("const {0} col{1} = e{1} - row{1} * {2};", I, sfx_, s_.cols));
+    line(fmt::format("(void)col{};", sfx_));
+    row_offsets("row" + sfx_);
+  }
+  // The element's values and stores (its loads may have been emitted already).
+  void element_compute() {
+    declare_row_values();
+    row_values(0);
+    for (size_t o = 0; o < s_.outputs.size(); ++o) full_value(s_.outputs[o].node, "col" + sfx_);
+    for (size_t o = 0; o < s_.outputs.size(); ++o) {
+      if (s_.outputs[o].full) {
+        store_output(o, "e" + sfx_);
+      } else {
+        line(fmt::format("if (col{} == 0) {{", sfx_));
+        store_output(o, "row" + sfx_);
+        line("}");
+      }
+    }
+  }
+
+  std::string elements_body() {
+    const std::string& I = index_type_;
+    int64_t n = s_.rows() * s_.cols;
+    unsigned per_block = kElementThreads * kElementsPerThread;
+    line(fmt::format("const {} cj_base = ({})blockIdx.x * {} + ({})threadIdx.x;", I, I, per_block, I));
+    // Whole blocks: every element's loads first (several loads in flight per thread), then the
+    // computations and stores.
+    line(fmt::format("if (cj_base + {} < {}) {{", (kElementsPerThread - 1) * kElementThreads, n));
+    indent_ = "    ";
+    std::vector<bool> none(s_.nodes.size(), false);
+    std::vector<std::vector<bool>> emitted(kElementsPerThread, none);
+    for (unsigned u = 0; u < kElementsPerThread; ++u) {
+      sfx_ = fmt::format("_{}", u);
+      element_index(fmt::format("cj_base + {}", u * kElementThreads));
+      for (size_t i = 0; i < s_.nodes.size(); ++i) {
+        const KernelNode& nd = s_.nodes[i];
+        if (nd.op != Op::Load || nd.row_level) continue;
+        line(fmt::format("const {} {} = {};", compute_type(nd.dtype), name_of(int(i)), load_expr(int(i), "col" + sfx_)));
+        emitted[u][i] = true;
+      }
+    }
+    for (unsigned u = 0; u < kElementsPerThread; ++u) {
+      sfx_ = fmt::format("_{}", u);
+      emitted_full_ = emitted[u];
+      element_compute();
+    }
+    sfx_.clear();
+    indent_ = "  ";
+    line("} else {");
+    indent_ = "    ";
+    line(fmt::format("for (int cj_u = 0; cj_u < {}; ++cj_u) {{", kElementsPerThread));
+    indent_ = "      ";
+    line(fmt::format("if (cj_base + cj_u * {} >= {}) break;", kElementThreads, n));
+    element_index(fmt::format("cj_base + cj_u * {}", kElementThreads));
+    emitted_full_ = none;
+    element_compute();
+    indent_ = "    ";
+    line("}");
+    indent_ = "  ";
+    line("}");
+    return code_;
+  }
+
+  std::string rows_body() {
+    const std::string& I = index_type_;
+    bool block_rows = plan_.kind == FusedLaunchPlan::Kind::BlockPerRow;
+    std::vector<std::vector<int>> reduces(size_t(s_.num_passes));
+    for (size_t i = 0; i < s_.nodes.size(); ++i)
+      if (s_.nodes[i].op == Op::Reduce) reduces[size_t(s_.nodes[i].pass)].push_back(int(i));
+    size_t max_reduces = 0;
+    for (const auto& r : reduces) max_reduces = std::max(max_reduces, r.size());
+    unsigned warps = plan_.block / 32;
+    if (block_rows) {
+      line(fmt::format("__shared__ unsigned long long cj_red[{}][{}];", std::max<size_t>(max_reduces, 1), warps));
+      line("const int cj_tid = threadIdx.x, cj_lane = cj_tid & 31, cj_warp = cj_tid >> 5;");
+      line(fmt::format("const {} row = blockIdx.x;", I));
+    } else {
+      line(fmt::format("const {} row = ({})blockIdx.x * {} + threadIdx.x;", I, I, plan_.block));
+      line(fmt::format("if (row >= {}) return;", s_.rows()));
+    }
+    row_offsets("row");
+    declare_row_values();
+    for (int p = 0; p < s_.num_passes; ++p) {
+      row_values(p);
+      for (int r : reduces[size_t(p)])
+        line(fmt::format("{} a{} = {};", compute_type(s_.nodes[size_t(r)].dtype), r, reduce_init(s_.nodes[size_t(r)])));
+      if (block_rows)
+        line(fmt::format("for ({0} col = cj_tid; col < {1}; col += {2}) {{", I, s_.cols, plan_.block));
+      else
+        line(fmt::format("for ({0} col = 0; col < {1}; ++col) {{", I, s_.cols));
+      indent_ = "    ";
+      emitted_full_.assign(s_.nodes.size(), false);
+      for (int r : reduces[size_t(p)]) {
+        int arg = s_.nodes[size_t(r)].args[0];
+        full_value(arg, "col");
+        line(fmt::format("a{} = {};", r, reduce_combine(s_.nodes[size_t(r)], fmt::format("a{}", r), name_of(arg), &error_)));
+      }
+      for (size_t o = 0; o < s_.outputs.size(); ++o) {
+        const KernelOutput& out = s_.outputs[o];
+        if (!out.full || avail(s_.nodes[size_t(out.node)]) != p) continue;
+        full_value(out.node, "col");
+        store_output(o, fmt::format("row * {} + col", s_.cols));
+      }
+      indent_ = "  ";
+      line("}");
+      for (int r : reduces[size_t(p)]) block_reduce(r, reduces[size_t(p)], block_rows);
+      if (block_rows && !reduces[size_t(p)].empty()) line("__syncthreads();");
+    }
+    row_values(s_.num_passes);
+    bool any_row_output = false;
+    for (const KernelOutput& o : s_.outputs) any_row_output = any_row_output || !o.full;
+    if (any_row_output) {
+      if (block_rows) line("if (cj_tid == 0) {");
+      for (size_t o = 0; o < s_.outputs.size(); ++o)
+        if (!s_.outputs[o].full) store_output(o, "row");
+      if (block_rows) line("}");
+    }
+    return code_;
+  }
+
+  // The block's partials of reduction r combined in a fixed order into r's row variable.
+  void block_reduce(int r, const std::vector<int>& same_pass, bool block_rows) {
+    const KernelNode& n = s_.nodes[size_t(r)];
+    std::string ct = compute_type(n.dtype);
+    if (!block_rows) {
+      line(fmt::format("{} = a{};", name_of(r), r));
+      return;
+    }
+    size_t slot = size_t(std::find(same_pass.begin(), same_pass.end(), r) - same_pass.begin());
+    std::string combine = reduce_combine(n, "cj_v", "cj_w", &error_);
+    line("{");
+    line(fmt::format("  {} cj_v = a{};", ct, r));
+    line("#pragma unroll");
+    line("  for (int cj_o = 16; cj_o > 0; cj_o >>= 1) {");
+    line(fmt::format("    const {} cj_w = cj_shfl_xor(cj_v, cj_o);", ct));
+    line(fmt::format("    cj_v = {};", combine));
+    line("  }");
+    line(fmt::format("  if (cj_lane == 0) reinterpret_cast<{}*>(cj_red[{}])[cj_warp] = cj_v;", ct, slot));
+    line("}");
+    // Every partial of this pass is written before any thread reads them.
+    if (r == same_pass.back()) {
+      line("__syncthreads();");
+      for (int q : same_pass) {
+        const KernelNode& m = s_.nodes[size_t(q)];
+        std::string mt = compute_type(m.dtype);
+        size_t qs = size_t(std::find(same_pass.begin(), same_pass.end(), q) - same_pass.begin());
+        line("{");
+        line(fmt::format("  const {0}* cj_p = reinterpret_cast<const {0}*>(cj_red[{1}]);", mt, qs));
+        line(fmt::format("  {} cj_v = cj_p[0];", mt));
+        line(fmt::format("  for (int cj_k = 1; cj_k < {}; ++cj_k) {{", plan_.block / 32));
+        line("    const " + mt + " cj_w = cj_p[cj_k];");
+        line(fmt::format("    cj_v = {};", reduce_combine(m, "cj_v", "cj_w", &error_)));
+        line("  }");
+        line(fmt::format("  {} = cj_v;", name_of(q)));
+        line("}");
+      }
+    }
+  }
+};
+
+}  // namespace
+
+FusedLaunchPlan fused_launch_plan(const KernelSpec& spec) {
+  FusedLaunchPlan p;
+  int64_t rows = spec.rows(), cols = spec.cols;
+  if (!spec.has_reduction) {
+    p.kind = FusedLaunchPlan::Kind::Elements;
+    p.block = kElementThreads;
+    int64_t per_block = int64_t(kElementThreads * kElementsPerThread);
+    p.grid = (rows * cols + per_block - 1) / per_block;
+  } else if (cols <= kThreadPerRowMaxCols) {
+    p.kind = FusedLaunchPlan::Kind::ThreadPerRow;
+    p.block = 128;
+    p.grid = (rows + 127) / 128;
+  } else {
+    p.kind = FusedLaunchPlan::Kind::BlockPerRow;
+    // About 4 columns per thread or more (the reduction's fixed cost stays small), 64 to 512
+    // threads; a few very wide rows (a whole-array sum) get 1024 threads each.
+    unsigned b = 64;
+    while (b < 512 && int64_t(b) * 2 * 4 <= cols) b *= 2;
+    p.block = rows < 264 && cols >= 16384 ? 1024 : b;
+    p.grid = rows;
+  }
+  return p;
+}
+
+std::string fused_prelude() {
+  return std::string(kPrelude) + R"(
+__device__ __forceinline__ float cj_shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ double cj_shfl_xor(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ int cj_shfl_xor(int v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ unsigned cj_shfl_xor(unsigned v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ long long cj_shfl_xor(long long v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ bool cj_shfl_xor(bool v, int o) { return __shfl_xor_sync(0xffffffffu, (int)v, o) != 0; }
+__device__ __forceinline__ signed char cj_shfl_xor(signed char v, int o) {
+  return (signed char)__shfl_xor_sync(0xffffffffu, (int)v, o); }
+__device__ __forceinline__ short cj_shfl_xor(short v, int o) { return (short)__shfl_xor_sync(0xffffffffu, (int)v, o); }
+__device__ __forceinline__ unsigned char cj_shfl_xor(unsigned char v, int o) {
+  return (unsigned char)__shfl_xor_sync(0xffffffffu, (unsigned)v, o); }
+)";
+}
+
+std::optional<std::string> fused_kernel_source(const KernelSpec& spec, const std::string& name) {
+  return Emitter(spec, fused_launch_plan(spec)).source(name);
+}
+
+}  // namespace cjax::cuda
