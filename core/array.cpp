@@ -78,12 +78,19 @@ bool host_accessible(const Device& d) { return d.platform() == Platform::cpu || 
 Array to_host(const Array& a) {
   ConcreteArray& c = require_concrete(a, "a host read");
   a.block_until_ready();
-  if (c.buffers.size() != 1) return device_put(a, SingleDeviceSharding(c.device().platform() == Platform::cpu ? c.device() : default_device()));
+  if (c.buffers.size() != 1) return device_put(a, SingleDeviceSharding(c.device().platform() == Platform::cpu ? c.device() : host_device()));
   const Buffer& buf = *c.buffer();
   if (host_accessible(buf.device())) return a;
-  Array out = make_uninitialized(a.aval(), default_device());
+  Array out = make_uninitialized(a.aval(), host_device());
   if (buf.nbytes()) backend_for(buf.device().platform()).copy_to_host(buf.device(), buf.data(), raw_ptr(out), buf.nbytes());
   return out;
+}
+Array on_default_device(Array host_value) {
+  Device d = default_device();
+  if (host_accessible(d)) return host_value;
+  Array moved = device_put(host_value, SingleDeviceSharding(d));
+  concrete(moved)->committed = false;
+  return moved;
 }
 Array make_abstract(AbstractValue aval) { return Array(std::make_shared<ShapedArray>(std::move(aval))); }
 Array shape_dtype_struct(Shape shape, DType dtype, bool weak_type) {
@@ -99,7 +106,7 @@ Array shape_dtype_struct(const AbstractValue& aval) { return make_abstract(aval)
 bool is_abstract(const Array& x) { return dynamic_cast<const ShapedArray*>(x.impl()) != nullptr; }
 
 Array make_scalar(double value, DType dtype, bool weak) {
-  Array a = make_uninitialized(AbstractValue{{}, dtype, weak, {}}, default_device());
+  Array a = make_uninitialized(AbstractValue{{}, dtype, weak, {}}, host_device());
   visit_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (is_half_v<T>) *data_ptr<T>(a) = T(float(value));
@@ -109,7 +116,7 @@ Array make_scalar(double value, DType dtype, bool weak) {
 }
 namespace {
 template <class T> Array exact_scalar(T v, bool weak) {
-  Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, weak, {}}, default_device());
+  Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, weak, {}}, host_device());
   *data_ptr<T>(a) = v;
   return a;
 }

@@ -153,6 +153,12 @@ Array make_from_host(const void* data, AbstractValue aval, Device device);
 Array make_abstract(AbstractValue aval);  // a ShapedArray handle
 // Whether the host reads `d`'s buffers through their pointers (CPU memory; core/backend.h).
 bool host_accessible(const Device& d);
+// cpu:0: where the host writes values it creates (scalars, creation functions, host fallbacks).
+Device host_device();
+// A value the host created, moved to the default device (config::set_default_platform) as an
+// uncommitted array, as JAX places jnp.ones and friends; `host_value` itself when the default
+// device is host memory. Scalars stay on the host: they follow the operands they meet.
+Array on_default_device(Array host_value);
 // A single-device concrete array whose buffer the host can read: `a` itself, or a copy of it on
 // cpu:0 made through its platform's backend (a GPU array). Sharded arrays are gathered first.
 Array to_host(const Array& a);

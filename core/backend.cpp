@@ -123,16 +123,58 @@ std::string Device::repr() const {
   return fmt::format("{}(id={})", platform_ == Platform::cpu ? "CpuDevice" : "CudaDevice", id_);
 }
 
+namespace {
+Platform parse_platform(std::string_view platform, std::string_view where) {
+  if (platform == "cpu") return Platform::cpu;
+  if (platform == "cuda" || platform == "gpu") return Platform::cuda;
+  throw BackendError(fmt::format("{}: unknown platform '{}'; the platforms are 'cpu' and 'cuda' (alias 'gpu')", where,
+                                 platform));
+}
+// The devices of `p`, or BackendError naming why it has none.
+std::vector<Device> require_devices(Platform p, std::string_view where) {
+  Backend* b = find_backend(p);
+  if (!b) throw BackendError(fmt::format("{}: this build of cjax has no {} backend", where, platform_name(p)));
+  std::vector<Device> ds = b->devices();
+  if (ds.empty())
+    throw BackendError(fmt::format("{}: no {} device here ({})", where, platform_name(p), b->unavailable_reason()));
+  return ds;
+}
+std::atomic<int> g_default_platform{-1};  // -1: not chosen yet (CJAX_PLATFORM decides at first use)
+Platform default_platform_value() {
+  int v = g_default_platform.load();
+  if (v >= 0) return Platform(v);
+  static const Platform from_env = [] {
+    const char* e = std::getenv("CJAX_PLATFORM");
+    if (!e || !*e) return Platform::cpu;
+    Platform p = parse_platform(e, "CJAX_PLATFORM");
+    require_devices(p, fmt::format("CJAX_PLATFORM={}", e));
+    return p;
+  }();
+  return from_env;
+}
+}  // namespace
+
+namespace config {
+void set_default_platform(std::string_view platform) {
+  Platform p = parse_platform(platform, "config::set_default_platform");
+  require_devices(p, fmt::format("config::set_default_platform(\"{}\")", platform));
+  g_default_platform = int(p);
+}
+std::string default_platform() { return std::string(platform_name(default_platform_value())); }
+}  // namespace config
+
 std::vector<Device> devices(std::string_view platform) {
-  if (platform.empty() || platform == "cpu") return backend_for(Platform::cpu).devices();
-  if (platform == "cuda" || platform == "gpu") {
-    Backend* b = find_backend(Platform::cuda);
-    return b ? b->devices() : std::vector<Device>{};
-  }
-  throw BackendError(fmt::format("unknown platform '{}'; the platforms are 'cpu' and 'cuda' (alias 'gpu')", platform));
+  Platform p = platform.empty() ? default_platform_value() : parse_platform(platform, "devices");
+  if (p == Platform::cpu) return backend_for(Platform::cpu).devices();
+  Backend* b = find_backend(p);
+  return b ? b->devices() : std::vector<Device>{};
 }
 int device_count() { return int(devices().size()); }
-Device default_device() { return Device(Platform::cpu, 0); }
+Device default_device() {
+  Platform p = default_platform_value();
+  return p == Platform::cpu ? Device(Platform::cpu, 0) : require_devices(p, "default_device")[0];
+}
+Device host_device() { return Device(Platform::cpu, 0); }
 
 MemoryStats memory_stats(const Device& d) { return backend_for(d.platform()).memory_stats(d); }
 void reset_peak_memory(const Device& d) { backend_for(d.platform()).reset_peak_memory(d); }

@@ -18,9 +18,9 @@ template <class T> Array array(const std::vector<T>& data, Shape shape) {
   // The dtype is the element type's own (std::vector<double> -> float64): a C++ caller names it.
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(data.begin(), data.end());
-    return make_from_host(bytes.data(), AbstractValue{shape, DType::bool_, false, {}}, default_device());
+    return on_default_device(make_from_host(bytes.data(), AbstractValue{shape, DType::bool_, false, {}}, host_device()));
   } else {
-    return make_from_host(data.data(), AbstractValue{shape, dtype_v<T>, false, {}}, default_device());
+    return on_default_device(make_from_host(data.data(), AbstractValue{shape, dtype_v<T>, false, {}}, host_device()));
   }
 }
 #define CJAX_INSTANTIATE(T) template Array array<T>(const std::vector<T>&, Shape);

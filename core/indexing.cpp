@@ -489,7 +489,7 @@ Indexer index_to_gather(const Shape& xs, const Prepared& p, std::string_view fn)
 }
 
 Array zeros_of(const Shape& shape, DType d, bool weak = false) {
-  Array z = make_uninitialized(AbstractValue{shape, d, weak, {}}, default_device());
+  Array z = make_uninitialized(AbstractValue{shape, d, weak, {}}, host_device());
   size_t nb = size_t(shape_size(shape)) * itemsize(d);
   if (nb) std::memset(raw_ptr(z), 0, nb);
   return z;

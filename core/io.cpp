@@ -421,7 +421,7 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
 }
 
 Array read_entry(std::string_view fn, const fs::path& p, const InFile& f, const StFile& st, const StEntry& e) {
-  Array a = make_uninitialized(AbstractValue{e.shape, e.dtype, false, {}}, default_device());
+  Array a = make_uninitialized(AbstractValue{e.shape, e.dtype, false, {}}, host_device());
   if (e.end > e.begin) f.read(st.data_start + e.begin, raw_ptr(a), e.end - e.begin);
   if (e.checksum) {
     uint64_t got = checksum(raw_ptr(a), e.end - e.begin);
@@ -431,7 +431,7 @@ Array read_entry(std::string_view fn, const fs::path& p, const InFile& f, const 
                               e.name, *e.checksum, e.end - e.begin, got));
   }
   if (e.dtype == DType::bool_) normalize_bools(a);
-  return a;
+  return on_default_device(a);
 }
 
 bool int_like(std::string_view s) {
@@ -769,11 +769,11 @@ Array load_npy(const fs::path& path) {
   if (avail > nbytes)
     fail(fn, path, fmt::format("shape/size mismatch: shape {} of {} needs {} bytes after the header, the file has {}",
                                shape_str(shp), ds, nbytes, avail));
-  Array a = make_uninitialized(AbstractValue{shp, *dtype, false, {}}, default_device());
+  Array a = make_uninitialized(AbstractValue{shp, *dtype, false, {}}, host_device());
   size_t isz = itemsize(*dtype);
   if (fortran->b && shp.size() >= 2 && numel > 1) {
     // Staging through a device buffer: an allocation failure is the allocator's BackendError.
-    Array staging = make_uninitialized(AbstractValue{{int64_t(nbytes)}, DType::uint8, false, {}}, default_device());
+    Array staging = make_uninitialized(AbstractValue{{int64_t(nbytes)}, DType::uint8, false, {}}, host_device());
     auto* tmp = static_cast<unsigned char*>(raw_ptr(staging));
     f.read(dstart, tmp, nbytes);
     void* dst = raw_ptr(a);
@@ -788,7 +788,7 @@ Array load_npy(const fs::path& path) {
   }
   if (swap) byteswap_inplace(raw_ptr(a), a.size(), isz);
   if (*dtype == DType::bool_) normalize_bools(a);
-  return a;
+  return on_default_device(a);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ void check_shape(std::string_view fn, const Shape& shape) {
 
 // An array of `shape` with every element equal to the bytes of `elem`.
 Array fill_bytes(const Shape& shape, DType d, bool weak, const void* elem) {
-  Array out = make_uninitialized(AbstractValue{shape, d, weak, {}}, default_device());
+  Array out = make_uninitialized(AbstractValue{shape, d, weak, {}}, host_device());
   int64_t n = out.size();
   size_t sz = itemsize(d);
   auto* p = static_cast<unsigned char*>(raw_ptr(out));
@@ -33,12 +33,12 @@ Array fill_bytes(const Shape& shape, DType d, bool weak, const void* elem) {
   for (size_t i = 0; i < sz; ++i) zero &= static_cast<const unsigned char*>(elem)[i] == 0;
   if (zero) {
     if (n) std::memset(p, 0, size_t(n) * sz);
-    return out;
+    return on_default_device(out);
   }
   parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) std::memcpy(p + size_t(i) * sz, elem, sz);
   });
-  return out;
+  return on_default_device(out);
 }
 
 template <class V> Array fill_value(const Shape& shape, DType d, V v) {
@@ -54,7 +54,7 @@ template <class V> Array fill_value(const Shape& shape, DType d, V v) {
 
 // Fills a 1-D array of n elements with f(i) converted to dtype d.
 template <class F> Array fill_1d(int64_t n, DType d, F&& f) {
-  Array out = make_uninitialized(AbstractValue{{n}, d, false, {}}, default_device());
+  Array out = make_uninitialized(AbstractValue{{n}, d, false, {}}, host_device());
   visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = data_ptr<T>(out);
@@ -65,7 +65,7 @@ template <class F> Array fill_1d(int64_t n, DType d, F&& f) {
       else p[i] = T(v);
     }
   });
-  return out;
+  return on_default_device(out);
 }
 
 }  // namespace

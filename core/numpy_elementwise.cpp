@@ -30,7 +30,7 @@ enum class Promo { Plain, Numeric, Inexact };
 
 // A literal of dtype `d` from an exact host value (int64 or double).
 template <class V> Array literal(V v, DType d, bool weak) {
-  Array a = make_uninitialized(AbstractValue{{}, d, weak, {}}, default_device());
+  Array a = make_uninitialized(AbstractValue{{}, d, weak, {}}, host_device());
   visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (is_half_v<T>) *data_ptr<T>(a) = T(float(v));

@@ -329,7 +329,7 @@ Array einsum(const std::string& subscripts_in, const std::vector<Array>& operand
       // diag(x) over (p1, p2): keep the elements where the two indices agree, then sum out p2.
       std::vector<uint8_t> eye(size_t(n * n), 0);
       for (int64_t k = 0; k < n; ++k) eye[size_t(k * n + k)] = 1;
-      Array mask = make_from_host(eye.data(), AbstractValue{{n, n}, DType::bool_, false, {}}, default_device());
+      Array mask = make_from_host(eye.data(), AbstractValue{{n, n}, DType::bool_, false, {}}, host_device());
       mask = lax::broadcast_in_dim(mask, x.shape(), {int64_t(p1), int64_t(p2)});
       Array zero = lax::broadcast_in_dim(make_scalar(0.0, x.dtype()), x.shape(), {});
       x = lax::select_n(mask, {zero, x});

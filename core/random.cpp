@@ -37,7 +37,7 @@ namespace jnp = cjax::numpy;
 
 // ---- constants ----
 template <class T> Array cst(T v) {
-  Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, false, {}}, default_device());
+  Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, false, {}}, host_device());
   *data_ptr<T>(a) = v;
   return a;
 }
@@ -360,7 +360,7 @@ Array shuffle(Array key, Array x, int64_t axis) {
 // ---- keys ----
 Array key(uint64_t seed) {
   uint32_t v[2] = {uint32_t(seed >> 32), uint32_t(seed & 0xFFFFFFFFu)};
-  return make_from_host(v, AbstractValue{{2}, DType::uint32, false, {}}, default_device());
+  return on_default_device(make_from_host(v, AbstractValue{{2}, DType::uint32, false, {}}, host_device()));
 }
 
 Array key(const Array& seed) {

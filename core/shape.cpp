@@ -550,7 +550,7 @@ const PrimitiveDef& g_iota = register_primitive([] {
   };
   def.cpu_impl = [](std::span<const Array>, std::span<const AbstractValue> out_avals, const Params& p) {
     const AbstractValue& oa = out_avals[0];
-    Array out = make_uninitialized(oa, default_device());
+    Array out = make_uninitialized(oa, host_device());
     size_t dim = size_t(p.i("dimension"));
     int64_t n = oa.size();
     if (n == 0) return std::vector<Array>{out};

@@ -302,7 +302,7 @@ Array device_put(const Array& x, const Sharding& sharding) {
                                      platform_name(d.platform()), d.str(), platform_name(d.platform())));
   if (!src && !host_accessible(c.device())) return device_put(to_host(x), sharding);
   Shape block = dst->shard_shape(x.shape());
-  Array global = src ? assemble(c, *src, default_device()) : x;
+  Array global = src ? assemble(c, *src, host_device()) : x;
   auto* g = static_cast<std::byte*>(concrete(global)->buffer()->data());
   size_t isz = itemsize(x.dtype());
   std::shared_ptr<ConcreteArray> out;

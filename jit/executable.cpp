@@ -297,7 +297,7 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   }
   std::vector<void*> bufs;
   bufs.reserve(in.inputs.size() + in.outputs.size());
-  Device dev = default_device();
+  Device dev = host_device();
   bool have_dev = false;
   for (int s : in.inputs) {
     ConcreteArray* c = concrete(slots[size_t(s)]);

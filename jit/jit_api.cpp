@@ -391,7 +391,7 @@ std::vector<Array> dispatch(const Compiled& c, const std::string& name, const st
       raise_deleted(fmt::format("jit '{}' argument {}", name, k));
     if (!device && a->ready() && a->buffers.size() == 1) device = a->buffers[0]->device();
   }
-  Device queue_device = device.value_or(default_device());
+  Device queue_device = device.value_or(host_device());
   if (!donated.empty()) {
     // Calls in flight on this queue finish before this one starts; others may still read a
     // donated buffer.

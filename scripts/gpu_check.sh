@@ -27,6 +27,11 @@ lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 for t in test_cuda_jit test_cuda_offline test_cuda_device test_cuda_kernels ${GPU_CHECK_CPU_SUITES:-}; do
   [ -x "$bin/$t" ] && step "$t" 300 env CJAX_LOG_FALLBACKS=1 "$bin/$t"
 done
+# CPU suites with the GPU as the default platform (CJAX_PLATFORM=cuda): created arrays live on the
+# GPU; primitives without a cuda kernel run as counted host fallbacks.
+for t in ${GPU_CHECK_PLATFORM_SUITES:-test_core test_jit}; do
+  [ -x "$bin/$t" ] && step "cuda_default_$t" 240 env CJAX_PLATFORM=cuda "$bin/$t"
+done
 step bench_cuda 300 env CJAX_LOG_FALLBACKS=1 "$bin/bench_cuda"
 step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
 if command -v compute-sanitizer >/dev/null; then

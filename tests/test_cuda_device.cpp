@@ -271,3 +271,24 @@ TEST_CASE("dot_general runs on cuBLASLt: transposes, batches and interleaved bat
   CHECK(jnp::matmul(on_gpu(li), on_gpu(ri)).to_vector<int32_t>() == jnp::matmul(li, ri).to_vector<int32_t>());
   CHECK(profiler::host_fallback_count() == before + 1);
 }
+
+TEST_CASE("with the default platform set to cuda, created arrays live on the GPU, uncommitted, and ops run there") {
+  config::set_default_platform("gpu");
+  CHECK(config::default_platform() == "cuda");
+  CHECK(default_device() == kGpu);
+  CHECK(devices() == devices("cuda"));
+  int64_t before = profiler::host_fallback_count();
+  Array x = jnp::arange(0.0, 8.0, 1.0, f32);
+  Array k = random::key(3);
+  Array n = random::normal(k, {8});
+  Array y = jnp::ones({8}) * 2.0f + x + n * 0.0f;
+  for (const Array& a : {x, k, n, y}) CHECK(device_of(a) == kGpu);
+  CHECK_FALSE(concrete(x)->committed);
+  CHECK(y.to_vector<float>() == std::vector<float>{2, 3, 4, 5, 6, 7, 8, 9});
+  // Committed CPU values still refuse to mix.
+  Array c = device_put(jnp::ones({8}), SingleDeviceSharding(Device(Platform::cpu, 0)));
+  CHECK_THROWS_AS(c + y, BackendError);
+  CHECK(profiler::host_fallback_count() - before == 0);
+  config::set_default_platform("cpu");
+  CHECK(device_of(jnp::ones({2})).platform() == Platform::cpu);
+}

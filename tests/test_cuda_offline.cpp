@@ -52,6 +52,11 @@ TEST_CASE("without a driver the cuda platform is empty and asking for its device
   CHECK(devices("gpu").empty());
   std::string reason = cuda::driver_unavailable_reason();
   CHECK(!reason.empty());
+  // The default platform cannot become cuda; the error says why, and the default stays cpu.
+  CHECK_THROWS_WITH_AS(config::set_default_platform("cuda"), doctest::Contains(reason.c_str()), BackendError);
+  CHECK_THROWS_WITH_AS(config::set_default_platform("tpu"), doctest::Contains("unknown platform 'tpu'"), BackendError);
+  CHECK(config::default_platform() == "cpu");
+  CHECK(default_device() == Device(Platform::cpu, 0));
   Array x = jnp::arange(4, f32);
   try {
     device_put(x, SingleDeviceSharding(Device(Platform::cuda, 0)));

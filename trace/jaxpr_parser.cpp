@@ -633,7 +633,7 @@ class Parser {
     int64_t bits = int64_t(itemsize(dt)) * 8;
     if (ec != std::errc() || end != value.data() + value.size()) return bad();
     if (bits < 64 && (i < -(int64_t(1) << (bits - 1)) || i >= (int64_t(1) << (bits - 1)))) return bad();
-    if (dt == i64) return Literal(make_from_host(&i, aval, default_device()));  // exact beyond 2^53
+    if (dt == i64) return Literal(make_from_host(&i, aval, host_device()));  // exact beyond 2^53
     return Literal(make_scalar(double(i), dt));
   }
 

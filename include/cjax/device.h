@@ -26,8 +26,11 @@ class Device {
   int id_ = 0;
 };
 
+// The devices of `platform` ("cpu", "cuda" or its alias "gpu"; "" = the default platform).
 std::vector<Device> devices(std::string_view platform = "");
-int device_count();
+int device_count();  // of the default platform
+// The first device of the default platform: where creation functions (jnp::zeros, jnp::array,
+// random::key, io loads) put their results, uncommitted.
 Device default_device();
 
 // Memory accounting per device: bytes held by live arrays, their high-water mark, and bytes the
@@ -48,6 +51,11 @@ namespace config {
 void set_num_cpu_devices(int n);
 // Number of intra-op threads (default: hardware cores). Same timing rule as above.
 void set_num_threads(int n);
+// The default platform ("cpu" or "cuda"), as JAX's default backend: CJAX_PLATFORM=cuda or this
+// call (before creating the arrays that should live there). Raises BackendError naming the
+// reason when the platform has no device here. Default: cpu.
+void set_default_platform(std::string_view platform);
+std::string default_platform();
 }  // namespace config
 
 }  // namespace cjax

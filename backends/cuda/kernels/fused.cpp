@@ -26,7 +26,7 @@ std::string literal(const KernelNode& n) {
   DType d = n.dtype;
   if (d == DType::bool_) return n.fvalue != 0 || n.ivalue != 0 ? "true" : "false";
   if (is_float(d)) {
-    double v = n.fvalue;
+    double v = n.fvalue;  // used as given, as by the CPU's code generator
     bool f64 = d == DType::float64;
     if (std::isnan(v)) return f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
     if (std::isinf(v)) return v > 0 ? highest_literal(f64 ? DType::float64 : DType::float32)
@@ -119,6 +119,11 @@ class Emitter {
   std::vector<bool> emitted_full_;   // per node, in the current scope
   std::string indent_ = "  ";
   std::string sfx_;  // appended to per-element names (the unrolled elements of a thread)
+  bool pair_rounding_ = false;  // bf16 results are rounded two at a time by the caller
+
+  std::string round_result(DType d, const std::string& v) const {
+    return pair_rounding_ && d == DType::bfloat16 ? v : rounded(d, v);
+  }
 
   void line(const std::string& l) { code_ += indent_ + l + "\n"; }
 
@@ -161,7 +166,7 @@ class Emitter {
     auto arg_dtype = [&](size_t k) { return s_.nodes[size_t(n.args[k])].dtype; };
     std::string ct = compute_type(n.dtype);
     switch (n.op) {
-      case Op::Const: return rounded(n.dtype, literal(n));
+      case Op::Const: return literal(n);
       case Op::Scalar: {
         std::optional<std::string> e = scalar_expression(n.scalar_op, arg_dtype(0));
         if (!e) {
@@ -172,9 +177,9 @@ class Emitter {
         std::string decls;
         for (size_t k = 0; k < a.size() && k < 3; ++k)
           decls += fmt::format("const {} {} = {}; ", compute_type(arg_dtype(k)), kNames[k], a[k]);
-        return rounded(n.dtype, fmt::format("[&] {{ {}return ({})({}); }}()", decls, ct, *e));
+        return round_result(n.dtype, fmt::format("[&] {{ {}return ({})({}); }}()", decls, ct, *e));
       }
-      case Op::Convert: return rounded(n.dtype, convert_expr(arg_dtype(0), n.dtype, a[0]));
+      case Op::Convert: return round_result(n.dtype, convert_expr(arg_dtype(0), n.dtype, a[0]));
       case Op::Select: {
         if (arg_dtype(0) == DType::bool_) return fmt::format("({} ? {} : {})", a[0], a[2], a[1]);
         size_t ncases = a.size() - 1;
@@ -210,7 +215,7 @@ class Emitter {
         }
         if (acc.empty()) acc = fmt::format("({})1", ct);
         if (n.ivalue < 0 && is_float(n.dtype)) acc = fmt::format("(({})1 / {})", ct, acc);
-        return rounded(n.dtype, fmt::format("[&] {{ {}return ({}){}; }}()", body, ct, acc));
+        return round_result(n.dtype, fmt::format("[&] {{ {}return ({}){}; }}()", body, ct, acc));
       }
       default: error_ = "internal: unexpected kernel node"; return "0";
     }
@@ -292,7 +297,6 @@ class Emitter {
     line(fmt::format("if (cj_base + {} < {}) {{", (kElementsPerThread - 1) * kElementThreads, n));
     indent_ = "    ";
     std::vector<bool> none(s_.nodes.size(), false);
-    std::vector<std::vector<bool>> emitted(kElementsPerThread, none);
     for (unsigned u = 0; u < kElementsPerThread; ++u) {
       sfx_ = fmt::format("_{}", u);
       element_index(fmt::format("cj_base + {}", u * kElementThreads));
@@ -300,13 +304,39 @@ class Emitter {
         const KernelNode& nd = s_.nodes[i];
         if (nd.op != Op::Load || nd.row_level) continue;
         line(fmt::format("const {} {} = {};", compute_type(nd.dtype), name_of(int(i)), load_expr(int(i), "col" + sfx_)));
-        emitted[u][i] = true;
       }
     }
+    // Node by node across the elements, so that bf16 results round two at a time (one
+    // cvt.rn.bf16x2 for two values: conversions issue at a quarter of the FP32 rate).
+    pair_rounding_ = true;
+    for (size_t i = 0; i < s_.nodes.size(); ++i) {
+      const KernelNode& nd = s_.nodes[i];
+      if (nd.op == Op::Load && !nd.row_level) continue;
+      for (unsigned u = 0; u < kElementsPerThread; ++u) {
+        sfx_ = fmt::format("_{}", u);
+        std::string v = nd.op == Op::Load ? load_expr(int(i), "col" + sfx_) : compute(int(i));
+        line(fmt::format("{} {} = {};", compute_type(nd.dtype), name_of(int(i)), v));
+      }
+      if (nd.dtype == DType::bfloat16 && nd.op != Op::Load && nd.op != Op::Const)
+        for (unsigned u = 0; u < kElementsPerThread; u += 2) {
+          sfx_ = fmt::format("_{}", u);
+          std::string a = name_of(int(i));
+          sfx_ = fmt::format("_{}", u + 1);
+          line(fmt::format("cj_round2_bf16({}, {});", a, name_of(int(i))));
+        }
+    }
+    pair_rounding_ = false;
     for (unsigned u = 0; u < kElementsPerThread; ++u) {
       sfx_ = fmt::format("_{}", u);
-      emitted_full_ = emitted[u];
-      element_compute();
+      for (size_t o = 0; o < s_.outputs.size(); ++o) {
+        if (s_.outputs[o].full) {
+          store_output(o, "e" + sfx_);
+        } else {
+          line(fmt::format("if (col{} == 0) {{", sfx_));
+          store_output(o, "row" + sfx_);
+          line("}");
+        }
+      }
     }
     sfx_.clear();
     indent_ = "  ";
@@ -450,6 +480,9 @@ FusedLaunchPlan fused_launch_plan(const KernelSpec& spec) {
 
 std::string fused_prelude() {
   return std::string(kPrelude) + R"(
+__device__ __forceinline__ void cj_round2_bf16(float& a, float& b) {
+  unsigned p; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(b), "f"(a));
+  a = __uint_as_float(p << 16); b = __uint_as_float(p & 0xffff0000u); }
 __device__ __forceinline__ float cj_shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
 __device__ __forceinline__ double cj_shfl_xor(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
 __device__ __forceinline__ int cj_shfl_xor(int v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
