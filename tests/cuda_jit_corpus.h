@@ -98,6 +98,16 @@ inline std::vector<Program> programs() {
                  return lax::select_n(which, {lax::integer_pow(a[0], 3), lax::integer_pow(a[0], -2), a[0] * 0.5f});
                }),
                {normal(25, {2000})}});
+  p.push_back({"transcendental and rounding scalar ops", one([](const auto& a) {
+                 const Array& x = a[0];
+                 Array ax = jnp::abs(x) + 0.5f;
+                 Array y = jnp::sin(x) + jnp::cos(x) * jnp::log1p(ax) + lax::expm1(x * 0.25f) + jnp::sinh(x * 0.5f);
+                 y = y + jnp::arctan2(x, ax) + lax::erf(x) + jnp::floor(x * 3.0f) - jnp::ceil(x * 2.0f);
+                 y = y + lax::round(x * 5.0f) * jnp::sign(x) + lax::rsqrt(ax) + jnp::cbrt(x) + jnp::fmod(x * 7.0f, ax);
+                 y = y + jnp::power(ax, jnp::full({}, 1.5)) + jnp::arcsinh(x) + jnp::log2(ax) - jnp::exp2(x * 0.5f);
+                 return jnp::where(x > 1.0f, jnp::minimum(y, x), jnp::maximum(y, -x));
+               }),
+               {normal(31, {3001})}, 1e-4});
   p.push_back({"gelu (tanh approximation)", one([](const auto& a) { return nn::gelu(a[0]); }), {normal(26, {512, 384})}});
   p.push_back({"MLP training step", [](const auto& a) {
                  auto loss = [](const std::vector<Array>& w, const Array& x, const Array& labels) {

@@ -365,7 +365,7 @@ class Emitter {
     for (const auto& r : reduces) max_reduces = std::max(max_reduces, r.size());
     unsigned warps = plan_.block / 32;
     if (block_rows) {
-      line(fmt::format("__shared__ unsigned long long cj_red[{}][{}];", std::max<size_t>(max_reduces, 1), warps));
+      line(fmt::format("CJ_SHARED(unsigned long long, cj_red, [{}][{}]);", std::max<size_t>(max_reduces, 1), warps));
       line("const int cj_tid = threadIdx.x, cj_lane = cj_tid & 31, cj_warp = cj_tid >> 5;");
       line(fmt::format("const {} row = blockIdx.x;", I));
     } else {
@@ -479,7 +479,10 @@ FusedLaunchPlan fused_launch_plan(const KernelSpec& spec) {
 }
 
 std::string fused_prelude() {
+  // CJ_SHARED: shared memory declarations go through a macro so that the CPU emulator of the
+  // tests (tests/cuda_emulator.h) can poison them before each block.
   return std::string(kPrelude) + R"(
+#define CJ_SHARED(type, name, dims) __shared__ type name dims
 __device__ __forceinline__ void cj_round2_bf16(float& a, float& b) {
   unsigned p; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(b), "f"(a));
   a = __uint_as_float(p << 16); b = __uint_as_float(p & 0xffff0000u); }
