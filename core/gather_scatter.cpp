@@ -746,6 +746,30 @@ std::optional<LeadingBatchGather> leading_batch_gather(const Array& operand, con
   return out;
 }
 
+std::optional<LeadingBatchScatter> leading_batch_scatter(const Array& operand, const Array& indices,
+                                                         const Array& updates, const Params& p) {
+  const auto& dn = scatter_dimension_numbers(p);
+  ScatterGeom g = scatter_geometry("scatter", operand, indices, updates, dn);
+  if (!dn.operand_batching_dims.empty()) return std::nullopt;
+  for (size_t k = 0; k < g.update_scatter_dims.size(); ++k)
+    if (g.update_scatter_dims[k] != int64_t(k)) return std::nullopt;
+  LeadingBatchScatter out;
+  out.batches = shape_size(g.batch_shape);
+  out.K = g.K;
+  out.window = g.window;
+  out.update_stride = g.upd_stride_of_dim;
+  out.window_size = 1;
+  for (int64_t w : g.window) out.window_size *= w;
+  for (int64_t k = 0; k < g.K; ++k) {
+    int64_t d = dn.scatter_dims_to_operand_dims[size_t(k)];
+    if (g.window[size_t(d)] != 1) return std::nullopt;
+    out.dims.push_back(d);
+    out.hi.push_back(operand.shape()[size_t(d)] - 1);
+  }
+  out.clip = gather_scatter_mode(p) == lax::GatherScatterMode::clip;
+  return out;
+}
+
 lax::GatherScatterMode gather_scatter_mode(const Params& p) { return p.object<GatherScatterModeParam>("mode")->mode; }
 std::optional<double> gather_fill_value(const Params& p) {
   if (!p.has("fill_value")) return std::nullopt;

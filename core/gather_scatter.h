@@ -69,6 +69,22 @@ struct LeadingBatchGather {
 };
 std::optional<LeadingBatchGather> leading_batch_gather(const Array& operand, const Array& indices, const Params& p);
 
+// A scatter whose scatter dims lead the updates, with no batching dims and windows one element
+// wide along every indexed operand dim (x.at[idx].add(v), embedding gradients): windows of two
+// updates then coincide or are disjoint, so a device kernel can give each output element its own
+// thread, which applies the matching updates in index order, as the CPU kernel does. Output
+// element o (coordinates c) takes update b when c[dims[k]] == index k of b for every k (an index
+// outside [0, hi[k]] is dropped, or clamped in clip mode) and c[d] < window[d] elsewhere; the
+// update element read is b * window_size + sum_d c[d] * update_stride[d].
+struct LeadingBatchScatter {
+  int64_t batches = 0, window_size = 0, K = 0;
+  std::vector<int64_t> dims, hi;                // per index component
+  std::vector<int64_t> window, update_stride;   // per operand dim
+  bool clip = false;
+};
+std::optional<LeadingBatchScatter> leading_batch_scatter(const Array& operand, const Array& indices,
+                                                         const Array& updates, const Params& p);
+
 // Binds with the sortedness/uniqueness hints (lax::gather / lax::scatter_* pass false).
 Array gather_with(const Array& operand, const Array& indices, const lax::GatherDimensionNumbers& dn,
                   const std::vector<int64_t>& slice_sizes, lax::GatherScatterMode mode,

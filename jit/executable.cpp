@@ -111,6 +111,13 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
     : name_(std::move(name)), optimized_(optimize(*splat_constants(*traced, traced.consts))), consts_(traced.consts) {
   const Jaxpr& j = *optimized_;
   has_effects_ = jaxpr_has_effects(j);
+  // Constants created on a device (CJAX_PLATFORM=cuda) get host copies for runs on the CPU.
+  bool device_consts = std::any_of(consts_.begin(), consts_.end(), [](const Array& c) {
+    ConcreteArray* cc = concrete(c);
+    return cc && cc->buffers.size() == 1 && !host_accessible(cc->device());
+  });
+  if (device_consts)
+    for (const Array& c : consts_) host_consts_.push_back(host_accessible(concrete(c)->device()) ? c : to_host(c));
   cheap_ = estimated_cost(j) < kCheapProgramCost;
   if (fusion_enabled()) {
     plan_ = plan_fusion(j);
@@ -354,7 +361,7 @@ void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t
     throw ValueError(fmt::format("jit: the compiled function takes {} arrays, got {}", in_slots_.size(), args.size()));
   slots.assign(num_slots_, Array());
   donated.assign(num_slots_, false);
-  for (size_t i = 0; i < consts_.size(); ++i) slots[i] = consts_[i];
+  for (size_t i = 0; i < consts_.size(); ++i) slots[i] = host_consts_.empty() ? consts_[i] : host_consts_[i];
   for (size_t i = 0; i < args.size(); ++i) {
     ConcreteArray* c = concrete(args[i]);
     if (!c) throw Error("internal: Executable::run on a non-concrete argument");

@@ -118,6 +118,7 @@ class Executable {
   FusionPlan plan_;
   CompiledKernels compiled_;
   std::vector<Array> consts_;
+  std::vector<Array> host_consts_;  // host copies when some constant lives on a device, else empty
   std::vector<Instr> program_;
   std::vector<int> in_slots_;
   std::vector<int> out_slots_;           // -1: literal output

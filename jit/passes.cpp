@@ -151,8 +151,11 @@ std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vect
   Subst s;
   for (size_t i = 0; i < jaxpr.constvars().size() && i < consts.size(); ++i) {
     const Var& cv = jaxpr.constvars()[i];
-    const Array& c = consts[i];
-    if (c.ndim() == 0 || cv.aval().shape != c.shape() || !uniform(c)) continue;
+    if (consts[i].ndim() == 0 || cv.aval().shape != consts[i].shape()) continue;
+    // A constant on a device (created under CJAX_PLATFORM=cuda) is read through a host copy.
+    ConcreteArray* cc = concrete(consts[i]);
+    Array c = cc && cc->buffers.size() == 1 && !host_accessible(cc->device()) ? to_host(consts[i]) : consts[i];
+    if (!uniform(c)) continue;
     Array scalar;
     {
       TraceScope scope(eval_trace());

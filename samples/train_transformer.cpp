@@ -38,6 +38,7 @@ struct Options {
   std::string prompt = "And God said, ";
   int64_t stop_after = -1;  // for tests of --resume: exit (without a final checkpoint) after this step
   bool show_collectives = false;
+  std::string platform;  // --platform: the default platform (empty: CJAX_PLATFORM, else cpu)
 };
 
 const char* kHelp = R"(usage: train_transformer [flags]
@@ -57,6 +58,8 @@ Layout and devices:
   --devices N         virtual CPU devices for the sharded layouts (default 8; CJAX_NUM_CPU_DEVICES
                       overrides the number created)
   --tensor T          size of the tensor axis for fsdp_tp (default 2)
+  --platform P        cpu | cuda (default: CJAX_PLATFORM, else cpu). cuda trains on one GPU and
+                      needs --layout single (sharded layouts over GPUs are not built yet)
   --no-regather       FSDP: keep gathered weights for the backward pass instead of re-gathering
 
 Model:
@@ -145,6 +148,7 @@ Options parse(int argc, char** argv) {
       }
     } else if (a == "--devices") o.cfg.devices = num();
     else if (a == "--tensor") o.cfg.tensor = num();
+    else if (a == "--platform") o.platform = val();
     else if (a == "--no-regather") o.cfg.regather = false;
     else if (a == "--layers") o.cfg.n_layers = num();
     else if (a == "--d-model") o.cfg.d_model = num();
@@ -426,6 +430,10 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (!std::getenv("CJAX_NUM_CPU_DEVICES")) config::set_num_cpu_devices(int(std::max<int64_t>(o.cfg.devices, 1)));
   try {
+    if (!o.platform.empty()) config::set_default_platform(o.platform);
+    if (config::default_platform() != "cpu" && o.cfg.layout != transformer::Layout::Single)
+      throw ValueError("--layout " + transformer::layout_name(o.cfg.layout) + " runs on a mesh of CPU devices; on " +
+                       config::default_platform() + " use --layout single");
     return run(o);
   } catch (const Error& e) {
     std::cerr << "\ntrain_transformer: " << e.what() << "\n";

@@ -29,9 +29,21 @@ for t in test_cuda_jit test_cuda_offline test_cuda_device test_cuda_kernels ${GP
 done
 # CPU suites with the GPU as the default platform (CJAX_PLATFORM=cuda): created arrays live on the
 # GPU; primitives without a cuda kernel run as counted host fallbacks.
-for t in ${GPU_CHECK_PLATFORM_SUITES:-test_core test_jit}; do
+for t in ${GPU_CHECK_PLATFORM_SUITES:-test_core}; do
   [ -x "$bin/$t" ] && step "cuda_default_$t" 240 env CJAX_PLATFORM=cuda "$bin/$t"
 done
+# The transformer sample on one GPU (f32 and bf16), and on this host's CPU cores for comparison.
+train() {  # train <name> <flags...>
+  local name=$1
+  shift
+  step "$name" 300 env CJAX_LOG_FALLBACKS=1 ${GPU_CHECK_PRELOAD:+LD_PRELOAD=$GPU_CHECK_PRELOAD} "$bin/train_transformer" --layout single --steps "${GPU_CHECK_TRAIN_STEPS:-300}" \
+    --data samples/data/kjv.txt --out "$out/$name" --checkpoint-every 100000 "$@"
+}
+# GPU_CHECK_QUICK=1: tests and training only (no benchmark, peers or sanitizers).
+train train_cuda --platform cuda
+train train_cuda_bf16 --platform cuda --bf16
+train train_cpu --platform cpu
+[ -n "${GPU_CHECK_QUICK:-}" ] && { echo "==== summary"; printf '%s\n' "${summary[@]}"; exit 0; }
 step bench_cuda 300 env CJAX_LOG_FALLBACKS=1 "$bin/bench_cuda"
 step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
 if command -v compute-sanitizer >/dev/null; then

@@ -235,6 +235,8 @@ TEST_CASE("dot_general runs on cuBLASLt: transposes, batches and interleaved bat
       {{4, 16, 8}, {4, 8, 12}, {2}, {1}, {0}, {0}},              // batched
       {{2, 16, 4, 8}, {2, 24, 4, 8}, {3}, {3}, {0, 2}, {0, 2}},  // attention's q k^T: batch dims interleave
       {{7, 5}, {5, 3}, {1}, {0}, {}, {}},                        // odd sizes
+      {{4, 6, 8}, {3, 8, 2, 5}, {2}, {1}, {}, {}},               // x . w[3,d,n,h]: w's free dims interleave
+      {{2, 6, 3, 4}, {6, 5, 4}, {1, 3}, {0, 2}, {}, {}},         // two contracting dims around a free one
   };
   int64_t before = profiler::host_fallback_count();
   for (DType d : {f32, bf16, f16, f64})

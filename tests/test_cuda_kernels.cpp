@@ -1,4 +1,5 @@
-// Shape primitives, reductions and a whole training step on the GPU, against the CPU.
+// Shape primitives, reductions, gathers and scatters, and whole training steps (an MLP, the
+// transformer sample's) on the GPU, against the CPU.
 #include <doctest/doctest.h>
 
 #include <cjax/cjax.h>
@@ -6,6 +7,7 @@
 #include <random>
 
 #include "cuda_test_util.h"
+#include "transformer/transformer.h"
 
 using namespace cjax;
 using namespace cuda_test;
@@ -167,4 +169,60 @@ TEST_CASE("gather on the GPU: take, x[idx], embedding lookups, every mode") {
   Array x = random_array({6, 5}, f32, 33);
   check_same(x[2], on_gpu(x)[2], 0);
   CHECK(profiler::host_fallback_count() == before + 4);  // the four axis-1 takes above
+}
+
+TEST_CASE("pad and scatters on the GPU: repeated indices add in the CPU's order, out-of-range ones drop or clip") {
+  int64_t before = profiler::host_fallback_count();
+  Array x = random_array({3, 5}, f32, 21);
+  Array v = jnp::full({}, 2.5f);
+  std::vector<lax::PadConfig> cfg = {{1, 2, 1}, {0, 3, 0}};
+  check_same(lax::pad(x, v, cfg), lax::pad(on_gpu(x), v, cfg), 0);
+  check_same(jnp::pad(x, 2), jnp::pad(on_gpu(x), 2), 0);
+  // Embedding-style gradient: rows of `table` get the updates of every matching index, in order.
+  Array table = random_array({10, 6}, f32, 22);
+  Array idx = jnp::array<int32_t>({3, 1, 3, 9, 3, 0, 1, 12, -1});
+  Array upd = random_array({9, 6}, f32, 23);
+  Array want = table.at(idx).add(upd), got = on_gpu(table).at(on_gpu(idx)).add(on_gpu(upd));
+  REQUIRE(device_of(got) == kGpu);
+  CHECK(got.to_vector<float>() == want.to_vector<float>());  // same order of additions: bitwise equal
+  check_same(table.at(idx).set(upd), on_gpu(table).at(on_gpu(idx)).set(on_gpu(upd)), 0);
+  check_same(table.at(idx).multiply(upd), on_gpu(table).at(on_gpu(idx)).multiply(on_gpu(upd)), 1e-6);
+  Array b = random_array({10}, f32, 24).astype(bf16);
+  Array ub = random_array({9}, f32, 25).astype(bf16);
+  check_same(b.at(idx).add(ub), on_gpu(b).at(on_gpu(idx)).add(on_gpu(ub)), 0);
+  lax::ScatterDimensionNumbers dn{{1}, {0}, {0}, {}, {}};
+  Array clipped = lax::scatter_add(table, idx.reshape({9, 1}), upd, dn, lax::GatherScatterMode::clip);
+  check_same(clipped, lax::scatter_add(on_gpu(table), on_gpu(idx.reshape({9, 1})), on_gpu(upd), dn,
+                                       lax::GatherScatterMode::clip), 0);
+  CHECK(profiler::host_fallback_count() - before == 0);
+}
+
+TEST_CASE("the transformer sample's training step runs on the GPU with no host fallback and the CPU's loss") {
+  transformer::Config c;
+  c.layout = transformer::Layout::Single;
+  c.n_layers = 1;
+  c.batch = 4;
+  c.seq_len = 16;
+  transformer::TrainState s = transformer::init_state(c);
+  std::vector<int32_t> host(size_t(c.batch * (c.seq_len + 1)));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = int32_t((i * 37 + 11) % 256);
+  Array tokens = jnp::array(host).reshape({c.batch, c.seq_len + 1});
+  auto loss_and_grad = [&](const transformer::Params& p, const Array& t) {
+    return value_and_grad([&](const transformer::Params& q) { return transformer::loss_fn(c, q, t); })(p);
+  };
+  auto [want_loss, want_grad] = loss_and_grad(s.params, tokens);
+  transformer::Params gp = device_put(s.params, SingleDeviceSharding(kGpu));
+  int64_t before = profiler::host_fallback_count();
+  auto [got_loss, got_grad] = loss_and_grad(gp, on_gpu(tokens));
+  CHECK(profiler::host_fallback_count() - before == 0);
+  CHECK(got_loss.item<float>() == doctest::Approx(want_loss.item<float>()).epsilon(1e-5));
+  check_same(want_grad.embed, got_grad.embed, 1e-4);
+  check_same(want_grad.out_kernel, got_grad.out_kernel, 1e-4);
+  // The same step under jit, as the sample runs it.
+  auto jitted = jit(loss_and_grad);
+  before = profiler::host_fallback_count();
+  auto [jit_loss, jit_grad] = jitted(gp, on_gpu(tokens));
+  CHECK(profiler::host_fallback_count() - before == 0);
+  CHECK(jit_loss.item<float>() == doctest::Approx(want_loss.item<float>()).epsilon(1e-5));
+  check_same(want_grad.layers[0].mlp_in, jit_grad.layers[0].mlp_in, 1e-4);
 }

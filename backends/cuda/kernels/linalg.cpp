@@ -1,9 +1,9 @@
 // dot_general on the GPU through cuBLASLt (dlopened: the library is 0.5 GB and only GPU runs need
 // it). A row-major C[b] (M x N) = op(A)[b] op(B)[b] is the column-major C^T = op(B)^T op(A)^T, so
 // cuBLASLt's A is our B and its B our A; transposes and batch strides come from the operands'
-// views (core/linalg.h gemm_views), so no operand is copied. f32 computes in f32 (no TF32: the
-// CPU's results, PyTorch's default), bf16/f16 in f32, f64 in f64. Integer and bool operands, and
-// operands whose dims interleave in memory, run on the host (counted fallback).
+// views (core/linalg.h gemm_views), so no operand is copied unless its dims interleave. f32
+// computes in f32 (no TF32: the CPU's results, PyTorch's default), bf16/f16 in f32, f64 in f64.
+// Integer and bool operands run on the host (counted fallback).
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -18,6 +18,7 @@
 #include "core/array_impl.h"
 #include "core/backend.h"
 #include "core/linalg.h"
+#include "cjax/lax.h"
 
 #define CJAX_STR2(x) #x
 #define CJAX_STR(x) CJAX_STR2(x)
@@ -197,12 +198,41 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
 // out = alpha * dot_general(lhs, rhs) + acc (acc == nullptr: beta 0), or nullopt where cuBLASLt
 // cannot take the operands (the caller falls back to the host). With `in_place`, out is acc's
 // buffer (D = C).
-std::optional<Array> gemm(const Array& lhs, const Array& rhs, const DotDimsParam& dn, const AbstractValue& out_aval,
-                          double alpha, const Array* acc, bool in_place = false) {
-  DType dt = lhs.dtype(), out_dt = out_aval.dtype;
+// Operands whose dims interleave in memory (x[b,s,d] . w[3,d,n,h]: the free dims of w sit on
+// both sides of d) are first copied into (batch, free, contracting) and (batch, contracting, free)
+// order by the transpose kernel; the output of dot_general is in that order already.
+std::optional<Array> gemm(const Array& lhs_in, const Array& rhs_in, const DotDimsParam& dn_in,
+                          const AbstractValue& out_aval, double alpha, const Array* acc, bool in_place = false) {
+  DType dt = lhs_in.dtype(), out_dt = out_aval.dtype;
+  if (!cuda_type(dt) || !cuda_type(out_dt) || (dt == DType::float64) != (out_dt == DType::float64)) return std::nullopt;
+  Array lhs = lhs_in, rhs = rhs_in;
+  DotDimsParam dn = dn_in;
   std::optional<GemmViews> g = gemm_views(lhs.shape(), rhs.shape(), dn);
-  bool supported = cuda_type(dt) && cuda_type(out_dt) && (dt == DType::float64) == (out_dt == DType::float64) && g;
-  if (!supported) return std::nullopt;
+  if (!g) {
+    auto order = [](int64_t rank, const std::vector<int64_t>& first, const std::vector<int64_t>& last) {
+      std::vector<int64_t> perm = first, free;
+      for (int64_t d = 0; d < rank; ++d)
+        if (std::find(first.begin(), first.end(), d) == first.end() && std::find(last.begin(), last.end(), d) == last.end())
+          free.push_back(d);
+      perm.insert(perm.end(), free.begin(), free.end());
+      perm.insert(perm.end(), last.begin(), last.end());
+      return perm;
+    };
+    std::vector<int64_t> lperm = order(lhs.ndim(), dn_in.lhs_batch, dn_in.lhs_contracting);
+    // rhs: batch, contracting, free.
+    std::vector<int64_t> rperm = dn_in.rhs_batch;
+    rperm.insert(rperm.end(), dn_in.rhs_contracting.begin(), dn_in.rhs_contracting.end());
+    for (int64_t d = 0; d < rhs.ndim(); ++d)
+      if (std::find(rperm.begin(), rperm.end(), d) == rperm.end()) rperm.push_back(d);
+    lhs = lax::transpose(lhs_in, lperm);
+    rhs = lax::transpose(rhs_in, rperm);
+    int64_t nb = int64_t(dn_in.lhs_batch.size()), nc = int64_t(dn_in.lhs_contracting.size());
+    dn = DotDimsParam{};
+    for (int64_t b = 0; b < nb; ++b) dn.lhs_batch.push_back(b), dn.rhs_batch.push_back(b);
+    for (int64_t c = 0; c < nc; ++c) dn.lhs_contracting.push_back(lhs.ndim() - nc + c), dn.rhs_contracting.push_back(nb + c);
+    g = gemm_views(lhs.shape(), rhs.shape(), dn);
+    if (!g) return std::nullopt;
+  }
   Device dev = concrete(lhs)->device();
   in_place = in_place && acc;
   Array out = in_place ? Array(std::make_shared<ConcreteArray>(out_aval, concrete(*acc)->buffer()))

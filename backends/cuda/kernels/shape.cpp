@@ -1,5 +1,6 @@
 // Shape primitives on the GPU. reshape and squeeze are views (no kernel); broadcast_in_dim,
-// transpose, slice, rev and concatenate are one strided copy each (concatenate: one per operand):
+// transpose, slice, rev and concatenate are one strided copy each (concatenate: one per operand;
+// pad: a broadcast of the padding value, then one into the interior):
 // out[out_off + sum_k c_k * out_stride_k] = in[in_off + sum_k c_k * in_stride_k] over an index
 // space of up to 8 dims. One kernel per (element size, rank); the extents and strides are kernel
 // arguments, so a new shape compiles nothing.
@@ -157,6 +158,27 @@ std::optional<Array> concatenate(std::span<const Array> in, const AbstractValue&
   return out;
 }
 
+// pad: the padding value broadcast over the output, then the operand copied into its interior
+// positions (low + i * (interior + 1) along each dim). Negative padding (cropping) runs on the host.
+std::optional<Array> pad(std::span<const Array> in, const AbstractValue& oa, const Params& p) {
+  const Array &x = in[0], &value = in[1];
+  const auto& cfg = p.get<std::vector<std::vector<int64_t>>>("padding_config");
+  for (const auto& c : cfg)
+    if (c[0] < 0 || c[1] < 0) return std::nullopt;
+  Device d = device_of(x);
+  Array out = make_uninitialized(oa, d);
+  auto os = row_major_strides(oa.shape);
+  if (!strided_copy(d, value, 0, std::vector<int64_t>(oa.shape.size(), 0), out, 0, os, oa.shape)) return std::nullopt;
+  int64_t off = 0;
+  std::vector<int64_t> strides(os.size());
+  for (size_t k = 0; k < os.size(); ++k) {
+    off += cfg[k][0] * os[k];
+    strides[k] = os[k] * (cfg[k][2] + 1);
+  }
+  if (!strided_copy(d, x, 0, row_major_strides(x.shape()), out, off, strides, x.shape())) return std::nullopt;
+  return out;
+}
+
 const bool g_registered = [] {
   // Views: the CPU rule touches no data, so it serves every platform.
   for (const char* view : {"reshape", "squeeze", "stop_gradient", "bitcast_convert_type"})
@@ -169,6 +191,7 @@ const bool g_registered = [] {
   register_copy_kernel("slice", slice);
   register_copy_kernel("rev", rev);
   register_copy_kernel("concatenate", concatenate);
+  register_copy_kernel("pad", pad);
   return true;
 }();
 
