@@ -66,9 +66,8 @@ class Backend {
   virtual void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) = 0;
   // Waits until the device's queued work is done.
   virtual void synchronize(const Device& d) = 0;
-  // The fused-kernel compiler jit uses for this platform's devices; null where jit runs the CPU
-  // path (backends/cpu compiles through jit/codegen.h until it moves behind this interface).
-  virtual KernelCompiler* kernel_compiler() { return nullptr; }
+  // The fused-kernel compiler jit uses for this platform's devices.
+  virtual KernelCompiler* kernel_compiler() = 0;
 };
 
 // Registers the backend of its platform (once, at static initialisation).

@@ -129,24 +129,31 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
     return i.def && i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params);
   });
   std::string dir = dump_dir();
-  std::string ir;
-  if (!plan_.kernels.empty()) {
-    std::vector<const KernelSpec*> specs;
-    for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
-    compiled_ = compile_kernels(specs, dir.empty() ? nullptr : &ir);
-    for (size_t k = 0; k < plan_.kernels.size(); ++k) out_of_place_.push_back(std::make_unique<LazyVariant>());
-  }
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
     std::filesystem::create_directories(dir);
     dump_base_ = fmt::format("{}/{:04d}.{}", dir, counter++, name_);
-    const std::string& base = dump_base_;
-    write_file(base + ".jaxpr.txt", j.pretty_print());
+    write_file(dump_base_ + ".jaxpr.txt", j.pretty_print());
     std::string fusion = plan_.describe() + "\n";
     for (const FusedKernel& k : plan_.kernels) fusion += k.spec.name + ": " + k.spec.canonical() + "\n";
-    write_file(base + ".fusion.txt", fusion);
-    if (!ir.empty()) write_file(base + ".ll", ir);
+    write_file(dump_base_ + ".fusion.txt", fusion);
   }
+  // The CPU's kernels are compiled now (a CPU call needs no further compilation); a device's on
+  // its first call there (device_program).
+  if (!plan_.kernels.empty()) {
+    std::vector<const KernelSpec*> specs;
+    for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
+    module_ = backend_for(Platform::cpu).kernel_compiler()->compile(host_device(), specs, dump_base_);
+  }
+}
+
+const KernelModule& Executable::compiled() const {
+  struct NoKernels final : KernelModule {
+    void launch(size_t, std::span<void* const>) const override {}
+    bool has_kernel(size_t) const override { return false; }
+  };
+  static const NoKernels none;
+  return module_ ? *module_ : none;
 }
 
 void Executable::lower_to_program() {
@@ -272,28 +279,13 @@ bool Executable::may_write_in_place(const Instr& in, const std::vector<Array>& s
   return true;
 }
 
-KernelFn Executable::out_of_place_variant(int kernel) const {
-  const KernelSpec& spec = plan_.kernels[size_t(kernel)].spec;
-  bool has_in_place = false;
-  for (const KernelOutput& o : spec.outputs) has_in_place = has_in_place || o.in_place_of >= 0;
-  if (!has_in_place) return compiled_.fns[size_t(kernel)];
-  LazyVariant& v = *out_of_place_[size_t(kernel)];
-  std::call_once(v.once, [&] {
-    KernelSpec fresh = spec;
-    fresh.name += "_out_of_place";
-    for (KernelOutput& o : fresh.outputs) o.in_place_of = -1;
-    const KernelSpec* one = &fresh;
-    std::string ir;
-    v.compiled = compile_kernels(std::span<const KernelSpec* const>(&one, 1), dump_base_.empty() ? nullptr : &ir);
-    if (!ir.empty()) write_file(dump_base_ + "." + fresh.name + ".ll", ir);
-  });
-  return v.compiled.fns[0];
-}
-
-void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const {
+void Executable::run_kernel(const KernelModule& module, const Device* target, const Instr& in,
+                            std::vector<Array>& slots, std::vector<bool>& donated) const {
+  if (!module.has_kernel(size_t(in.kernel))) return run_kernel_unfused(in, slots);  // no code for it here
   const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
   std::vector<Array> reference;
-  if (check_fusion()) {  // on copies, before the kernel, which may write over a dying input
+  bool checking = check_fusion() && !target;
+  if (checking) {  // on copies, before the kernel, which may write over a dying input
     reference.resize(slots.size());
     for (int s : in.inputs) {
       const Array& x = slots[size_t(s)];
@@ -304,12 +296,17 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
   }
   std::vector<void*> bufs;
   bufs.reserve(in.inputs.size() + in.outputs.size());
-  Device dev = host_device();
-  bool have_dev = false;
+  Device dev = target ? *target : host_device();
+  bool have_dev = target != nullptr;
   for (int s : in.inputs) {
     ConcreteArray* c = concrete(slots[size_t(s)]);
     if (c->buffers.empty()) raise_deleted(fmt::format("jit '{}'", name_));
     if (c->buffers.size() > 1) return run_kernel_unfused(in, slots);
+    if (target && c->device() != *target) {  // an uncommitted host value (a host fallback's) follows
+      note_follow_transfer(kernel_label(plan_.kernels[size_t(in.kernel)]), slots[size_t(s)], *target);
+      slots[size_t(s)] = device_put(slots[size_t(s)], SingleDeviceSharding(*target));
+      c = concrete(slots[size_t(s)]);
+    }
     bufs.push_back(c->buffer()->data());
     if (!have_dev) dev = c->device();
     have_dev = true;
@@ -324,23 +321,8 @@ void Executable::run_kernel(const Instr& in, std::vector<Array>& slots, std::vec
     outs.push_back(make_uninitialized(in.out_avals[o], dev));
   }
   for (const Array& o : outs) bufs.push_back(raw_ptr(o));
-  KernelFn fn = in_place ? compiled_.fns[size_t(in.kernel)] : out_of_place_variant(in.kernel);
-  int64_t rows = spec.rows(), cols = spec.cols;
-  if (rows > 0 && (cols > 0 || spec.has_reduction)) {
-    size_t scratch_doubles = size_t(spec.scratch_bytes()) / sizeof(double);
-    auto call = [&](int64_t rb, int64_t re, int64_t cb, int64_t ce) {
-      thread_local std::vector<double> scratch;
-      if (scratch.size() < scratch_doubles) scratch.resize(scratch_doubles);
-      fn(bufs.data(), scratch.data(), rb, re, cb, ce);
-    };
-    constexpr int64_t kGrain = int64_t(1) << 14;  // elements per task
-    if (!spec.has_reduction && rows < 4 * num_threads() && cols >= 2 * kGrain)
-      parallel_for(cols, kGrain, [&](int64_t b, int64_t e) { call(0, rows, b, e); });
-    else
-      parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                   [&](int64_t b, int64_t e) { call(b, e, 0, cols); });
-  }
-  if (check_fusion()) {
+  module.launch(size_t(in.kernel), bufs);
+  if (checking) {
     // CJAX_CHECK_FUSION=1: the member equations again, one by one, compared with the kernel.
     const FusedKernel& k = plan_.kernels[size_t(in.kernel)];
     for (size_t o = 0; o < outs.size(); ++o) {
@@ -404,7 +386,7 @@ void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::v
   bool profiling = profiler::enabled();
   ProfileScope timing(profiling);
   if (instr.kernel >= 0) {
-    run_kernel(instr, slots, donated);
+    run_kernel(*module_, nullptr, instr, slots, donated);
     if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
   } else if (instr.def == gemm_update_ && run_gemm_update_in_place(instr, slots, donated)) {
     if (profiling) timing.record(instr.def->name, name_);
@@ -476,50 +458,14 @@ const Executable::DeviceProgram& Executable::device_program(const Device& d) con
   if (slot) return *slot;
   auto p = std::make_unique<DeviceProgram>();
   if (!plan_.kernels.empty()) {
-    KernelCompiler* compiler = backend_for(d.platform()).kernel_compiler();
-    if (!compiler)
-      throw BackendError(fmt::format("jit: platform '{}' has no kernel compiler; run the function without jit or "
-                                     "device_put its arguments to a cpu device",
-                                     platform_name(d.platform())));
     std::vector<const KernelSpec*> specs;
     for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
-    p->module = compiler->compile(d, specs, dump_base_.empty() ? "" : dump_base_ + "." + d.str());
+    p->module = backend_for(d.platform()).kernel_compiler()->compile(d, specs,
+                                                                     dump_base_.empty() ? "" : dump_base_ + "." + d.str());
   }
   for (const Array& c : consts_) p->consts.push_back(device_put(c, SingleDeviceSharding(d)));
   slot = std::move(p);
   return *slot;
-}
-
-void Executable::run_kernel_on_device(const DeviceProgram& p, const Device& d, const Instr& in,
-                                      std::vector<Array>& slots, std::vector<bool>& donated) const {
-  if (!p.module->has_kernel(size_t(in.kernel))) return run_kernel_unfused(in, slots);
-  const KernelSpec& spec = plan_.kernels[size_t(in.kernel)].spec;
-  std::vector<void*> bufs;
-  bufs.reserve(in.inputs.size() + in.outputs.size());
-  for (int s : in.inputs) {
-    ConcreteArray* c = concrete(slots[size_t(s)]);
-    if (c->buffers.empty()) raise_deleted(fmt::format("jit '{}'", name_));
-    if (c->buffers.size() > 1) return run_kernel_unfused(in, slots);
-    if (c->device() != d) {  // an uncommitted host value (a library step's host fallback) follows
-      note_follow_transfer(kernel_label(plan_.kernels[size_t(in.kernel)]), slots[size_t(s)], d);
-      slots[size_t(s)] = device_put(slots[size_t(s)], SingleDeviceSharding(d));
-      c = concrete(slots[size_t(s)]);
-    }
-    bufs.push_back(c->buffer()->data());
-  }
-  bool in_place = may_write_in_place(in, slots, donated);
-  std::vector<Array> outs;
-  for (size_t o = 0; o < in.outputs.size(); ++o) {
-    if (int r = spec.outputs[o].in_place_of; r >= 0 && in_place) {
-      outs.emplace_back(
-          std::make_shared<ConcreteArray>(in.out_avals[o], concrete(slots[size_t(in.inputs[size_t(r)])])->buffer()));
-      continue;
-    }
-    outs.push_back(make_uninitialized(in.out_avals[o], d));
-  }
-  for (const Array& o : outs) bufs.push_back(raw_ptr(o));
-  p.module->launch(size_t(in.kernel), bufs);
-  for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
 }
 
 std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Array> args,
@@ -534,7 +480,7 @@ std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Ar
   for (const Instr& instr : program_) {
     ProfileScope timing(profiling);
     if (instr.kernel >= 0) {
-      run_kernel_on_device(program, d, instr, slots, donated);
+      run_kernel(*program.module, &d, instr, slots, donated);
       if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
     } else {
       std::vector<Array> in;

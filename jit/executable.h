@@ -1,7 +1,9 @@
 // Executable: what jit runs for one signature (DESIGN.md §7).
 //
-// Construction: passes (jit/passes.h) -> fusion plan (jit/fusion.h) -> one LLVM module with
-// every fused kernel of the program (jit/codegen.h; cached in memory and on disk). The plan is
+// Construction: passes (jit/passes.h) -> fusion plan (jit/fusion.h) -> one module with every
+// fused kernel of the program, from the platform's KernelCompiler (core/backend.h; the CPU's is
+// LLVM, compiled at construction; a GPU's NVRTC, on the first call there; cached in memory and
+// on disk). The plan is
 // lowered once into a flat list of instructions over numbered value slots (inputs, literals and
 // output types resolved ahead of time, each slot released after its last use), so a call does
 // no lookups and no abstract evaluation and keeps no dead intermediate alive. An instruction is
@@ -29,7 +31,6 @@
 #include "cjax/sharding.h"
 #include "core/spmd.h"
 #include "core/backend.h"
-#include "jit/codegen.h"
 #include "jit/fusion.h"
 #include "trace/jaxpr.h"
 
@@ -62,7 +63,8 @@ class Executable {
                                                bool parallel, std::vector<std::vector<Array>> inputs) const;
   const Jaxpr& jaxpr() const { return *optimized_; }
   const FusionPlan& plan() const { return plan_; }
-  const CompiledKernels& compiled() const { return compiled_; }
+  // The CPU's kernel module (compile_ms, from_cache).
+  const KernelModule& compiled() const;
   const std::string& name() const { return name_; }
   // The program has effects (debug::print...): jit runs it synchronously, so what it prints is
   // ordered with what the host prints.
@@ -92,7 +94,10 @@ class Executable {
   bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   bool gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
   const PrimitiveDef* gemm_update_ = find_primitive("dot_general_accumulate");
-  void run_kernel(const Instr& in, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  // Fused kernel step with `module`'s code; `target`: the device a device program runs on (its
+  // host inputs follow there), null for the CPU.
+  void run_kernel(const KernelModule& module, const Device* target, const Instr& in, std::vector<Array>& slots,
+                  std::vector<bool>& donated) const;
   void run_kernel_unfused(const Instr& in, std::vector<Array>& slots) const;
 
   // On a device platform: the fused kernels compiled by the platform's KernelCompiler on first
@@ -104,19 +109,14 @@ class Executable {
   };
   const DeviceProgram& device_program(const Device& d) const;
   std::vector<Array> run_on_device(const Device& d, std::span<const Array> args, std::span<const size_t> donated) const;
-  void run_kernel_on_device(const DeviceProgram& p, const Device& d, const Instr& in, std::vector<Array>& slots,
-                            std::vector<bool>& donated) const;
   // Whether output o of the kernel may take its input's buffer (nothing else holds it).
   bool may_write_in_place(const Instr& in, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
 
-  // Kernel k writes some output over an input the caller still holds (not donated): the variant
-  // that writes every output to a fresh buffer, compiled on first need.
-  KernelFn out_of_place_variant(int kernel) const;
 
   std::string name_;
   std::shared_ptr<const Jaxpr> optimized_;
   FusionPlan plan_;
-  CompiledKernels compiled_;
+  std::shared_ptr<const KernelModule> module_;  // the CPU's, null without kernels
   std::vector<Array> consts_;
   std::vector<Array> host_consts_;  // host copies when some constant lives on a device, else empty
   std::vector<Instr> program_;
@@ -124,11 +124,6 @@ class Executable {
   std::vector<int> out_slots_;           // -1: literal output
   std::vector<Array> out_literals_;
   size_t num_slots_ = 0;
-  struct LazyVariant {
-    std::once_flag once;
-    CompiledKernels compiled;
-  };
-  std::vector<std::unique_ptr<LazyVariant>> out_of_place_;  // per kernel
   struct DevicePrograms {
     std::mutex mu;
     std::map<std::pair<int, int>, std::unique_ptr<DeviceProgram>> by_device;  // (platform, id)

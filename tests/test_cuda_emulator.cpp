@@ -14,7 +14,7 @@
 #include "cuda_emulator.h"
 #include "cuda_jit_corpus.h"
 #include "core/visit_dtype.h"
-#include "jit/codegen.h"
+#include "backends/cpu/llvm_codegen.h"
 #include "jit/executable.h"
 
 using namespace cjax;

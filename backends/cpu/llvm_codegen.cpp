@@ -1,4 +1,4 @@
-// KernelSpec -> LLVM IR -> machine code (jit/codegen.h) for the host CPU.
+// KernelSpec -> LLVM IR -> machine code (llvm_codegen.h) for the host CPU.
 //
 // Each kernel becomes an internal body function whose buffer pointers are `noalias` parameters
 // (so the loop vectorizer needs no run-time alias checks) and an exported wrapper with the
@@ -27,7 +27,7 @@
 #include "backends/cpu/llvm_math.h"
 #include "backends/cpu/llvm_scalar.h"
 #include "cjax/errors.h"
-#include "jit/codegen.h"
+#include "backends/cpu/llvm_codegen.h"
 
 namespace cjax {
 namespace {

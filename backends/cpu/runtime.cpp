@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/cpu/llvm_codegen.h"
 #include "cjax/device.h"
 #include "cjax/errors.h"
 #include "core/backend.h"
@@ -402,6 +403,7 @@ class CpuBackend final : public Backend {
   void copy_to_host(const Device&, const void* src, void* dst, size_t n) override { std::memcpy(dst, src, n); }
   void copy_from_host(const Device&, void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void synchronize(const Device&) override {}
+  KernelCompiler* kernel_compiler() override { return &llvm_kernel_compiler(); }
 };
 CpuBackend g_cpu_backend;
 const bool g_cpu_registered = register_backend(&g_cpu_backend);

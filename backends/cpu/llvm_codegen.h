@@ -1,4 +1,5 @@
-// The code-generation target interface of the compiler (implemented by backends/cpu/llvm_codegen.cpp).
+// The CPU's code generator: KernelSpecs -> one LLVM module -> machine code (llvm_codegen.cpp),
+// and the KernelCompiler (core/backend.h) jit reaches it through (kernel_module.cpp).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -6,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/kernel_spec.h"
 
 namespace cjax {
@@ -24,5 +26,9 @@ struct CompiledKernels {
 // Compiles all kernels of one jit compilation as one module (one object file). With `ir_out`,
 // the unoptimized and optimized LLVM IR are appended to it (CJAX_DUMP); this bypasses the cache.
 CompiledKernels compile_kernels(std::span<const KernelSpec* const> specs, std::string* ir_out = nullptr);
+
+// The CPU backend's KernelCompiler: modules whose launch splits rows (or columns of elementwise
+// kernels with few rows) over the intra-op thread pool.
+KernelCompiler& llvm_kernel_compiler();
 
 }  // namespace cjax
