@@ -449,6 +449,12 @@ std::optional<Device> Executable::device_of_arguments(std::span<const Array> arg
                                    "program runs on one device: device_put it to {}",
                                    *committed_at, concrete(args[*committed_at])->device().str(), found->str(),
                                    found->str()));
+  // No argument placed anywhere (only uncommitted host values, or none): the default device, as
+  // in JAX, when that is a device (CJAX_PLATFORM=cuda).
+  if (!found && !committed_at) {
+    Device def = default_device();
+    if (!host_accessible(def)) found = def;
+  }
   return found;
 }
 
@@ -475,6 +481,12 @@ std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Ar
   std::vector<bool> donated;
   bind_inputs(args, donated_args, slots, donated);
   for (size_t i = 0; i < program.consts.size(); ++i) slots[i] = program.consts[i];
+  // Uncommitted host arguments follow to the device once, not at every kernel that reads them.
+  for (int s : in_slots_)
+    if (ConcreteArray* c = concrete(slots[size_t(s)]); c->buffers.size() == 1 && c->device() != d) {
+      note_follow_transfer(name_, slots[size_t(s)], d);
+      slots[size_t(s)] = device_put(slots[size_t(s)], SingleDeviceSharding(d));
+    }
   TraceScope scope(eval_trace());
   bool profiling = profiler::enabled();
   for (const Instr& instr : program_) {

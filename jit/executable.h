@@ -44,8 +44,9 @@ class Executable {
   // buffers of `donated` arguments may be reused for outputs. Arguments on a device platform
   // (a GPU) run the program there: see run_on_device.
   std::vector<Array> run(std::span<const Array> args, std::span<const size_t> donated = {}) const;
-  // The device of the arguments when it is not host memory (the program then runs there), else
-  // nullopt. Committed arguments on two devices raise BackendError naming both.
+  // The device of the arguments when it is not host memory (the program then runs there); with
+  // no argument placed anywhere, the default device if it is not host memory; else nullopt.
+  // Committed arguments on two devices raise BackendError naming both.
   static std::optional<Device> device_of_arguments(std::span<const Array> args);
   // A shard_map body run for every device of `mesh` in lockstep: the program splits at its
   // collectives into segments; each segment runs for devices 0..n-1 (on the caller's thread, or

@@ -129,7 +129,7 @@ class Block {
   static void entry() {
     Block* b = current();
 #if defined(__SANITIZE_ADDRESS__)
-    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+    __sanitizer_finish_switch_fiber(nullptr, &b->sched_bottom_, &b->sched_size_);  // came from the scheduler
 #endif
     (*b->body_)();
     b->fibers_[b->running_].wait = Wait::Done;
@@ -142,7 +142,7 @@ class Block {
     void* save = nullptr;
     __sanitizer_start_switch_fiber(&save, f.stack.get(), kStack);
     swapcontext(&scheduler_, &f.ctx);
-    __sanitizer_finish_switch_fiber(save, &sched_bottom_, &sched_size_);
+    __sanitizer_finish_switch_fiber(save, nullptr, nullptr);
 #else
     swapcontext(&scheduler_, &f.ctx);
 #endif
@@ -152,7 +152,7 @@ class Block {
     void* save = nullptr;
     __sanitizer_start_switch_fiber(&save, sched_bottom_, sched_size_);
     swapcontext(&fibers_[running_].ctx, &scheduler_);
-    __sanitizer_finish_switch_fiber(save, nullptr, nullptr);
+    __sanitizer_finish_switch_fiber(save, &sched_bottom_, &sched_size_);
 #else
     swapcontext(&fibers_[running_].ctx, &scheduler_);
 #endif

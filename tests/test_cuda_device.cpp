@@ -290,6 +290,11 @@ TEST_CASE("with the default platform set to cuda, created arrays live on the GPU
   // Committed CPU values still refuse to mix.
   Array c = device_put(jnp::ones({8}), SingleDeviceSharding(Device(Platform::cpu, 0)));
   CHECK_THROWS_AS(c + y, BackendError);
+  // jit with only uncommitted host arguments (or none) runs on the default device too.
+  auto f = jit([](const Array& a) { return a * 3.0f + 1.0f; });
+  Array r = f(jnp::array<float>({1.0f, 2.0f}));
+  CHECK(device_of(r) == kGpu);
+  CHECK(r.to_vector<float>() == std::vector<float>{4, 7});
   CHECK(profiler::host_fallback_count() - before == 0);
   config::set_default_platform("cpu");
   CHECK(device_of(jnp::ones({2})).platform() == Platform::cpu);
