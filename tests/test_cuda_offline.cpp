@@ -6,6 +6,7 @@
 #include <cjax/cjax.h>
 #include <fmt/format.h>
 
+#include <functional>
 #include <regex>
 #include <set>
 
@@ -18,6 +19,7 @@
 #include "cuda_jit_corpus.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
+#include "transformer/transformer.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
@@ -256,4 +258,28 @@ TEST_CASE("jit's fused kernels of the corpus are emitted as CUDA C++ and compile
     CHECK(max_regs <= 64);  // 1024-thread blocks need <= 64
     MESSAGE("sm_" << major << minor << ": " << cubin.size() << " bytes of SASS, at most " << max_regs << " registers");
   }
+}
+
+TEST_CASE("every primitive of the transformer sample's training step has a cuda kernel (iota aside)") {
+  transformer::Config c;
+  c.layout = transformer::Layout::Single;
+  c.n_layers = 1;
+  transformer::TrainState s = transformer::init_state(c);
+  Array tokens = jnp::zeros({c.batch, c.seq_len + 1}, i32);
+  auto step = [&](const transformer::Params& p, const Array& t) {
+    return value_and_grad([&](const transformer::Params& q) { return transformer::loss_fn(c, q, t); })(p);
+  };
+  ClosedJaxpr j = make_jaxpr(step)(s.params, tokens);
+  std::set<std::string> missing;
+  std::function<void(const Jaxpr&)> walk = [&](const Jaxpr& jx) {
+    for (const JaxprEqn& e : jx.eqns()) {
+      // iota has no operands: it runs on the host and its result follows (docs/cuda.md).
+      if (!find_kernel(e.primitive->name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder &&
+          e.primitive->name != "iota")
+        missing.insert(e.primitive->name);
+      for (const Jaxpr* sub : jaxprs_in_params(e.params)) walk(*sub);
+    }
+  };
+  walk(*j);
+  CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
 }
