@@ -501,11 +501,13 @@ std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Ar
         in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
       std::vector<Array> outs;
       const PrimitiveKernel* update = nullptr;
-      bool on_device = std::all_of(in.begin(), in.end(), [&](const Array& x) {
-        ConcreteArray* c = concrete(x);
-        return c->buffers.size() == 1 && c->device() == d;
-      });
-      if (instr.def == gemm_update_ && on_device && gemm_update_may_reuse(instr, slots, donated) &&
+      auto on_device = [&] {
+        return std::all_of(in.begin(), in.end(), [&](const Array& x) {
+          ConcreteArray* c = concrete(x);
+          return c->buffers.size() == 1 && c->device() == d;
+        });
+      };
+      if (instr.def == gemm_update_ && on_device() && gemm_update_may_reuse(instr, slots, donated) &&
           (update = find_kernel(instr.def->name, d.platform()))) {
         // The platform's GEMM adds into the accumulator's buffer (D = C), which nothing else holds.
         Params params = instr.params;

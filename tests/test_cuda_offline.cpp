@@ -6,7 +6,6 @@
 #include <cjax/cjax.h>
 #include <fmt/format.h>
 
-#include <functional>
 #include <regex>
 #include <set>
 
@@ -41,6 +40,18 @@ bool in_domain(ScalarDomain dom, DType d) {
 }
 DType out_dtype(const ScalarOpInfo& info, DType in) {
   return info.domain == ScalarDomain::Cmp || info.domain == ScalarDomain::Pred ? bool_ : in;
+}
+// Primitives of `j` and its sub-jaxprs with no cuda kernel. Higher-order primitives run their
+// bodies; iota has no operands, so it runs on the host and its result follows (docs/cuda.md).
+std::set<std::string> missing_cuda_kernels(const Jaxpr& j) {
+  std::set<std::string> missing;
+  for (const JaxprEqn& e : j.eqns()) {
+    const std::string& name = e.primitive->name;
+    if (!find_kernel(name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder && name != "iota")
+      missing.insert(name);
+    for (const Jaxpr* sub : jaxprs_in_params(e.params)) missing.merge(missing_cuda_kernels(*sub));
+  }
+  return missing;
 }
 }  // namespace
 
@@ -204,10 +215,7 @@ TEST_CASE("every primitive of an MLP training step (tanh, relu, softmax cross-en
   };
   std::vector<Array> p = {jnp::ones({8, 16}), jnp::ones({16}), jnp::ones({16, 16}), jnp::ones({16}), jnp::ones({16, 4})};
   ClosedJaxpr j = make_jaxpr(step)(p, jnp::ones({32, 8}), jnp::ones({32, 4}));
-  std::set<std::string> missing;
-  for (const JaxprEqn& e : j->eqns())
-    if (!find_kernel(e.primitive->name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder)
-      missing.insert(e.primitive->name);
+  std::set<std::string> missing = missing_cuda_kernels(*j);
   CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
 }
 
@@ -270,16 +278,6 @@ TEST_CASE("every primitive of the transformer sample's training step has a cuda 
     return value_and_grad([&](const transformer::Params& q) { return transformer::loss_fn(c, q, t); })(p);
   };
   ClosedJaxpr j = make_jaxpr(step)(s.params, tokens);
-  std::set<std::string> missing;
-  std::function<void(const Jaxpr&)> walk = [&](const Jaxpr& jx) {
-    for (const JaxprEqn& e : jx.eqns()) {
-      // iota has no operands: it runs on the host and its result follows (docs/cuda.md).
-      if (!find_kernel(e.primitive->name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder &&
-          e.primitive->name != "iota")
-        missing.insert(e.primitive->name);
-      for (const Jaxpr* sub : jaxprs_in_params(e.params)) walk(*sub);
-    }
-  };
-  walk(*j);
+  std::set<std::string> missing = missing_cuda_kernels(*j);
   CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
 }

@@ -276,6 +276,10 @@ class Emitter {
     declare_row_values();
     row_values(0);
     for (size_t o = 0; o < s_.outputs.size(); ++o) full_value(s_.outputs[o].node, "col" + sfx_);
+    store_element_outputs();
+  }
+  // The element's stores: full outputs at its index, row outputs once per row.
+  void store_element_outputs() {
     for (size_t o = 0; o < s_.outputs.size(); ++o) {
       if (s_.outputs[o].full) {
         store_output(o, "e" + sfx_);
@@ -328,15 +332,7 @@ class Emitter {
     pair_rounding_ = false;
     for (unsigned u = 0; u < kElementsPerThread; ++u) {
       sfx_ = fmt::format("_{}", u);
-      for (size_t o = 0; o < s_.outputs.size(); ++o) {
-        if (s_.outputs[o].full) {
-          store_output(o, "e" + sfx_);
-        } else {
-          line(fmt::format("if (col{} == 0) {{", sfx_));
-          store_output(o, "row" + sfx_);
-          line("}");
-        }
-      }
+      store_element_outputs();
     }
     sfx_.clear();
     indent_ = "  ";

@@ -54,18 +54,20 @@ class FusedCompiler final : public KernelCompiler {
       if (src) source += "\n" + *src;
     }
     const GpuInfo& info = gpu(d);
-    if (!dump_base.empty()) {
+    std::vector<char> cubin;
+    if (!dump_base.empty()) {  // the compilation that writes ptxas's report is the one used
       std::ofstream(dump_base + ".cu") << source;
       std::string log;
-      compile_cubin(source, info.cc_major, info.cc_minor, &log, true);
+      cubin = compile_cubin(source, info.cc_major, info.cc_minor, &log, true);
       std::ofstream(dump_base + ".ptxas.txt") << log << "\n";
       std::ofstream(dump_base + ".ptx") << compile_ptx(source, info.cc_major, info.cc_minor);
     }
     const Nvrtc& rtc = nvrtc();
     std::string key = fmt::format("cuda fused sm_{}{} nvrtc {}.{}\n{}", info.cc_major, info.cc_minor, rtc.major,
                                   rtc.minor, source);
-    std::vector<char> cubin;
-    if (std::optional<std::string> hit = cached_kernel(key)) {
+    if (!cubin.empty()) {
+      store_kernel(key, std::string_view(cubin.data(), cubin.size()));
+    } else if (std::optional<std::string> hit = cached_kernel(key)) {
       cubin.assign(hit->begin(), hit->end());
       module->from_cache = true;
     } else {
