@@ -1,4 +1,4 @@
-// Forward- and reverse-mode differentiation on flat lists of arrays (DESIGN.md §6).
+// Forward- and reverse-mode differentiation on flat lists of arrays (docs/design.md §4).
 //
 //  * JVPTrace carries (primal, tangent) pairs; a symbolic zero tangent is an undefined handle and
 //    a value with zero tangent is never wrapped. Each primitive's JVP rule (core/rules.h) runs

@@ -1,4 +1,4 @@
-// JVP, transpose and batching rules of the collectives (core/collectives.cpp), spec/shard_map.md
+// JVP, transpose and batching rules of the collectives (core/collectives.cpp), docs/shard_map.md
 // §3.3. Every collective but pmax/pmin/axis_index is linear, so its JVP applies it to the tangent;
 // the transposes follow the varying-axes types: psum_invariant <-> pvary, all_gather <->
 // reduce_scatter, ppermute -> the inverse permutation, all_to_all -> split and concat swapped,

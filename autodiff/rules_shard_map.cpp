@@ -1,4 +1,4 @@
-// The shard_map primitive's own rules (spec/shard_map.md §3.4): JVP (one shard_map over primals
+// The shard_map primitive's own rules (docs/shard_map.md §3.4): JVP (one shard_map over primals
 // and tangents), partial evaluation under linearize (a known shard_map that also returns the
 // residuals, each laid out by its varying axes, and a staged unknown one), transpose (a
 // shard_map of the body's backward pass; with check_vma=false the defensive division of output

@@ -334,7 +334,7 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix)
   }
 }
 
-// Async dispatch (DESIGN.md §7): the call is queued on a device's dispatch queue and its outputs
+// Async dispatch (docs/design.md §5.2): the call is queued on a device's dispatch queue and its outputs
 // are returned at once, as arrays that become ready when it finishes; reading one waits for it
 // (and raises the call's error, prefixed with the jit's name). The host blocks only when
 // kMaxRunAhead calls are already in flight, and for donated arguments when calls in flight on

@@ -1,4 +1,4 @@
-// Jaxpr-to-jaxpr passes run by jit before execution (DESIGN.md §7):
+// Jaxpr-to-jaxpr passes run by jit before execution (docs/design.md §5.3):
 //   inline_calls   : `jit`, `remat2`, `custom_jvp_call` and `custom_vjp_call` equations are replaced
 //                    by their bodies (they run as one program and fuse; remat bodies can then be
 //                    CSE'd with identical values outside them, which XLA prevents with

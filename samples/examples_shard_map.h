@@ -1,4 +1,4 @@
-// The reference programs of spec/examples.md §1–4 (JAX's shard_map tutorial), shared by the
+// The reference programs of docs/examples.md §1–4 (JAX's shard_map tutorial), shared by the
 // samples (which print what the JAX originals print) and tests/test_examples_shard_map.cpp
 // (which asserts the values). Run with 8 CPU devices.
 #pragma once

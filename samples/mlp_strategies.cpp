@@ -1,4 +1,4 @@
-// spec/examples.md §4: the MLP of JAX's shard_map tutorial under data parallelism, FSDP, tensor
+// docs/examples.md §4: the MLP of JAX's shard_map tutorial under data parallelism, FSDP, tensor
 // parallelism and FSDP+TP on 8 CPU devices; each strategy's jit(loss) and jit(grad(loss)) are
 // compared with the single-device reference.
 #include <iostream>

@@ -1,4 +1,4 @@
-// spec/examples.md §1–3, printing what JAX's shard_map tutorial prints: matmul with psum and
+// docs/examples.md §1–3, printing what JAX's shard_map tutorial prints: matmul with psum and
 // psum_scatter, slicing and tiling, eager per-device printing, the collectives tutorial and the
 // six distributed matmuls (`--bench` times them at a larger size).
 #include <chrono>

@@ -1,6 +1,6 @@
 // train_transformer: trains a byte-level decoder-only transformer with Adam on a mesh of (virtual)
 // devices, under one of four layouts (single device, DP, FSDP, FSDP+TP), then prints a sample.
-// spec/training.md; run with --help for every flag.
+// docs/examples.md §5; run with --help for every flag.
 #include <unistd.h>
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // The collective recorder (cjax/collective_recorder.h) on the two-layer MLP of
-// spec/sharding.md §3.1: the collectives of DP and FSDP in the forward and backward passes,
+// docs/sharding.md §3.1: the collectives of DP and FSDP in the forward and backward passes,
 // listed from the staged program and recorded while it runs.
 #include <fmt/format.h>
 #include <fmt/ranges.h>

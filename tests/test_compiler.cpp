@@ -1,4 +1,4 @@
-// The CPU compiler: what fuses (plans read like DESIGN.md §7), that generated kernels compute
+// The CPU compiler: what fuses (plans read like docs/design.md §5.4), that generated kernels compute
 // what the eager library kernels compute (every scalar op in every dtype, conversions, selects,
 // broadcasts, reductions), determinism, in-place outputs, the kernel cache and CJAX_DUMP.
 #include <doctest/doctest.h>

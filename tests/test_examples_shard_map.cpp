@@ -1,4 +1,4 @@
-// spec/examples.md §1–4 asserted: the programs of samples/examples_shard_map.h (shared with the
+// docs/examples.md §1–4 asserted: the programs of samples/examples_shard_map.h (shared with the
 // samples shard_map_basics and mlp_strategies) give the values their JAX originals give.
 #include "../samples/examples_shard_map.h"
 #include "test_util.h"

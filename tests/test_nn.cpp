@@ -1,5 +1,5 @@
 // cjax::nn: values against numpy-computed literals (offline numpy, pasted here), attention
-// semantics of spec/training.md §4.5, initializer statistics and misuse errors.
+// semantics of docs/examples.md §5.4, initializer statistics and misuse errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -158,7 +158,7 @@ TEST_CASE("standardize and rms_norm") {
   CHECK(nn::rms_norm(z.astype(f64), gain).dtype() == f64);
 }
 
-TEST_CASE("dot_product_attention: causal [1,4,2,3] vs numpy (§4.5)") {
+TEST_CASE("dot_product_attention: causal [1,4,2,3] vs numpy (docs/examples.md §5.4)") {
   Array q = jnp::array<float>(kQ, {1, 4, 2, 3}), k = jnp::array<float>(kK, {1, 4, 2, 3}),
         v = jnp::array<float>(kV, {1, 4, 2, 3});
   Array out = nn::dot_product_attention(q, k, v, {.is_causal = true});

@@ -1,4 +1,4 @@
-// cjax::random: JAX's threefry2x32 PRNG, bit for bit (spec/prng.md golden vectors, both schemes).
+// cjax::random: JAX's threefry2x32 PRNG, bit for bit (docs/prng.md §5 golden vectors, both schemes).
 // Values marked "ref" come from an offline from-scratch Python reimplementation of JAX's algorithms
 // (threefry, split, random_bits, uniform, randint, permutation) that reproduces every golden vector.
 #include <doctest/doctest.h>

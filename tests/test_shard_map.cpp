@@ -1,4 +1,4 @@
-// shard_map basics (spec/examples.md §1, spec/shard_map.md §1): slicing, assembly, eager and
+// shard_map basics (docs/examples.md §1, docs/shard_map.md §1): slicing, assembly, eager and
 // staged execution, printing per device, collectives' values and the errors of §1.7 and §2.4.
 #include <algorithm>
 
@@ -34,7 +34,7 @@ TEST_CASE("matmul_basic: local dot then psum over j, eager and under jit") {
   CHECK(cj.to_vector<float>() == jnp::dot(a, b).to_vector<float>());
 }
 
-TEST_CASE("collectives tutorial values (examples §2)") {
+TEST_CASE("collectives tutorial values (docs/examples.md §2)") {
   Mesh mesh = make_mesh({4}, {"i"});
   Array x = jnp::array(std::vector<float>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 1, 2});
   auto psum_f = shard_map([](const Array& v) { return lax::psum(v, "i"); }, mesh, P("i"), P());
@@ -155,7 +155,7 @@ TEST_CASE("golden jaxprs of staged shard_maps with varying-axes types") {
   auto k = [&](const Array& w) {
     return shard_map([&](const Array& x) { return w * x; }, mi, P("i"), P("i"))(jnp::ones({8}));
   };
-  // matmul_basic (examples §1)
+  // matmul_basic (docs/examples.md §1)
   CHECK(text(make_jaxpr(f)(jnp::ones({8, 16}), jnp::ones({16, 4}))) ==
         "{ lambda ; a:f32[8,16] b:f32[16,4]. let\n"
         "    c:f32[8,4] = shard_map[\n"
@@ -249,7 +249,7 @@ TEST_CASE("golden jaxprs of staged shard_maps with varying-axes types") {
         "  in (c,) }");
 }
 
-TEST_CASE("errors of spec §1.7 and the out_specs check §2.4") {
+TEST_CASE("errors of docs/shard_map.md §1.7 and the out_specs check §2.4") {
   Mesh m = make_mesh({4, 2}, {"i", "j"});
   auto id = [](const Array& x) { return x; };
   // 2: unknown axis; 8 (D4): an axis named twice is rejected at construction.
@@ -372,7 +372,7 @@ TEST_CASE("static arguments with a None in_spec are passed through untouched") {
   CHECK_ERR(bad(arange_f(8), 2), SpecError, "in_specs[1]", "static", "None");
 }
 
-TEST_CASE("out_specs can transpose blocks (spec §1.5)") {
+TEST_CASE("out_specs can transpose blocks (docs/shard_map.md §1.5)") {
   Mesh mesh = make_mesh({2, 2}, {"x", "y"});
   Array x = jnp::arange(16).reshape({4, 4});
   auto f = shard_map([](const Array& b) { return b; }, mesh, P("x", "y"), P("y", "x"));

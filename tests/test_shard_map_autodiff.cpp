@@ -1,4 +1,4 @@
-// Differentiating shard_map (spec/shard_map.md §3): the worked examples A–V of §3.5 with both
+// Differentiating shard_map (docs/shard_map.md §3): the worked examples A–V of §3.5 with both
 // check_vma settings — values, gradients, and the collectives in the transposed bodies — plus
 // jvp, vmap and jit compositions.
 #include <cmath>

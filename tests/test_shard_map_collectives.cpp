@@ -1,4 +1,4 @@
-// Collectives inside shard_map beyond the tutorial (spec/shard_map.md §1.2, §1.6, §2.2, §3.3):
+// Collectives inside shard_map beyond the tutorial (docs/shard_map.md §1.2, §1.6, §2.2, §3.3):
 // pmax/pmin and pbroadcast (values, types, derivatives), the tree overloads of
 // cjax/collectives.h, collectives over several axes in both name orders, the untiled forms of
 // psum_scatter and all_to_all, and vmap / jvp of shard_maps whose bodies move data.

@@ -220,7 +220,7 @@ TEST_CASE("visualize_array_sharding") {
         "┌───────┬───────┬───────┬───────┐\n"
         "│ CPU 0 │ CPU 1 │ CPU 2 │ CPU 3 │\n"
         "└───────┴───────┴───────┴───────┘\n");
-  // examples.md §1 matmul_basic: the (8, 32) result sharded by rows over i of a (4,2) mesh.
+  // docs/examples.md §1 matmul_basic: the (8, 32) result sharded by rows over i of a (4,2) mesh.
   Mesh m = make_mesh({4, 2}, {"i", "j"});
   std::string rows = debug::visualize_array_sharding(device_put(idx_array({8, 32}, f32), NamedSharding(m, P("i", None))));
   CHECK(rows ==

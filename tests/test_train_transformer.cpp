@@ -1,6 +1,6 @@
 // samples/transformer (issue 6): the byte transformer under the four layouts gives the same losses,
 // FSDP holds 1/n of the parameters and Adam state per device, the collectives per layout are those of
-// spec/sharding.md §3.2, and checkpoints resume exactly and fail cleanly on corrupt files.
+// docs/sharding.md §3.2, and checkpoints resume exactly and fail cleanly on corrupt files.
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -140,7 +140,7 @@ int count(const std::vector<debug::CollectiveRecord>& recs, const Expect& e) {
 }
 }  // namespace
 
-TEST_CASE("collectives of one block per layout (spec/sharding.md §3.2)") {
+TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
   // §3.2's sizes: B=8, S=16, D=32, N=4, H=8, F=128, one block, meshes of 4 devices (fsdp=2 x tensor=2).
   auto cfg = [](tf::Layout l) {
     tf::Config c;

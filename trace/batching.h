@@ -1,4 +1,4 @@
-// BatchTrace (JAX's vmap, DESIGN.md §4): each tracer holds a value with one extra "batch"
+// BatchTrace (JAX's vmap, docs/design.md §2): each tracer holds a value with one extra "batch"
 // dimension at `bdim`; primitives run through their batching rules (core/rules.h) on the parent
 // trace, so a vmapped function does one batched operation per primitive, never a loop.
 #pragma once

@@ -1,4 +1,4 @@
-// The jaxpr IR (DESIGN.md §5): typed variables, literals, equations, jaxprs and closed jaxprs.
+// The jaxpr IR (docs/design.md §3): typed variables, literals, equations, jaxprs and closed jaxprs.
 // Immutable once built. The printer reproduces JAX's text exactly (jax/_src/core.py pp_jaxpr,
 // laid out by a port of JAX's pretty printer, jaxlib/_pretty_printer.cc, at width 80):
 //

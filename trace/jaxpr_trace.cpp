@@ -119,7 +119,7 @@ std::vector<Array> JaxprTrace::process_primitive(const PrimitiveDef& def, std::s
                                                  const Params& params) {
   if (state_->ended) throw Error(fmt::format("internal: '{}' bound to a finished JaxprTrace", def.name));
   std::vector<Array> lifted;
-  if (has_standard_vma_rule(def) && vmas_differ(inputs)) {  // auto-pvary (spec/shard_map.md §2.3)
+  if (has_standard_vma_rule(def) && vmas_differ(inputs)) {  // auto-pvary (docs/shard_map.md §2.3)
     std::vector<std::string> all = common_vma(inputs);
     lifted.assign(inputs.begin(), inputs.end());
     for (Array& x : lifted) {

@@ -1,4 +1,4 @@
-// JaxprTrace (DESIGN.md §4): stages primitives into a jaxpr instead of running them. Its parent is
+// JaxprTrace (docs/design.md §2): stages primitives into a jaxpr instead of running them. Its parent is
 // the trace current when it starts. It owns only its own tracers (JaxprTracer, one per Var);
 // every other value it sees is a constant at its level:
 //   * a concrete rank-0 array        -> a Literal, inlined (as JAX inlines scalars),

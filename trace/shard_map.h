@@ -1,4 +1,4 @@
-// The shard_map primitive and its parameters (DESIGN.md §5, spec/shard_map.md), shared by the
+// The shard_map primitive and its parameters (docs/design.md §3, docs/shard_map.md), shared by the
 // front end (trace/shard_map.cpp), the eager ShardMapTrace and the rule files.
 //
 //   c:f32[8,4] = shard_map[check_vma=True in_specs=(P('x', 'y'), P('y', None)) jaxpr={ ... }
@@ -72,7 +72,7 @@ bool contains_collective(const Params& params);
 // eager ShardMapTrace): a collective, a nested shard_map whose out_specs name an axis (its outputs
 // are all_gathered) or a higher-order primitive whose sub-jaxprs contain either.
 bool needs_communicator(const PrimitiveDef& def, const Params& params);
-// Out-specs check (spec §2.4): VmaError when an output varies over an axis its spec does not name.
+// Out-specs check (docs/shard_map.md §2.4): VmaError when an output varies over an axis its spec does not name.
 void check_out_vma(const std::string& fn, const Mesh& mesh, const std::vector<std::string>& manual_axes,
                    const std::vector<PartitionSpec>& out_specs, const std::vector<AbstractValue>& out_avals);
 

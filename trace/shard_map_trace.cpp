@@ -1,4 +1,4 @@
-// Eager shard_map (DESIGN.md §7, spec/shard_map.md §1.11): a ShardMapTrace holds one block per
+// Eager shard_map (docs/design.md §5.6, docs/shard_map.md §1.11): a ShardMapTrace holds one block per
 // mesh device for every value of the body and runs each primitive on every device's block as it
 // is bound. Collectives see all blocks at once and compute each group's results directly;
 // a higher-order primitive whose sub-jaxprs contain collectives runs through the SPMD runner.

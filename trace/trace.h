@@ -1,4 +1,4 @@
-// Traces (DESIGN.md §4): `bind` hands a primitive to the current trace. The current trace is a
+// Traces (docs/design.md §2): `bind` hands a primitive to the current trace. The current trace is a
 // thread-local pointer; each trace links to its parent. A trace owns only its own tracers; any
 // other value is a constant at its level. EvalTrace, the root, runs kernels synchronously on the
 // caller's thread. The tracing layer adds JaxprTrace, JVPTrace, BatchTrace and ShardMapTrace.

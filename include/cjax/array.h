@@ -20,7 +20,7 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape&);  // "(2, 3)"
 
 // The abstract value of an array: what tracing sees. `vma` is the set of manual mesh axes the
-// value may vary over inside shard_map (spec/shard_map.md); empty outside.
+// value may vary over inside shard_map (docs/shard_map.md §2); empty outside.
 struct AbstractValue {
   Shape shape;
   DType dtype = DType::float32;

@@ -1,5 +1,5 @@
 // Collectives (JAX's jax.lax parallel operators), over the manual mesh axes of an enclosing
-// shard_map or the axis_name of an enclosing vmap. Semantics: spec/shard_map.md §1.6;
+// shard_map or the axis_name of an enclosing vmap. Semantics: docs/shard_map.md §1.6;
 // varying-axes rules §2.2; transposes §3.3; over a vmapped axis: docs/vmap_collectives.md.
 //
 //   auto f = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh, P("i"), P());

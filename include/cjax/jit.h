@@ -5,7 +5,7 @@
 //   Array l = step(params, x);      // traces and compiles on the first call
 //   step(params, x2);               // same shapes/dtypes: no retrace (step.trace_count() == 1)
 //
-// Signature (DESIGN.md §7): for each argument its C++ type; for tree arguments (cjax/tree.h) the
+// Signature (docs/design.md §5.2): for each argument its C++ type; for tree arguments (cjax/tree.h) the
 // tree structure and every leaf's shape, dtype and weak type; other arguments are static and
 // compared by value (they need operator== and std::hash or a hash() member): a new static value
 // retraces. Under another transformation (grad, vmap, make_jaxpr, an enclosing jit) a jitted

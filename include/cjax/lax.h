@@ -146,7 +146,7 @@ Array conv_general_dilated(const Array& lhs, const Array& rhs, const std::vector
 Array conv(const Array& lhs, const Array& rhs, const std::vector<int64_t>& window_strides, const Padding& padding);
 
 // ---- random bits ----
-// The threefry2x32 block function on u32 arrays of one shape (spec/prng.md): returns (y0, y1).
+// The threefry2x32 block function on u32 arrays of one shape (docs/prng.md §1): returns (y0, y1).
 std::pair<Array, Array> threefry2x32(const Array& k0, const Array& k1, const Array& x0, const Array& x1);
 
 }  // namespace cjax::lax

@@ -1,4 +1,4 @@
-// cjax::random — JAX's threefry2x32 PRNG, bit-compatible with jax.random (spec/prng.md).
+// cjax::random — JAX's threefry2x32 PRNG, bit-compatible with jax.random (docs/prng.md).
 // Keys are raw uint32 arrays of shape [2] (JAX's "raw key" form, jax.random.PRNGKey). Every
 // function is a composition of lax primitives (threefry2x32, iota, shifts, bitcasts, ...), so it
 // runs eagerly, traces under jit and vmaps like any other op. Sampling functions take a single

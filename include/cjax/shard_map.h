@@ -1,6 +1,6 @@
 // shard_map (JAX's jax.shard_map): runs `f` once per device of a mesh on that device's blocks of
 // the arguments (manual SPMD), with explicit collectives (cjax/collectives.h) between devices.
-// Semantics: spec/shard_map.md.
+// Semantics: docs/shard_map.md.
 //
 //   Mesh mesh = make_mesh({4, 2}, {"i", "j"});
 //   auto matmul = shard_map([](const Array& a, const Array& b) {
@@ -16,13 +16,13 @@
 // the axes the spec names; copies along the axes it does not name). f's results are blocks that
 // out_specs concatenates into global arrays. With check_vma (the default) every value in the body
 // carries the set of mesh axes it may vary over (printed {V:i} in jaxprs); an out_spec that does
-// not name an axis the value varies over raises VmaError (spec §2.4), and gradients need no
-// defensive collectives (spec §3). `axis_names` makes only those mesh axes manual (default: all).
+// not name an axis the value varies over raises VmaError (§2.4), and gradients need no
+// defensive collectives (§3). `axis_names` makes only those mesh axes manual (default: all).
 //
 // Outside any transformation the body runs eagerly, one primitive at a time on every device:
 // printing a value in the body prints each device's block. Under jit, grad, vmap or make_jaxpr,
 // the body is staged as one `shard_map` equation whose body runs concurrently on every device's
-// worker. Errors (spec §1.7) are SpecError (specs vs mesh and arguments), VmaError (out_specs
+// worker. Errors (§1.7) are SpecError (specs vs mesh and arguments), VmaError (out_specs
 // check), AxisNameError (collective over an axis that is not manual) and CollectiveError.
 #pragma once
 #include <functional>

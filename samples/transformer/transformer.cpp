@@ -80,15 +80,15 @@ LeafLayout leaf_layout(const Config& c, Kind k) {
   if (c.layout == Layout::Single || c.layout == Layout::DP) return {P(), -1};
   bool tp = c.layout == Layout::FSDP_TP;
   switch (k) {
-    // training.md §4.8 keeps the embeddings (and has no gains) replicated under FSDP; we split them
+    // JAX's cookbook keeps the embeddings (and has no gains) replicated under FSDP; we split them
     // over `fsdp` along D too, so that every parameter and Adam moment is held 1/n per device (their
-    // gradients become reduce-scatters instead of all-reduces, spec/sharding.md §3.3).
+    // gradients become reduce-scatters instead of all-reduces, docs/sharding.md §3.3).
     case Kind::Embed:
     case Kind::Pos: return {P(None, "fsdp"), 1};
     case Kind::Norm: return {P("fsdp"), 0};
     case Kind::Qkv: return tp ? LeafLayout{P(None, "fsdp", "tensor", None), 1} : LeafLayout{P(None, "fsdp", None, None), 1};
     // FSDP: the cookbook's P('fsdp', None, None) (heads); FSDP+TP: the Megatron-consistent
-    // P('tensor', None, 'fsdp') of spec/sharding.md §3.2.
+    // P('tensor', None, 'fsdp') of docs/sharding.md §3.2.
     case Kind::AttnOut: return tp ? LeafLayout{P("tensor", None, "fsdp"), 2} : LeafLayout{P("fsdp", None, None), 0};
     case Kind::MlpIn: return tp ? LeafLayout{P("fsdp", "tensor"), 0} : LeafLayout{P("fsdp", None), 0};
     case Kind::MlpOut: return tp ? LeafLayout{P("tensor", "fsdp"), 1} : LeafLayout{P(None, "fsdp"), 1};
@@ -314,7 +314,7 @@ Array gather(const Comm& m, const Array& w, int dim) {
 
 Array norm(const Config& c, const Array& x, const Array& gain) {
   if (!c.cookbook_norm) return nn::rms_norm(x, gain, 1e-6);
-  // The cookbook's formula: x * rsqrt(||x||_2 + 1e-6) over the last axis, no gain (training.md §4.6).
+  // The cookbook's formula: x * rsqrt(||x||_2 + 1e-6) over the last axis, no gain (docs/examples.md §5.5).
   Array xf = x.astype(DType::float32);
   Array n = jnp::sqrt(jnp::sum(xf * xf, -1, true));
   return (xf * lax::rsqrt(n + 1e-6f)).astype(x.dtype());

@@ -1,6 +1,6 @@
-// A decoder-only byte-level transformer and its training step (spec/training.md §4), written once
+// A decoder-only byte-level transformer and its training step (docs/examples.md §5), written once
 // and run under four layouts: one device, data parallel (DP), FSDP and FSDP+TP on a 2-D mesh. The
-// sharded layouts are shard_maps with explicit collectives (spec/sharding.md §3.2): FSDP gathers each
+// sharded layouts are shard_maps with explicit collectives (docs/sharding.md §3.2): FSDP gathers each
 // weight just before use (re-gathered in the backward pass), TP splits heads and the MLP hidden
 // dimension over `tensor` and all-reduces the two block outputs.
 //

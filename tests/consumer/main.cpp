@@ -19,7 +19,7 @@ int main() {
   Array key = random::key(0);
   Array u = random::uniform(key, {4});
   float u0 = u.to_vector<float>()[0];
-  if (std::fabs(u0 - 0.947667f) > 1e-6f) {  // spec/prng.md golden value
+  if (std::fabs(u0 - 0.947667f) > 1e-6f) {  // docs/prng.md §5 golden value
     std::printf("unexpected uniform %f\n", u0);
     return 1;
   }
