@@ -81,7 +81,7 @@ const PrimitiveDef& g_remat = register_primitive([] {
       throw Error(fmt::format("internal: remat2 with {} inputs for {} invars", in.size(), j->invars().size()));
     return j->out_avals();
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
     return eval_jaxpr(*jaxpr_of(p), {}, in);
   };
   return def;

@@ -117,7 +117,7 @@ PrimitiveDef call_def(const char* name) {
   def.arity = Arity::any();  // checked against call_jaxpr
   def.leading_params = {"name"};
   def.abstract_eval = call_abstract_eval;
-  def.cpu_impl = call_impl;
+  def.impl = call_impl;
   return def;
 }
 const PrimitiveDef& g_custom_jvp_call = register_primitive(call_def("custom_jvp_call"));
@@ -131,7 +131,7 @@ const PrimitiveDef& g_custom_lin = register_primitive([] {
   def.kind = PrimKind::HigherOrder;
   def.arity = Arity::any();
   def.abstract_eval = [](std::span<const Array>, const Params& p) { return p.object<BwdParam>("bwd")->out_avals; };
-  def.cpu_impl = [](std::span<const Array>, std::span<const AbstractValue>, const Params&) -> std::vector<Array> {
+  def.impl = [](std::span<const Array>, std::span<const AbstractValue>, const Params&) -> std::vector<Array> {
     throw ValueError(kForwardModeError);
   };
   return def;

@@ -3,6 +3,7 @@
 #include "core/backend.h"
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/node_hash_map.h>
 #include <fmt/format.h>
 
 #include <array>
@@ -26,7 +27,7 @@ std::array<std::atomic<Backend*>, kNumPlatforms>& backends() {
 
 struct KernelTable {
   std::mutex mu;
-  absl::flat_hash_map<std::string, std::array<PrimitiveKernel, kNumPlatforms>> kernels;
+  absl::node_hash_map<std::string, std::array<PrimitiveKernel, kNumPlatforms>> kernels;  // stable addresses
 };
 KernelTable& kernel_table() {
   static KernelTable t;
@@ -86,6 +87,24 @@ const PrimitiveKernel* find_kernel(std::string_view primitive, Platform platform
   return &it->second[size_t(platform)];  // entries are never erased: stable
 }
 
+const PrimitiveKernel* find_implementation(const PrimitiveDef& def, Platform platform) {
+  // Eager dispatch asks once per primitive call: a per-thread cache of the answers found (a
+  // kernel registered later, by a library loaded at run time, is still found on a miss).
+  thread_local absl::flat_hash_map<std::pair<const PrimitiveDef*, Platform>, const PrimitiveKernel*> found;
+  auto key = std::pair(&def, platform);
+  if (auto it = found.find(key); it != found.end()) return it->second;
+  const PrimitiveKernel* k = find_kernel(def.name, platform);
+  if (!k && def.impl) k = &def.impl;
+  if (k) found.emplace(key, k);
+  return k;
+}
+
+const PrimitiveKernel& implementation_for(const PrimitiveDef& def, Platform platform) {
+  if (const PrimitiveKernel* k = find_implementation(def, platform)) return *k;
+  throw BackendError(fmt::format("primitive '{}' has no kernel for platform '{}'{}", def.name, platform_name(platform),
+                                 platform == Platform::cpu ? "" : "; device_put its operands to a cpu device"));
+}
+
 void note_follow_transfer(std::string_view primitive, const Array& value, const Device& to) {
   if (value.size() > 1 && log_fallbacks())
     std::fprintf(stderr, "cjax: '%.*s' copied an uncommitted cpu:0 operand %s to %s\n", int(primitive.size()),
@@ -94,11 +113,11 @@ void note_follow_transfer(std::string_view primitive, const Array& value, const 
 
 std::vector<Array> run_on_host(const PrimitiveDef& def, Platform platform, std::span<const Array> in,
                                std::span<const AbstractValue> out_avals, const Params& params) {
-  if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no kernel for any platform", def.name));
+  const PrimitiveKernel& cpu_kernel = implementation_for(def, Platform::cpu);
   std::vector<Array> host;
   host.reserve(in.size());
   for (const Array& a : in) host.push_back(to_host(a));
-  std::vector<Array> outs = def.cpu_impl(host, out_avals, params);
+  std::vector<Array> outs = cpu_kernel(host, out_avals, params);
   int64_t n = ++g_host_fallbacks;
   if (log_fallbacks())
     std::fprintf(stderr, "cjax: host fallback #%lld: '%s' has no %.*s kernel for these operands; ran on cpu:0\n",

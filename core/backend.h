@@ -79,12 +79,18 @@ std::string_view platform_name(Platform platform);  // "cpu", "cuda"
 // Raises BackendError naming the device and the reason unless `d` is a device of this process.
 void check_device(const Device& d);
 
-// Per-platform primitive kernels, keyed by (primitive name, platform). CPU kernels are the defs'
-// cpu_impl (registered by register_primitive); other backends register theirs here.
+// Per-platform primitive kernels, keyed by (primitive name, platform): each backend registers
+// its kernels at static initialisation (the CPU's in backends/cpu/kernels/, by family). Keyed by
+// name so that a backend may register before the primitive's family file does.
 using PrimitiveKernel = std::function<std::vector<Array>(std::span<const Array> in, std::span<const AbstractValue> out_avals,
                                                   const Params& params)>;
 void register_kernel(std::string_view primitive, Platform platform, PrimitiveKernel fn);
 const PrimitiveKernel* find_kernel(std::string_view primitive, Platform platform);
+// How `def` runs eagerly on operands of `platform`: the kernel registered for (primitive,
+// platform), else the def's platform-independent impl; nullptr when it has neither.
+const PrimitiveKernel* find_implementation(const PrimitiveDef& def, Platform platform);
+// The same, raising BackendError ("primitive 'sort' has no kernel for platform 'cuda'") instead.
+const PrimitiveKernel& implementation_for(const PrimitiveDef& def, Platform platform);
 
 // Host fallbacks: a primitive with no kernel for its operands' platform runs on the host, its
 // operands copied to cpu:0 and its outputs copied back. Never silent: each one is counted

@@ -1,4 +1,4 @@
-// Collective primitives: abstract evaluation with the varying-axes rules of spec/shard_map.md
+// Collective primitives: abstract evaluation with the varying-axes rules of docs/shard_map.md
 // §2.2, the per-group math (§1.6), the SPMD kernels that exchange blocks through the
 // communicator of the running shard_map, and the lax front end (auto-pvary, §2.3).
 #include "core/collectives.h"
@@ -158,7 +158,7 @@ PrimitiveDef make_reduction(const char* name, bool invariant_out) {
   def.abstract_eval = [name, invariant_out](std::span<const Array> in, const Params& p) {
     return reduction_eval(*find_primitive(name), in, p, invariant_out);
   };
-  def.cpu_impl = [name](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [name](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(*find_primitive(name), in, outs, p);
   };
   return def;
@@ -179,7 +179,7 @@ PrimitiveDef make_pvary() {
     out.vma = vma_union(out.vma, sorted_axes(axes));
     return {out};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
     return std::vector<Array>{in[0]};
   };
   return def;
@@ -204,7 +204,7 @@ PrimitiveDef make_gather_like(const char* name) {
     if (invariant) out.vma = vma_minus(out.vma, axes);
     return {out};
   };
-  def.cpu_impl = [name](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [name](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(*find_primitive(name), in, outs, p);
   };
   return def;
@@ -234,7 +234,7 @@ PrimitiveDef make_reduce_scatter() {
     }
     return {out};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(g_reduce_scatter, in, outs, p);
   };
   return def;
@@ -265,7 +265,7 @@ PrimitiveDef make_ppermute() {
           fmt::format("ppermute sources and destinations must be unique, got {}.", param_value_str(ParamValue(perm))));
     return {in[0].aval()};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(g_ppermute, in, outs, p);
   };
   return def;
@@ -302,7 +302,7 @@ PrimitiveDef make_all_to_all() {
     }
     return {out};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(g_all_to_all, in, outs, p);
   };
   return def;
@@ -317,7 +317,7 @@ PrimitiveDef make_axis_index() {
     if (vma_checked(axes)) out.vma = sorted_axes(axes);
     return {out};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(g_axis_index, in, outs, p);
   };
   return def;
@@ -335,7 +335,7 @@ PrimitiveDef make_pbroadcast() {
                                    AxisNames(axes).str(), n));
     return {in[0].aval()};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
     return spmd_kernel(g_pbroadcast, in, outs, p);
   };
   return def;

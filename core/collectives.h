@@ -1,4 +1,4 @@
-// Collective primitives (spec/shard_map.md §1.6, §2.2): definitions, the per-group math shared by
+// Collective primitives (docs/shard_map.md §1.6, §2.2): definitions, the per-group math shared by
 // the eager ShardMapTrace and the SPMD kernels, and parameter helpers for the rule files.
 #pragma once
 #include <span>

@@ -60,7 +60,7 @@ const PrimitiveDef& g_cond = register_primitive([] {
       for (size_t i = 0; i < out.size(); ++i) out[i].weak_type = out[i].weak_type && b->out_avals()[i].weak_type;
     return out;
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
     auto branches = cond_branches(p);
     int64_t i = std::clamp<int64_t>(in[0].item<int64_t>(), 0, int64_t(branches.size()) - 1);
     return eval_jaxpr(*branches[size_t(i)], {}, in.subspan(1));
@@ -93,7 +93,7 @@ const PrimitiveDef& g_while = register_primitive([] {
     }
     return out;
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
     WhileParams wp = while_params(p);
     size_t nc = size_t(wp.cond_nconsts), nb = size_t(wp.body_nconsts);
     std::vector<Array> cconsts = slice_of(in, 0, nc), bconsts = slice_of(in, nc, nc + nb);
@@ -139,7 +139,7 @@ const PrimitiveDef& g_scan = register_primitive([] {
     for (size_t i = size_t(sp.num_carry); i < out.size(); ++i) out[i].shape.insert(out[i].shape.begin(), sp.length);
     return out;
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
     ScanParams sp = scan_params(p);
     size_t nc = size_t(sp.num_consts), ncarry = size_t(sp.num_carry), nx = sp.num_xs(), ny = sp.num_ys();
     std::vector<Array> carry = slice_of(in, nc, nc + ncarry);
@@ -322,7 +322,7 @@ void check_carry(const char* api, const std::vector<Array>& init, const std::vec
 }
 
 
-// ---- varying manual axes inside shard_map (spec/shard_map.md §2.2, decisions D1 and D3) ----
+// ---- varying manual axes inside shard_map (docs/shard_map.md §2.2, §2.5, decisions D1 and D3) ----
 
 // `outs[k]` made to vary over `want[k]` (pvary over the missing axes).
 std::vector<Array> pvary_to(std::vector<Array> outs, const std::vector<std::vector<std::string>>& want) {
@@ -401,7 +401,7 @@ std::vector<Array> cond_flat(const Array& pred, const std::vector<FlatFn>& branc
   std::vector<Array> ops_in = pvary_to(operands, std::vector<std::vector<std::string>>(operands.size(), index.aval().vma));
   TracedBranches tb = trace_branches(branches, avals_of(ops_in), whats);
   // ... and every output varies over the axes any branch's output or the predicate varies over; branch
-  // outputs are pvary'd up to that (JAX ignores the predicate, which is unsound: spec §2.5).
+  // outputs are pvary'd up to that (JAX ignores the predicate, which is unsound: docs/shard_map.md §2.5).
   std::vector<std::vector<std::string>> want(tb.jaxprs[0]->outvars().size(), index.aval().vma);
   bool uneven = false;
   for (const auto& j : tb.jaxprs) {

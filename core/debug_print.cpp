@@ -57,7 +57,7 @@ const PrimitiveDef& g_debug_print = register_primitive([] {
   def.arity = Arity::any();
   def.effectful = true;
   def.abstract_eval = [](std::span<const Array>, const Params&) { return std::vector<AbstractValue>{}; };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
     std::string line = format_values(p.get<std::string>("fmt"), in);
     std::lock_guard lk(g_mu);
     (g_stream ? *g_stream : std::cout) << line << "\n";

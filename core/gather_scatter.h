@@ -10,10 +10,13 @@
 //          update_consts=() update_jaxpr=None]
 // The index vector is always the last dimension of the indices.
 #pragma once
+#include <limits>
 #include <optional>
+#include <string_view>
 
 #include "cjax/lax.h"
 #include "core/primitive.h"
+#include "core/visit_dtype.h"
 
 namespace cjax {
 
@@ -93,6 +96,46 @@ enum class ScatterKind { Set, Add, Mul, Min, Max };
 Array scatter_with(ScatterKind kind, const Array& operand, const Array& indices, const Array& updates,
                    const lax::ScatterDimensionNumbers& dn, lax::GatherScatterMode mode, bool indices_are_sorted,
                    bool unique_indices);
+
+// gather's and scatter's shapes, checked against their dimension numbers (the shape rules'
+// ShapeError/DTypeError), as the kernels of every platform read them.
+struct GatherGeom {
+  Shape batch_shape;             // indices.shape[:-1]
+  int64_t K = 0;                 // index vector length
+  std::vector<int64_t> batch_out_dims;  // output dim of each batch dim
+  Shape out_shape;
+};
+
+GatherGeom gather_geometry(const Array& operand, const Array& indices, const lax::GatherDimensionNumbers& dn,
+                           const std::vector<int64_t>& slice_sizes);
+struct ScatterGeom {
+  Shape batch_shape;
+  int64_t K = 0;
+  std::vector<int64_t> update_scatter_dims;  // update dims that are scatter (batch) dims, in order
+  std::vector<int64_t> window;               // window extent per operand dim
+  std::vector<int64_t> upd_stride_of_dim;    // updates stride per operand dim (0 for inserted/batching)
+};
+
+ScatterGeom scatter_geometry(std::string_view primitive, const Array& operand, const Array& indices,
+                             const Array& updates, const lax::ScatterDimensionNumbers& dn);
+const char* scatter_name(ScatterKind k);  // "scatter", "scatter-add", ...
+
+// gather's fill value for FILL_OR_DROP in T: `v`, or JAX's default (NaN for floats, the minimum of
+// a signed integer type, the maximum of an unsigned one, True for bool).
+template <class T> T default_gather_fill() {
+  if constexpr (std::is_same_v<T, bool>) return true;
+  else if constexpr (is_float_like_v<T>) {
+    if constexpr (is_half_v<T>) return T(std::numeric_limits<float>::quiet_NaN());
+    else return std::numeric_limits<T>::quiet_NaN();
+  } else if constexpr (std::is_signed_v<T>) return std::numeric_limits<T>::lowest();
+  else return std::numeric_limits<T>::max();
+}
+template <class T> T gather_fill(std::optional<double> v) {
+  if (!v) return default_gather_fill<T>();
+  if constexpr (std::is_same_v<T, bool>) return *v != 0;
+  else if constexpr (is_half_v<T>) return T(float(*v));
+  else return T(*v);
+}
 
 }  // namespace cjax
 

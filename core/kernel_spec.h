@@ -1,4 +1,4 @@
-// KernelSpec: the target-independent description of one fused loop kernel (DESIGN.md §7).
+// KernelSpec: the target-independent description of one fused loop kernel (docs/design.md §5.4).
 //
 // A kernel iterates a two-level domain: R rows × C columns. Rows enumerate the (coalesced) outer
 // axes of the group's output shape in row-major order; columns are the coalesced inner axes

@@ -1,5 +1,5 @@
-// Linear-algebra primitives: dot_general and conv_general_dilated, plus the CPU GEMM driver
-// shared by both (core/linalg.cpp).
+// Linear-algebra primitives: dot_general and conv_general_dilated, and the layout analysis that
+// maps a dot_general onto a batched GEMM over strided views (used by every platform's kernels).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -58,19 +58,25 @@ struct GemmViews {
   GemmOperand A, Bop;
 };
 std::optional<GemmViews> gemm_views(const Shape& lhs, const Shape& rhs, const DotDimsParam& dn);
+// The GEMM sizes of dot_general(lhs, rhs) and its free dims (in order) per operand.
+struct GemmDims {
+  int64_t B = 1, M = 1, N = 1, K = 1;
+  std::vector<int64_t> lhs_free, rhs_free;
+};
+GemmDims gemm_dims(const Shape& lhs, const Shape& rhs, const DotDimsParam& dn);
+// One operand viewed in place as a batch of [rows, cols] matrices (trans: stored [cols, rows]),
+// or nullopt when its dim groups interleave in memory.
+std::optional<GemmOperand> gemm_operand_view(const Shape& shape, const std::vector<int64_t>& batch,
+                                             const std::vector<int64_t>& rows, const std::vector<int64_t>& cols);
 
-// C[b] (M x N, row major, contiguous) = op(A)[b] (M x K) * op(B)[b] (K x N) for b < batch.
-// `in` is the dtype of A and B, `out` the dtype of C. f32/f64 run through BLAS (OpenBLAS);
-// bf16/f16 are widened to f32 (f64 where `out` is f64); integers accumulate in `out`
-// (wrapping); bool is or-of-ands. Parallelises over the batch for small GEMMs.
-void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A,
-              const GemmOperand& B, void* C);
-
-// acc += alpha * dot_general(lhs, rhs) in acc's buffer (BLAS with beta = 1), for f32 or f64
-// operands all of acc's dtype: the fused SGD update of jit (primitive dot_general_accumulate).
-void dot_general_accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha,
-                                 const Array& acc);
-
+// conv_general_dilated's sizes: N, C (lhs features), O, I (rhs features), G (feature groups) and
+// the spatial extents of input, kernel and output, in rhs_spec order.
+struct ConvGeom {
+  int64_t nsp = 0;  // number of spatial dims
+  int64_t N = 0, C = 0, O = 0, I = 0, G = 1;
+  Shape in_sp, k_sp, out_sp;
+};
+ConvGeom conv_geometry(const Array& lhs, const Array& rhs, const Params& p);
 }  // namespace cjax
 
 namespace cjax::prims {

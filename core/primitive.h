@@ -1,4 +1,4 @@
-// PrimitiveDef: everything about one primitive, found from one definition (DESIGN.md §4).
+// PrimitiveDef: everything about one primitive, found from one definition (docs/design.md §2).
 // A family file (elementwise.cpp, shape.cpp, ...) defines its primitives and registers them;
 // later layers (autodiff, batching, sharding, codegen) find their rules through the same def.
 #pragma once
@@ -77,7 +77,7 @@ struct Arity {
 
 struct PrimitiveDef {
   using AbstractEvalFn = std::function<std::vector<AbstractValue>(std::span<const Array>, const Params&)>;
-  // Eager kernel on one device: inputs are concrete; out_avals come from abstract_eval.
+  // An eager implementation: inputs are concrete; out_avals come from abstract_eval.
   using ImplFn = std::function<std::vector<Array>(std::span<const Array> in, std::span<const AbstractValue> out_avals,
                                                   const Params&)>;
 
@@ -85,7 +85,12 @@ struct PrimitiveDef {
   PrimKind kind = PrimKind::Opaque;
   std::optional<Arity> arity;  // required
   AbstractEvalFn abstract_eval;
-  ImplFn cpu_impl;
+  // The platform-independent eager implementation, for primitives that compute nothing themselves:
+  // higher-order ones (they bind their body's primitives), views, collectives (they exchange blocks
+  // through the SPMD communicator), placement and printing. Primitives that compute have no impl:
+  // each backend registers their kernels per platform (register_kernel in core/backend.h, the CPU's
+  // in backends/cpu/kernels/).
+  ImplFn impl;
   std::optional<ScalarOp> scalar_op;  // elementwise primitives: the row of the scalar-op table
   std::vector<std::string> leading_params;  // printed first, in this order (others follow sorted)
   // Has an effect besides its outputs (printing, I/O): never removed, merged or constant-folded by
@@ -104,7 +109,7 @@ void check_operand_count(const PrimitiveDef& def, size_t n);
 const PrimitiveDef* find_primitive(std::string_view name);
 std::vector<const PrimitiveDef*> all_primitives();
 
-// abstract_eval plus the varying-manual-axes rule (spec/shard_map.md §2.2): collectives and
+// abstract_eval plus the varying-manual-axes rule (docs/shard_map.md §2.2): collectives and
 // higher-order primitives compute their own; every other primitive requires its operands' sets to
 // be equal (VmaError otherwise: the traces insert pvary first) and gives every output that set.
 std::vector<AbstractValue> infer_avals(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params);

@@ -1,4 +1,4 @@
-// cjax::random — JAX's threefry2x32 PRNG built from lax ops (spec/prng.md). Both of JAX's schemes
+// cjax::random — JAX's threefry2x32 PRNG built from lax ops (docs/prng.md). Both of JAX's schemes
 // are implemented: "partitionable" (default; element i only depends on i) and the legacy one.
 //
 // cjax has no uint16/uint64 dtypes, so internally random bits of width w are held as:
@@ -117,7 +117,7 @@ std::pair<Array, Array> iota_2x32(int64_t n) {
   return {hi, lo};
 }
 
-// The legacy vector helper H(key, counts): pairs counts i and i + M (spec/prng.md).
+// The legacy vector helper H(key, counts): pairs counts i and i + M (docs/prng.md §1).
 Array threefry_2x32(const KeyPair& k, Array counts) {
   int64_t n = counts.size();
   bool odd = n % 2 == 1;

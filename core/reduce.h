@@ -4,9 +4,14 @@
 //   cumsum / cumprod / cummax / cummin / cumlogsumexp                 [axis, reverse]
 //   sort                                                              [dimension, is_stable, num_keys]
 //   top_k                                                             [k]
-// Kernels live in core/reduce.cpp (reductions, cumulative ops) and core/sort.cpp (sort, top_k).
+// Their CPU kernels are in backends/cpu/kernels/reduce.cpp and sort.cpp.
 #pragma once
 #include "core/primitive.h"
+
+namespace cjax {
+// The combining operation of a reduction or cumulative primitive.
+enum class RedOp { Sum, Prod, Max, Min, And, Or, LogAddExp };
+}  // namespace cjax
 
 namespace cjax::prims {
 const PrimitiveDef& reduce_sum();

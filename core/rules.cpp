@@ -43,7 +43,7 @@ const PrimitiveDef& g_add_any = register_primitive([] {
     out.weak_type = in[0].aval().weak_type && in[1].aval().weak_type;
     return {out};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
     Array sum = bind1(prims::elementwise(ScalarOp::Add), {in[0], in[1]});
     if (sum.aval() == out_avals[0]) return std::vector<Array>{sum};
     return std::vector<Array>{make_view(sum, out_avals[0])};

@@ -1,4 +1,4 @@
-// Transformation rules of a primitive (DESIGN.md §4): JVP, transpose, batching and partial
+// Transformation rules of a primitive (docs/design.md §2): JVP, transpose, batching and partial
 // evaluation. They live in one table keyed by the primitive's name, filled by the rule files
 // (autodiff/rules_<family>.cpp) at static-initialization time, so a PrimitiveDef in core does not
 // depend on the layers that transform it and registration order between files does not matter.

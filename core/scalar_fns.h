@@ -7,6 +7,24 @@
 
 #include "core/scalar_ops.h"
 #include "core/special_fns.h"
+#include "core/visit_dtype.h"
+
+namespace cjax {
+// Whether dtype T is in an op's domain (the table's domain column).
+template <class T> constexpr bool scalar_domain_accepts(ScalarDomain d) {
+  constexpr bool fl = is_float_like_v<T>, b = std::is_same_v<T, bool>, in = !fl && !b;
+  switch (d) {
+    case ScalarDomain::Float:
+    case ScalarDomain::Pred: return fl;
+    case ScalarDomain::Int: return in;
+    case ScalarDomain::Num: return fl || in;
+    case ScalarDomain::Logic: return b || in;
+    case ScalarDomain::Any:
+    case ScalarDomain::Cmp: return true;
+  }
+  return false;
+}
+}  // namespace cjax
 
 namespace cjax::scalar {
 

@@ -17,167 +17,6 @@
 
 namespace cjax {
 
-// ============================================================================================
-// Generic strided copy
-// ============================================================================================
-namespace {
-
-constexpr int64_t kCopyGrain = 1 << 15;  // elements per parallel chunk (cheap op)
-constexpr int64_t kTile = 32;            // transpose tile edge
-
-struct Dims {
-  std::vector<int64_t> shape, ds, ss;
-};
-
-// Drops size-1 dimensions and merges adjacent dimensions that are contiguous in both operands.
-Dims collapse(const std::vector<int64_t>& shape, const std::vector<int64_t>& ds, const std::vector<int64_t>& ss) {
-  Dims r;
-  for (size_t j = 0; j < shape.size(); ++j) {
-    if (shape[j] == 1) continue;
-    if (!r.shape.empty() && r.ss.back() == ss[j] * shape[j] && r.ds.back() == ds[j] * shape[j]) {
-      r.shape.back() *= shape[j];
-      r.ss.back() = ss[j];
-      r.ds.back() = ds[j];
-    } else {
-      r.shape.push_back(shape[j]);
-      r.ds.push_back(ds[j]);
-      r.ss.push_back(ss[j]);
-    }
-  }
-  return r;
-}
-
-template <class U> inline void copy_run(U* d, int64_t ds, const U* s, int64_t ss, int64_t n) {
-  if (ds == 1 && ss == 1) {
-    std::memcpy(d, s, size_t(n) * sizeof(U));
-  } else if (ss == 0) {
-    U v = *s;
-    if (ds == 1) std::fill_n(d, n, v);
-    else
-      for (int64_t i = 0; i < n; ++i) d[i * ds] = v;
-  } else if (ds == 1) {
-    for (int64_t i = 0; i < n; ++i) d[i] = s[i * ss];
-  } else {
-    for (int64_t i = 0; i < n; ++i) d[i * ds] = s[i * ss];
-  }
-}
-
-// Iterates the multi-index over `dims` (a subset of positions of `d`), starting at linear index
-// `start`, keeping the element offsets of both operands.
-struct OuterIter {
-  const Dims& d;
-  const std::vector<int>& dims;
-  std::vector<int64_t> idx;
-  int64_t doff = 0, soff = 0;
-  OuterIter(const Dims& d_, const std::vector<int>& dims_, int64_t start) : d(d_), dims(dims_), idx(dims_.size()) {
-    for (size_t q = dims.size(); q-- > 0;) {
-      int k = dims[q];
-      idx[q] = start % d.shape[size_t(k)];
-      start /= d.shape[size_t(k)];
-      doff += idx[q] * d.ds[size_t(k)];
-      soff += idx[q] * d.ss[size_t(k)];
-    }
-  }
-  void next() {
-    for (size_t q = dims.size(); q-- > 0;) {
-      size_t k = size_t(dims[q]);
-      doff += d.ds[k];
-      soff += d.ss[k];
-      if (++idx[q] < d.shape[k]) return;
-      doff -= d.ds[k] * d.shape[k];
-      soff -= d.ss[k] * d.shape[k];
-      idx[q] = 0;
-    }
-  }
-};
-
-template <class U> void copy_typed(U* dst, const U* src, const Dims& d) {
-  const int r = int(d.shape.size());
-  if (r == 0) {
-    *dst = *src;
-    return;
-  }
-  const int last = r - 1;
-  const int64_t n_in = d.shape[size_t(last)], dsl = d.ds[size_t(last)], ssl = d.ss[size_t(last)];
-
-  // Cache-blocked transpose: the output is contiguous along `last` but the input is not, and some
-  // other dimension `k` is contiguous in the input.
-  if (r >= 2 && dsl == 1 && ssl != 1 && ssl != 0 && n_in >= 2 * kTile) {
-    int k = -1;
-    for (int q = 0; q < last; ++q)
-      if (d.ss[size_t(q)] == 1 && d.shape[size_t(q)] >= 2 * kTile) k = q;
-    if (k >= 0) {
-      std::vector<int> outer;
-      for (int q = 0; q < last; ++q)
-        if (q != k) outer.push_back(q);
-      int64_t n_outer = 1;
-      for (int q : outer) n_outer *= d.shape[size_t(q)];
-      const int64_t nk = d.shape[size_t(k)], dsk = d.ds[size_t(k)];
-      const int64_t k_tiles = (nk + kTile - 1) / kTile;
-      const int64_t items = n_outer * k_tiles;
-      const int64_t grain = std::max<int64_t>(1, kCopyGrain / (kTile * n_in));
-      parallel_for(items, grain, [&](int64_t b, int64_t e) {
-        OuterIter it(d, outer, b / k_tiles);
-        int64_t kt = b % k_tiles;
-        for (int64_t w = b; w < e; ++w) {
-          U* dp = dst + it.doff;
-          const U* sp = src + it.soff;
-          const int64_t k0 = kt * kTile, k1 = std::min(nk, k0 + kTile);
-          for (int64_t j0 = 0; j0 < n_in; j0 += kTile) {
-            const int64_t j1 = std::min(n_in, j0 + kTile);
-            for (int64_t i = k0; i < k1; ++i) {
-              U* drow = dp + i * dsk;
-              const U* scol = sp + i;
-              for (int64_t j = j0; j < j1; ++j) drow[j] = scol[j * ssl];
-            }
-          }
-          if (++kt == k_tiles) {
-            kt = 0;
-            it.next();
-          }
-        }
-      });
-      return;
-    }
-  }
-
-  std::vector<int> outer(static_cast<size_t>(last), 0);
-  std::iota(outer.begin(), outer.end(), 0);
-  int64_t n_outer = 1;
-  for (int q : outer) n_outer *= d.shape[size_t(q)];
-  const int64_t grain = std::max<int64_t>(1, kCopyGrain / std::max<int64_t>(1, n_in));
-  parallel_for(n_outer, grain, [&](int64_t b, int64_t e) {
-    OuterIter it(d, outer, b);
-    for (int64_t o = b; o < e; ++o) {
-      copy_run(dst + it.doff, dsl, src + it.soff, ssl, n_in);
-      it.next();
-    }
-  });
-}
-
-template <class F> void visit_itemsize(size_t itemsize, F&& f) {
-  switch (itemsize) {
-    case 1: return f(Tag<uint8_t>{});
-    case 2: return f(Tag<uint16_t>{});
-    case 4: return f(Tag<uint32_t>{});
-    case 8: return f(Tag<uint64_t>{});
-  }
-  throw Error(fmt::format("internal: strided_copy does not support item size {}", itemsize));
-}
-
-}  // namespace
-
-void strided_copy(void* dst, const std::vector<int64_t>& dst_strides, const void* src,
-                  const std::vector<int64_t>& src_strides, const std::vector<int64_t>& shape, size_t itemsize) {
-  for (int64_t s : shape)
-    if (s == 0) return;
-  Dims d = collapse(shape, dst_strides, src_strides);
-  visit_itemsize(itemsize, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    copy_typed<U>(static_cast<U*>(dst), static_cast<const U*>(src), d);
-  });
-}
-
 std::vector<int64_t> broadcast_source_strides(const Shape& in, size_t out_rank, const std::vector<int64_t>& dims) {
   std::vector<int64_t> ss(out_rank, 0);
   auto ist = row_major_strides(in);
@@ -192,16 +31,6 @@ std::vector<int64_t> transpose_source_strides(const Shape& in, const std::vector
   return ss;
 }
 
-void fill_items(void* dst, int64_t n, const void* value, size_t itemsize) {
-  if (n <= 0) return;
-  visit_itemsize(itemsize, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    U v;
-    std::memcpy(&v, value, sizeof(U));
-    U* p = static_cast<U*>(dst);
-    parallel_for(n, kCopyGrain, [&](int64_t b, int64_t e) { std::fill(p + b, p + e, v); });
-  });
-}
 
 // ============================================================================================
 // Primitives
@@ -209,23 +38,11 @@ void fill_items(void* dst, int64_t n, const void* value, size_t itemsize) {
 namespace {
 
 std::string tup(const std::vector<int64_t>& v) { return param_value_str(ParamValue(v)); }
-Device device_of(const Array& a) { return concrete(a)->device(); }
-char* bytes_of(const Array& a) { return static_cast<char*>(raw_ptr(a)); }
 
 void check_dims_nonneg(std::string_view name, std::string_view what, const Shape& s) {
   for (int64_t d : s)
     if (d < 0)
       throw ShapeError(fmt::format("{}: {} {} has a negative dimension; sizes must be >= 0", name, what, shape_str(s)));
-}
-
-// Copies `src` (row-major, shape `shape`) into `dst` (row-major array of shape `dst_shape`),
-// starting at element offsets `starts` along each dimension.
-void copy_block_into(char* dst, const Shape& dst_shape, const std::vector<int64_t>& starts, const char* src,
-                     const Shape& shape, size_t isz) {
-  auto dst_st = row_major_strides(dst_shape);
-  int64_t off = 0;
-  for (size_t i = 0; i < starts.size(); ++i) off += starts[i] * dst_st[i];
-  strided_copy(dst + off * int64_t(isz), dst_st, src, row_major_strides(shape), shape, isz);
 }
 
 // ---- broadcast_in_dim ----
@@ -264,16 +81,6 @@ const PrimitiveDef& g_broadcast_in_dim = register_primitive([] {
     }
     return {AbstractValue{shape, in[0].dtype(), in[0].weak_type(), {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    const Array& x = in[0];
-    const AbstractValue& oa = out_avals[0];
-    // Only size-1 dimensions are inserted: the row-major layout is unchanged.
-    if (oa.size() == x.size()) return std::vector<Array>{make_view(x, oa)};
-    Array out = make_uninitialized(oa, device_of(x));
-    std::vector<int64_t> ss = broadcast_source_strides(x.shape(), oa.shape.size(), p.ints("broadcast_dimensions"));
-    strided_copy(raw_ptr(out), row_major_strides(oa.shape), raw_ptr(x), ss, oa.shape, itemsize(oa.dtype));
-    return std::vector<Array>{out};
-  };
   return def;
 }());
 
@@ -294,7 +101,7 @@ const PrimitiveDef& g_reshape = register_primitive([] {
                                    shape_str(ns), shape_size(ns), shape_str(in[0].shape()), in[0].size()));
     return {AbstractValue{ns, in[0].dtype(), in[0].weak_type(), {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
     return std::vector<Array>{make_view(in[0], out_avals[0])};
   };
   return def;
@@ -323,20 +130,6 @@ const PrimitiveDef& g_transpose = register_primitive([] {
     Shape out(s.size());
     for (size_t i = 0; i < perm.size(); ++i) out[i] = s[size_t(perm[i])];
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type(), {}}};
-  };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    const Array& x = in[0];
-    const AbstractValue& oa = out_avals[0];
-    const auto& perm = p.ints("permutation");
-    // Moving only size-1 dimensions keeps the layout.
-    std::vector<int64_t> kept;
-    for (int64_t a : perm)
-      if (x.shape()[size_t(a)] != 1) kept.push_back(a);
-    if (std::is_sorted(kept.begin(), kept.end())) return std::vector<Array>{make_view(x, oa)};
-    Array out = make_uninitialized(oa, device_of(x));
-    std::vector<int64_t> ss = transpose_source_strides(x.shape(), perm);
-    strided_copy(raw_ptr(out), row_major_strides(oa.shape), raw_ptr(x), ss, oa.shape, itemsize(oa.dtype));
-    return std::vector<Array>{out};
   };
   return def;
 }());
@@ -367,7 +160,7 @@ const PrimitiveDef& g_squeeze = register_primitive([] {
       if (!drop[i]) out.push_back(s[i]);
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type(), {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
     return std::vector<Array>{make_view(in[0], out_avals[0])};
   };
   return def;
@@ -392,21 +185,6 @@ const PrimitiveDef& g_rev = register_primitive([] {
       seen[size_t(d)] = true;
     }
     return {AbstractValue{s, in[0].dtype(), in[0].weak_type(), {}}};
-  };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    const Array& x = in[0];
-    const AbstractValue& oa = out_avals[0];
-    Array out = make_uninitialized(oa, device_of(x));
-    if (oa.size() == 0) return std::vector<Array>{out};
-    size_t isz = itemsize(oa.dtype);
-    auto ss = row_major_strides(x.shape());
-    int64_t off = 0;
-    for (int64_t d : p.ints("dimensions")) {
-      off += (x.shape()[size_t(d)] - 1) * ss[size_t(d)];
-      ss[size_t(d)] = -ss[size_t(d)];
-    }
-    strided_copy(raw_ptr(out), row_major_strides(oa.shape), bytes_of(x) + off * int64_t(isz), ss, oa.shape, isz);
-    return std::vector<Array>{out};
   };
   return def;
 }());
@@ -450,18 +228,6 @@ const PrimitiveDef& g_concatenate = register_primitive([] {
     }
     return {AbstractValue{out, in[0].dtype(), weak, {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    const AbstractValue& oa = out_avals[0];
-    Array out = make_uninitialized(oa, device_of(in[0]));
-    size_t dim = size_t(p.i("dimension"));
-    size_t isz = itemsize(oa.dtype);
-    std::vector<int64_t> starts(oa.shape.size(), 0);
-    for (const Array& x : in) {
-      if (x.size() > 0) copy_block_into(bytes_of(out), oa.shape, starts, bytes_of(x), x.shape(), isz);
-      starts[dim] += x.shape()[dim];
-    }
-    return std::vector<Array>{out};
-  };
   return def;
 }());
 
@@ -500,32 +266,6 @@ const PrimitiveDef& g_pad = register_primitive([] {
     }
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type() && in[1].weak_type(), {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    const Array& x = in[0];
-    const AbstractValue& oa = out_avals[0];
-    const auto& cfg = p.get<std::vector<std::vector<int64_t>>>("padding_config");
-    Array out = make_uninitialized(oa, device_of(x));
-    size_t isz = itemsize(oa.dtype);
-    fill_items(raw_ptr(out), oa.size(), raw_ptr(in[1]), isz);
-    if (oa.size() == 0 || x.size() == 0) return std::vector<Array>{out};
-    auto ost = row_major_strides(oa.shape), ist = row_major_strides(x.shape());
-    size_t r = oa.shape.size();
-    std::vector<int64_t> count(r), dst_st(r);
-    int64_t doff = 0, soff = 0;
-    for (size_t i = 0; i < r; ++i) {
-      int64_t lo = cfg[i][0], step = cfg[i][2] + 1, d = x.shape()[i], od = oa.shape[i];
-      int64_t i0 = lo >= 0 ? 0 : (-lo + step - 1) / step;
-      int64_t room = od - lo;  // positions lo + k*step < od  <=>  k < room / step (ceil)
-      int64_t i1 = room <= 0 ? 0 : std::min(d, (room + step - 1) / step);
-      count[i] = std::max<int64_t>(0, i1 - i0);
-      if (count[i] == 0) return std::vector<Array>{out};
-      dst_st[i] = step * ost[i];
-      doff += (lo + i0 * step) * ost[i];
-      soff += i0 * ist[i];
-    }
-    strided_copy(bytes_of(out) + doff * int64_t(isz), dst_st, bytes_of(x) + soff * int64_t(isz), ist, count, isz);
-    return std::vector<Array>{out};
-  };
   return def;
 }());
 
@@ -547,35 +287,6 @@ const PrimitiveDef& g_iota = register_primitive([] {
       throw ValueError(fmt::format("iota dimension must be between 0 and len(shape), got dimension={} for shape={}",
                                    dim, shape_str(s)));
     return {AbstractValue{s, dt, false, {}}};
-  };
-  def.cpu_impl = [](std::span<const Array>, std::span<const AbstractValue> out_avals, const Params& p) {
-    const AbstractValue& oa = out_avals[0];
-    Array out = make_uninitialized(oa, host_device());
-    size_t dim = size_t(p.i("dimension"));
-    int64_t n = oa.size();
-    if (n == 0) return std::vector<Array>{out};
-    int64_t inner = 1;
-    for (size_t i = dim + 1; i < oa.shape.size(); ++i) inner *= oa.shape[i];
-    int64_t len = oa.shape[dim];
-    visit_dtype(oa.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      if constexpr (!std::is_same_v<T, bool>) {
-        T* y = data_ptr<T>(out);
-        parallel_for(n, kCopyGrain, [&](int64_t b, int64_t e) {
-          int64_t q = b / inner, r = b % inner;
-          int64_t v = q % len;
-          for (int64_t i = b; i < e; ++i) {
-            if constexpr (is_half_v<T>) y[i] = T(float(v));
-            else y[i] = T(v);
-            if (++r == inner) {
-              r = 0;
-              if (++v == len) v = 0;
-            }
-          }
-        });
-      }
-    });
-    return std::vector<Array>{out};
   };
   return def;
 }());

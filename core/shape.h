@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/primitive.h"
@@ -24,18 +25,12 @@ const PrimitiveDef& dynamic_update_slice();  // operands: operand, update, *scal
 
 namespace cjax {
 
-// Generic strided copy by item size (one kernel serves every dtype):
-//   dst[sum_i k_i * dst_strides[i]] = src[sum_i k_i * src_strides[i]]  for all k < shape.
-// Strides are in elements and may be zero (broadcast) or negative (reversal); `src` and `dst`
-// point at the element of index (0, ..., 0). Adjacent dimensions are merged, contiguous runs are
-// memcpy'd, transposes are cache-blocked, and large copies run on the thread pool.
-void strided_copy(void* dst, const std::vector<int64_t>& dst_strides, const void* src,
-                  const std::vector<int64_t>& src_strides, const std::vector<int64_t>& shape, size_t itemsize);
 // The source strides (elements) per output dim of broadcast_in_dim (0 where broadcast) and of
 // transpose, over a row-major operand: the strided copy of either primitive on any platform.
 std::vector<int64_t> broadcast_source_strides(const Shape& in, size_t out_rank, const std::vector<int64_t>& dims);
 std::vector<int64_t> transpose_source_strides(const Shape& in, const std::vector<int64_t>& perm);
-// Fills `n` contiguous items of `itemsize` bytes at `dst` with the item at `value`.
-void fill_items(void* dst, int64_t n, const void* value, size_t itemsize);
-
+// The value of a scalar integer index operand (read on the host).
+int64_t read_scalar_index(const Array& a);
+// dynamic_slice's starts, clamped as XLA does: each start lands in [0, dim - size].
+std::vector<int64_t> clamped_starts(std::span<const Array> idx, const Shape& s, const Shape& sizes);
 }  // namespace cjax

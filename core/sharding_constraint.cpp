@@ -1,4 +1,4 @@
-// with_sharding_constraint (JAX's jax.lax.with_sharding_constraint, spec/sharding.md §1.3 "seeds").
+// with_sharding_constraint (JAX's jax.lax.with_sharding_constraint, docs/sharding.md §1.3).
 // Eagerly it is device_put. Under jit, grad, vmap or make_jaxpr it stages the primitive
 //
 //   b:f32[8] = sharding_constraint[sharding=NamedSharding(mesh=Mesh('x': 4), spec=P('x',), ...)] a
@@ -56,7 +56,7 @@ PrimitiveDef make_def() {
     if (auto* n = dynamic_cast<const NamedSharding*>(&sharding_of(p))) n->check_shape(in[0].shape());
     return {in[0].aval()};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
     if (current_spmd())  // a per-device block inside a running shard_map body: nothing to place
       return std::vector<Array>{in[0]};
     return std::vector<Array>{device_put(in[0], sharding_of(p))};

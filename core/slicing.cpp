@@ -16,7 +16,6 @@ namespace cjax {
 namespace {
 
 std::string tup(const std::vector<int64_t>& v) { return param_value_str(ParamValue(v)); }
-char* bytes_of(const Array& a) { return static_cast<char*>(raw_ptr(a)); }
 
 // ---- slice ----
 const PrimitiveDef& g_slice = register_primitive([] {
@@ -56,35 +55,9 @@ const PrimitiveDef& g_slice = register_primitive([] {
     }
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type(), {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    const Array& x = in[0];
-    const AbstractValue& oa = out_avals[0];
-    const auto& start = p.ints("start_indices");
-    bool strided = !std::holds_alternative<std::monostate>(p.at("strides"));
-    auto ist = row_major_strides(x.shape());
-    size_t isz = itemsize(oa.dtype);
-    int64_t off = 0;
-    std::vector<int64_t> ss(ist.size());
-    for (size_t i = 0; i < ist.size(); ++i) {
-      off += start[i] * ist[i];
-      ss[i] = ist[i] * (strided ? p.ints("strides")[i] : 1);
-    }
-    Array out = make_uninitialized(oa, concrete(x)->device());
-    if (oa.size() > 0)
-      strided_copy(raw_ptr(out), row_major_strides(oa.shape), bytes_of(x) + off * int64_t(isz), ss, oa.shape, isz);
-    return std::vector<Array>{out};
-  };
   return def;
 }());
 
-// Reads a scalar integer index operand.
-int64_t read_index(const Array& a) {
-  return visit_dtype(a.dtype(), [&](auto tag) -> int64_t {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_integral_v<T>) return int64_t(*data_ptr<const T>(a));
-    else throw DTypeError("internal: non-integer index");
-  });
-}
 
 void check_indices(std::string_view name, std::span<const Array> idx, size_t rank, const Shape& s) {
   if (idx.size() != rank)
@@ -104,12 +77,6 @@ void check_indices(std::string_view name, std::span<const Array> idx, size_t ran
   }
 }
 
-// Clamped starts (XLA semantics): each start lands in [0, dim - size].
-std::vector<int64_t> clamped_starts(std::span<const Array> idx, const Shape& s, const Shape& sizes) {
-  std::vector<int64_t> st(s.size());
-  for (size_t i = 0; i < s.size(); ++i) st[i] = std::clamp<int64_t>(read_index(idx[i]), 0, s[i] - sizes[i]);
-  return st;
-}
 
 // ---- dynamic_slice ----
 const PrimitiveDef& g_dynamic_slice = register_primitive([] {
@@ -131,19 +98,6 @@ const PrimitiveDef& g_dynamic_slice = register_primitive([] {
                                      "slice_sizes {} for operand shape {} (dimension {})",
                                      tup(sizes), shape_str(s), i));
     return {AbstractValue{sizes, in[0].dtype(), in[0].weak_type(), {}}};
-  };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
-    const Array& x = in[0];
-    const AbstractValue& oa = out_avals[0];
-    Array out = make_uninitialized(oa, concrete(x)->device());
-    if (oa.size() == 0) return std::vector<Array>{out};
-    auto st = clamped_starts(in.subspan(1), x.shape(), oa.shape);
-    auto ist = row_major_strides(x.shape());
-    int64_t off = 0;
-    for (size_t i = 0; i < st.size(); ++i) off += st[i] * ist[i];
-    size_t isz = itemsize(oa.dtype);
-    strided_copy(raw_ptr(out), row_major_strides(oa.shape), bytes_of(x) + off * int64_t(isz), ist, oa.shape, isz);
-    return std::vector<Array>{out};
   };
   return def;
 }());
@@ -173,27 +127,26 @@ const PrimitiveDef& g_dynamic_update_slice = register_primitive([] {
     check_indices("dynamic_update_slice", in.subspan(2), s.size(), s);
     return {AbstractValue{s, in[0].dtype(), in[0].weak_type() && in[1].weak_type(), {}}};
   };
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
-    const Array& x = in[0];
-    const Array& upd = in[1];
-    const AbstractValue& oa = out_avals[0];
-    Array out = make_uninitialized(oa, concrete(x)->device());
-    size_t isz = itemsize(oa.dtype);
-    if (oa.size() == 0) return std::vector<Array>{out};
-    auto ost = row_major_strides(oa.shape);
-    strided_copy(raw_ptr(out), ost, raw_ptr(x), ost, oa.shape, isz);
-    if (upd.size() == 0) return std::vector<Array>{out};
-    auto st = clamped_starts(in.subspan(2), x.shape(), upd.shape());
-    int64_t off = 0;
-    for (size_t i = 0; i < st.size(); ++i) off += st[i] * ost[i];
-    strided_copy(bytes_of(out) + off * int64_t(isz), ost, raw_ptr(upd), row_major_strides(upd.shape()), upd.shape(),
-                 isz);
-    return std::vector<Array>{out};
-  };
   return def;
 }());
 
 }  // namespace
+
+int64_t read_scalar_index(const Array& a) {
+  Array h = to_host(a);
+  return visit_dtype(h.dtype(), [&](auto tag) -> int64_t {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_integral_v<T>) return int64_t(*data_ptr<const T>(h));
+    else throw DTypeError("internal: non-integer index");
+  });
+}
+
+std::vector<int64_t> clamped_starts(std::span<const Array> idx, const Shape& s, const Shape& sizes) {
+  std::vector<int64_t> st(s.size());
+  for (size_t i = 0; i < s.size(); ++i) st[i] = std::clamp<int64_t>(read_scalar_index(idx[i]), 0, s[i] - sizes[i]);
+  return st;
+}
+
 
 namespace prims {
 const PrimitiveDef& slice() { return g_slice; }
@@ -234,7 +187,7 @@ std::vector<Array> dynamic_slice_indices(std::string_view fn, const Array& x, co
     }
     int64_t d = x.shape()[k];
     if (ConcreteArray* c = concrete(i); c && c->buffers.size() == 1) {
-      int64_t v = read_index(i);
+      int64_t v = read_scalar_index(i);
       out.push_back(v < 0 ? make_scalar(double(v + d), i.dtype(), i.weak_type()) : i);
       continue;
     }

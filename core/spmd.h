@@ -1,4 +1,4 @@
-// Manual axes in scope and the SPMD runtime context (DESIGN.md §7, spec/shard_map.md §1.2).
+// Manual axes in scope and the SPMD runtime context (docs/design.md §5.6, docs/shard_map.md §1.2).
 //
 // * The axis environment is a thread-local stack of the manual mesh axes bound by enclosing
 //   shard_maps while their bodies are traced or run, and of the axis names of enclosing vmaps

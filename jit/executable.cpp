@@ -187,6 +187,7 @@ void Executable::lower_to_program() {
     } else {
       const JaxprEqn& e = step.eqn;
       in.def = e.primitive;
+      in.cpu_kernel = find_implementation(*e.primitive, Platform::cpu);
       in.params = e.params;
       for (const Atom& a : e.inputs) {
         if (auto* v = std::get_if<Var>(&a)) {
@@ -373,11 +374,14 @@ bool Executable::gemm_update_may_reuse(const Instr& instr, const std::vector<Arr
 bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots,
                                           std::vector<bool>& donated) const {
   if (!gemm_update_may_reuse(instr, slots, donated)) return false;
-  Array& acc = slots[size_t(instr.inputs[2])];
-  const Array &lhs = slots[size_t(instr.inputs[0])], &rhs = slots[size_t(instr.inputs[1])];
-  dot_general_accumulate_into(lhs, rhs, *instr.params.object<DotDimsParam>("dimension_numbers"),
-                              instr.params.get<double>("alpha"), acc);
-  slots[size_t(instr.outputs[0])] = Array(std::make_shared<ConcreteArray>(instr.out_avals[0], concrete(acc)->buffer()));
+  const PrimitiveKernel* update = find_kernel(instr.def->name, Platform::cpu);
+  if (!update) return false;
+  std::vector<Array> in;
+  for (int k : instr.inputs) in.push_back(slots[size_t(k)]);
+  // The GEMM adds into the accumulator's buffer, which nothing else holds.
+  Params params = instr.params;
+  params.set("accumulate_in_place", true);
+  slots[size_t(instr.outputs[0])] = (*update)(in, instr.out_avals, params)[0];
   for (int r : instr.release) slots[size_t(r)] = Array();
   return true;
 }
@@ -399,8 +403,8 @@ void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::v
     // per-shard path (or its ShardingError) rather than being read from its first shard.
     bool sharded = false;
     for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
-    std::vector<Array> outs = instr.def->cpu_impl && !sharded ? instr.def->cpu_impl(in, instr.out_avals, instr.params)
-                                                              : cjax::bind(*instr.def, in, instr.params);
+    std::vector<Array> outs = instr.cpu_kernel && !sharded ? (*instr.cpu_kernel)(in, instr.out_avals, instr.params)
+                                                           : cjax::bind(*instr.def, in, instr.params);
     for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
     if (profiling) timing.record(instr.def->name, name_);
   }

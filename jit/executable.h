@@ -1,4 +1,4 @@
-// Executable: what jit runs for one signature (DESIGN.md §7).
+// Executable: what jit runs for one signature (docs/design.md §5.5).
 //
 // Construction: passes (jit/passes.h) -> fusion plan (jit/fusion.h) -> one module with every
 // fused kernel of the program, from the platform's KernelCompiler (core/backend.h; the CPU's is
@@ -79,6 +79,7 @@ class Executable {
  private:
   struct Instr {
     const PrimitiveDef* def = nullptr;  // library step
+    const PrimitiveKernel* cpu_kernel = nullptr;  // its CPU implementation (null: bind it)
     int kernel = -1;                    // fused kernel step
     std::vector<int> inputs;            // slot per input (-1: a literal from `literals`)
     std::vector<Array> literals;        // by input position

@@ -29,7 +29,7 @@ const PrimitiveDef& g_jit = register_primitive([] {
     return j->out_avals();
   };
   // Eagerly (under EvalTrace) a jit equation runs its jaxpr with the eager kernels.
-  def.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
     return eval_jaxpr(*jaxpr_of(p), {}, in);
   };
   return def;

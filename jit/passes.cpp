@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "cjax/lax.h"
+#include "core/backend.h"
 #include "core/linalg.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/shard_map.h"
@@ -358,7 +359,8 @@ std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr) {
   for (const JaxprEqn& e : jaxpr.eqns()) {
     std::vector<Atom> ins = s.all(e.inputs);
     bool foldable = !ins.empty() && e.primitive->kind != PrimKind::HigherOrder &&
-                    e.primitive->kind != PrimKind::Collective && !e.primitive->effectful && e.primitive->cpu_impl;
+                    e.primitive->kind != PrimKind::Collective && !e.primitive->effectful &&
+                    find_implementation(*e.primitive, Platform::cpu);
     for (const Atom& a : ins) foldable = foldable && std::holds_alternative<Literal>(a);
     for (const Var& v : e.outputs) foldable = foldable && v.aval().ndim() == 0;
     if (foldable) {

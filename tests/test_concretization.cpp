@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include "cjax/cjax.h"
+#include "core/backend.h"
+#include "core/elementwise.h"
 #include "core/primitive.h"
 #include "test_util.h"
 
@@ -88,7 +90,7 @@ TEST_CASE("transformation misuse") {
     d.name = "test_rule_less";
     d.arity = Arity::exactly(1);
     d.abstract_eval = [](std::span<const Array> in, const Params&) { return std::vector<AbstractValue>{in[0].aval()}; };
-    d.cpu_impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
+    d.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
       return std::vector<Array>{in[0]};
     };
     return d;
@@ -99,4 +101,31 @@ TEST_CASE("transformation misuse") {
   CHECK_ERR(tree::map([](const Array& a, const Array& b) { return a + b; }, std::vector<Array>{jnp::ones({1})},
                       std::vector<Array>{jnp::ones({1}), jnp::ones({1})}),
             ValueError, "");
+}
+
+TEST_CASE("eager kernels are found by (primitive, platform); a missing one is a BackendError naming both") {
+  // Every primitive runs on the CPU: through the kernel backends/cpu/kernels registered for it, or
+  // through its def's platform-independent impl (views, higher-order primitives, collectives).
+  for (const PrimitiveDef* d : all_primitives())
+    CHECK_MESSAGE(find_implementation(*d, Platform::cpu) != nullptr, d->name);
+  // A primitive that computes names no platform: its kernels live in the table.
+  CHECK(!prims::elementwise(ScalarOp::Sin).impl);
+  CHECK(find_kernel("sin", Platform::cpu) != nullptr);
+  CHECK(find_kernel("dot_general", Platform::cpu) != nullptr);
+
+  static const PrimitiveDef& kernel_less = register_primitive([] {
+    PrimitiveDef d;
+    d.name = "test_kernel_less";
+    d.arity = Arity::exactly(1);
+    d.abstract_eval = [](std::span<const Array> in, const Params&) { return std::vector<AbstractValue>{in[0].aval()}; };
+    return d;
+  }());
+  Array x = arr<float>({1, 2, 3});
+  CHECK_ERR(bind1(kernel_less, {x}), BackendError, "primitive 'test_kernel_less' has no kernel for platform 'cpu'");
+  // A kernel registered later (as a library loaded at run time would) is found.
+  register_kernel("test_kernel_less", Platform::cpu,
+                  [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
+                    return std::vector<Array>{lax::mul(in[0], in[0])};
+                  });
+  CHECK(bind1(kernel_less, {x}).to_vector<float>() == std::vector<float>{1, 4, 9});
 }

@@ -47,7 +47,9 @@ std::set<std::string> missing_cuda_kernels(const Jaxpr& j) {
   std::set<std::string> missing;
   for (const JaxprEqn& e : j.eqns()) {
     const std::string& name = e.primitive->name;
-    if (!find_kernel(name, Platform::cuda) && e.primitive->kind != PrimKind::HigherOrder && name != "iota")
+    // find_implementation: a cuda kernel, or the def's platform-independent impl (views,
+    // higher-order primitives).
+    if (!find_implementation(*e.primitive, Platform::cuda) && name != "iota")
       missing.insert(name);
     for (const Jaxpr* sub : jaxprs_in_params(e.params)) missing.merge(missing_cuda_kernels(*sub));
   }

@@ -8,7 +8,7 @@
 
 #include "cjax/cjax.h"
 #include "test_util.h"
-#include "core/gemm_xsmm.h"
+#include "backends/cpu/kernels/gemm_xsmm.h"
 #include "core/linalg.h"
 #include "core/primitive.h"
 

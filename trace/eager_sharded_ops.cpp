@@ -1,4 +1,4 @@
-// Eager primitives on sharded arrays (issue 4 item 1, DESIGN.md §7 "Eager"): run per shard where
+// Eager primitives on sharded arrays (issue 4 item 1, docs/sharding.md §1.4): run per shard where
 // the shardings allow it, through an eager shard_map over the arrays' mesh, so the data never
 // leaves its devices:
 //  * elementwise primitives whose non-scalar operands share one NamedSharding (operands that are
@@ -62,7 +62,7 @@ std::vector<Array> run_blockwise(const PrimitiveDef& def, const Params& params, 
 
 std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
   if (def.name == "sharding_constraint")  // a reshard: its kernel takes any layout
-    return def.cpu_impl(inputs, def.abstract_eval(inputs, params), params);
+    return def.impl(inputs, def.abstract_eval(inputs, params), params);
   const NamedSharding* s = nullptr;
   size_t first = 0;
   for (size_t i = 0; i < inputs.size() && !s; ++i)

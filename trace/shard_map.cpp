@@ -1,4 +1,4 @@
-// shard_map: spec trees and their validation (spec/shard_map.md §1.3, §1.7), the shard_map
+// shard_map: spec trees and their validation (docs/shard_map.md §1.3, §1.7), the shard_map
 // primitive (staging, abstract evaluation, execution through the SPMD runner), input slicing
 // and output assembly (§1.4, §1.5) and the out_specs check (§2.4).
 #include "trace/shard_map.h"
@@ -360,7 +360,7 @@ std::vector<AbstractValue> shard_map_abstract_eval(std::span<const Array> in, co
   return outs;
 }
 
-// A shard_map inside a body that already runs on every device (nesting, spec §1.9): each device
+// A shard_map inside a body that already runs on every device (nesting, docs/shard_map.md §1.9): each device
 // takes its own block of its operands along the inner manual axes, runs the body inline, and
 // rebuilds the outputs with tiled all_gathers over the axes each out_spec dimension names.
 std::vector<Array> nested_shard_map_impl(const ShardMapInfo& info, std::span<const Array> in,
@@ -424,7 +424,7 @@ PrimitiveDef make_shard_map_def() {
   def.kind = PrimKind::HigherOrder;
   def.arity = Arity::any();  // checked against the body
   def.abstract_eval = shard_map_abstract_eval;
-  def.cpu_impl = shard_map_impl;
+  def.impl = shard_map_impl;
   return def;
 }
 

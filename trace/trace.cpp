@@ -59,8 +59,8 @@ bool follows_operands(const Array& a) {
   return platform_of(a) == Platform::cpu && !static_cast<ConcreteArray*>(a.impl())->committed;
 }
 
-// The platform of a primitive's operands when it is not the CPU (whose kernels are the defs'
-// cpu_impl); raises BackendError for operands on different platforms.
+// The platform of a primitive's operands when it is not the CPU; raises BackendError for operands
+// on different platforms.
 std::optional<Platform> device_platform(const PrimitiveDef& def, std::span<const Array> inputs) {
   std::optional<Platform> found;
   size_t first = 0;
@@ -85,9 +85,9 @@ std::optional<Platform> device_platform(const PrimitiveDef& def, std::span<const
   return found;
 }
 
-// A primitive over device (non-CPU) operands: the platform's kernel; a higher-order primitive's
-// rule (it binds its body's primitives, which dispatch here one by one); else a counted host
-// fallback. jit's compiled programs are CPU code: its rule refuses device operands itself.
+// A primitive over device (non-CPU) operands: the platform's kernel, or the def's
+// platform-independent impl (a higher-order primitive binds its body's primitives, which dispatch
+// here one by one); else a counted host fallback.
 std::vector<Array> run_on_platform(const PrimitiveDef& def, Platform platform, std::span<const Array> inputs,
                                    std::span<const AbstractValue> out_avals, const Params& params) {
   std::vector<Array> placed(inputs.begin(), inputs.end());
@@ -100,8 +100,7 @@ std::vector<Array> run_on_platform(const PrimitiveDef& def, Platform platform, s
       a = device_put(a, SingleDeviceSharding(home));
     }
   inputs = placed;
-  if (const PrimitiveKernel* k = find_kernel(def.name, platform)) return (*k)(inputs, out_avals, params);
-  if (def.kind == PrimKind::HigherOrder && def.cpu_impl) return def.cpu_impl(inputs, out_avals, params);
+  if (const PrimitiveKernel* k = find_implementation(def, platform)) return (*k)(inputs, out_avals, params);
   return run_on_host(def, platform, inputs, out_avals, params);
 }
 }  // namespace
@@ -126,9 +125,9 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   // Concrete values carry no varying axes (those are types of traced shard_map bodies).
   std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
   if (std::optional<Platform> p = device_platform(def, inputs)) return run_on_platform(def, *p, inputs, out_avals, params);
-  if (!def.cpu_impl) throw BackendError(fmt::format("primitive '{}' has no CPU kernel", def.name));
+  const PrimitiveKernel& kernel = implementation_for(def, Platform::cpu);
   try {
-    std::vector<Array> outs = def.cpu_impl(inputs, out_avals, params);
+    std::vector<Array> outs = kernel(inputs, out_avals, params);
     for (const Array& a : inputs)
       if (static_cast<ConcreteArray*>(a.impl())->committed) {
         for (Array& o : outs)

@@ -180,12 +180,7 @@ std::optional<Array> pad(std::span<const Array> in, const AbstractValue& oa, con
 }
 
 const bool g_registered = [] {
-  // Views: the CPU rule touches no data, so it serves every platform.
-  for (const char* view : {"reshape", "squeeze", "stop_gradient", "bitcast_convert_type"})
-    register_kernel(view, Platform::cuda,
-                    [view](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-                      return find_primitive(view)->cpu_impl(in, out_avals, p);
-                    });
+  // Views (reshape, squeeze, ...) need no kernel: their defs' impl serves every platform.
   register_copy_kernel("broadcast_in_dim", broadcast_in_dim);
   register_copy_kernel("transpose", transpose);
   register_copy_kernel("slice", slice);

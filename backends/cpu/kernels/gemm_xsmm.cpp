@@ -1,4 +1,4 @@
-#include "core/gemm_xsmm.h"
+#include "backends/cpu/kernels/gemm_xsmm.h"
 
 #include <libxsmm.h>
 

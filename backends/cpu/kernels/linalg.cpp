@@ -1,0 +1,394 @@
+// dot_general's CPU kernel and the GEMM driver behind it (and conv's, backends/cpu/kernels/gemm.h).
+//
+// The kernel maps any dot_general onto a batched GEMM [B, M, K] x [B, K, N] -> [B, M, N]:
+// batch dims collapse to B, lhs free dims to M, rhs free dims to N, contracting dims to K. An
+// operand whose dims already form a strided row-major matrix in either orientation is handed to
+// the GEMM as is (transpose flag + leading dimension); only operands whose dim groups interleave in
+// memory are copied into canonical order first. f32/f64 GEMMs try LIBXSMM (gemm_xsmm.h), then
+// OpenBLAS.
+#include <fmt/format.h>
+
+#include <absl/hash/hash.h>
+#include <cblas.h>
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "core/array_impl.h"
+#include "core/backend.h"
+#include "core/linalg.h"
+#include "core/parallel.h"
+#include "core/primitive.h"
+#include "core/scalar_fns.h"
+#include "core/spmd.h"
+#include "core/visit_dtype.h"
+#include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/gemm_xsmm.h"
+
+namespace cjax::cpu {
+namespace {
+
+constexpr int64_t kCopyGrain = 1 << 15;
+
+// Scratch memory, 64-byte aligned (BLAS likes aligned panels).
+struct Scratch {
+  explicit Scratch(size_t nbytes) : p(static_cast<std::byte*>(::operator new(std::max<size_t>(nbytes, 64), std::align_val_t(64)))) {}
+  ~Scratch() { ::operator delete(p, std::align_val_t(64)); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  std::byte* p;
+};
+
+// Copies the strided view op(X)[b] (rows x cols) of element type S into a contiguous [batch, rows,
+// cols] array of D.
+template <class S, class D>
+void gather_convert(const S* src, const GemmOperand& op, int64_t batch, int64_t rows, int64_t cols, D* dst) {
+  int64_t nrows = batch * rows;
+  int64_t grain = std::max<int64_t>(1, kCopyGrain / std::max<int64_t>(cols, 1));
+  parallel_for(nrows, grain, [&](int64_t b0, int64_t e0) {
+    for (int64_t br = b0; br < e0; ++br) {
+      int64_t b = br / rows, r = br % rows;
+      const S* base = src + op.batch_offset(b);
+      D* out = dst + br * cols;
+      if (!op.trans) {
+        const S* row = base + r * op.ld;
+        for (int64_t c = 0; c < cols; ++c) out[c] = D(compute_t<S>(row[c]));
+      } else {
+        const S* col = base + r;
+        for (int64_t c = 0; c < cols; ++c) out[c] = D(compute_t<S>(col[c * op.ld]));
+      }
+    }
+  });
+}
+
+template <class T> void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                                  const T* B, int64_t ldb, T* C, T alpha, T beta) {
+  auto fa = ta ? CblasTrans : CblasNoTrans, fb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
+                beta, C, blasint(N));
+  else
+    cblas_dgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
+                beta, C, blasint(N));
+}
+
+// With several CPU devices, every device's worker thread calls BLAS concurrently. OpenBLAS's thread
+// pool is process-wide: concurrent multi-threaded calls spin against each other in sched_yield (a
+// 2-core machine training on 8 virtual devices spent ~45% of its time there, at half the speed of
+// single-threaded BLAS), and the save/restore of BlasSingleThreadScope races between workers. The
+// devices are the parallelism then, so OpenBLAS is pinned to one thread for the whole process as
+// soon as more than one CPU device exists. One device keeps OpenBLAS's threads for large GEMMs.
+void pin_blas_if_multi_device() {
+  static const bool pinned = [] {
+    if (device_count() <= 1) return false;
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)pinned;
+}
+
+// Batched BLAS GEMM in T (float or double) on operands already of type T.
+template <class T>
+void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
+              T alpha = T(1), T beta = T(0)) {
+  pin_blas_if_multi_device();
+  if (xsmm_gemm<T>(batch, M, N, K, A, B, C, alpha, beta)) return;
+  const T* a = static_cast<const T*>(A.ptr);
+  const T* b = static_cast<const T*>(B.ptr);
+  auto one = [&](int64_t i) {
+    blas_gemm<T>(A.trans, B.trans, M, N, K, a + A.batch_offset(i), A.ld, b + B.batch_offset(i), B.ld, C + i * M * N,
+                 alpha, beta);
+  };
+  double work = double(M) * double(N) * double(K);
+  constexpr double kSmall = 128.0 * 128.0 * 128.0;
+  if (batch > 1 && work < kSmall && num_threads() > 1 && !in_parallel_region()) {
+    // Many small GEMMs: our threads over the batch, each running single-threaded BLAS.
+    BlasSingleThreadScope single;
+    int64_t grain = std::max<int64_t>(1, int64_t(65536.0 / std::max(work, 1.0)));
+    parallel_for(batch, grain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) one(i);
+    });
+  } else if (in_parallel_region()) {
+    BlasSingleThreadScope single;
+    for (int64_t i = 0; i < batch; ++i) one(i);
+  } else {
+    for (int64_t i = 0; i < batch; ++i) one(i);  // large GEMMs: OpenBLAS threads each one
+  }
+}
+
+// Wrapping integer arithmetic type: unsigned, at least 32 bits (no promotion to signed int).
+template <class T> using wrap_t = typename scalar::wrap_type<T>::type;  // integer products wrap
+
+// Integer / bool GEMM on canonical contiguous operands A [batch, M, K] and B [batch, K, N] of the
+// accumulation type T. Rows of C in parallel, k-blocked so a block of B rows stays in cache.
+template <class T> void int_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const T* A, const T* B, T* C) {
+  int64_t grain = std::max<int64_t>(1, kCopyGrain / std::max<int64_t>(1, N * K / 8));
+  constexpr int64_t kb = 256;
+  parallel_for(batch * M, grain, [&](int64_t s, int64_t e) {
+    for (int64_t row = s; row < e; ++row) {
+      int64_t b = row / M;
+      const T* arow = A + row * K;
+      const T* bmat = B + b * K * N;
+      T* crow = C + row * N;
+      if constexpr (std::is_same_v<T, bool>) {
+        uint8_t* c = reinterpret_cast<uint8_t*>(crow);
+        std::memset(c, 0, size_t(N));
+        for (int64_t k = 0; k < K; ++k) {
+          if (!arow[k]) continue;
+          const uint8_t* brow = reinterpret_cast<const uint8_t*>(bmat + k * N);
+          for (int64_t j = 0; j < N; ++j) c[j] |= brow[j];
+        }
+      } else {
+        using W = wrap_t<T>;
+        for (int64_t j = 0; j < N; ++j) crow[j] = T(0);
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+          int64_t k1 = std::min(K, k0 + kb);
+          for (int64_t k = k0; k < k1; ++k) {
+            W a = W(arow[k]);
+            if (a == 0) continue;
+            const T* brow = bmat + k * N;
+            for (int64_t j = 0; j < N; ++j) crow[j] = T(W(W(crow[j]) + W(a * W(brow[j]))));
+          }
+        }
+      }
+    }
+  });
+}
+
+bool is_canonical(const GemmOperand& op, int64_t batch, int64_t rows, int64_t cols) {
+  return !op.trans && (rows <= 1 || op.ld == cols) &&
+         (batch <= 1 || (op.batch_dims.empty() && op.batch_stride == rows * cols));
+}
+
+template <class T> void store_convert(const T* src, void* dst, DType out, int64_t n) {
+  visit_dtype(out, [&](auto tag) {
+    using O = typename decltype(tag)::type;
+    O* d = static_cast<O*>(dst);
+    parallel_for(n, kCopyGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        if constexpr (is_half_v<O>) d[i] = O(float(src[i]));
+        else d[i] = O(src[i]);
+      }
+    });
+  });
+}
+
+
+// Copies x (element size es) permuted by perm into dst (contiguous).
+template <size_t ES> void permute_copy_t(const std::byte* src, const Shape& shape, const std::vector<int64_t>& perm,
+                                         std::byte* dst) {
+  size_t nd = perm.size();
+  auto sstr = row_major_strides(shape);
+  Shape oshape(nd);
+  std::vector<int64_t> pstr(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    oshape[i] = shape[size_t(perm[i])];
+    pstr[i] = sstr[size_t(perm[i])];
+  }
+  int64_t total = shape_size(oshape);
+  if (total == 0) return;
+  if (nd == 0) {
+    std::memcpy(dst, src, ES);
+    return;
+  }
+  int64_t inner = oshape[nd - 1], istr = pstr[nd - 1];
+  int64_t nrows = total / inner;
+  int64_t grain = std::max<int64_t>(1, kCopyGrain / inner);
+  parallel_for(nrows, grain, [&](int64_t s, int64_t e) {
+    std::vector<int64_t> idx(nd, 0);
+    int64_t rem = s, off = 0;
+    for (size_t i = nd - 1; i-- > 0;) {
+      idx[i] = rem % oshape[i];
+      rem /= oshape[i];
+      off += idx[i] * pstr[i];
+    }
+    for (int64_t r = s; r < e; ++r) {
+      std::byte* o = dst + size_t(r * inner) * ES;
+      const std::byte* in = src + size_t(off) * ES;
+      for (int64_t j = 0; j < inner; ++j) std::memcpy(o + size_t(j) * ES, in + size_t(j * istr) * ES, ES);
+      for (size_t i = nd - 1; i-- > 0;) {  // odometer over the outer dims
+        off += pstr[i];
+        if (++idx[i] < oshape[i]) break;
+        off -= pstr[i] * oshape[i];
+        idx[i] = 0;
+      }
+    }
+  });
+}
+void permute_copy(const void* src, const Shape& shape, const std::vector<int64_t>& perm, size_t es, void* dst) {
+  auto s = static_cast<const std::byte*>(src);
+  auto d = static_cast<std::byte*>(dst);
+  switch (es) {
+    case 1: return permute_copy_t<1>(s, shape, perm, d);
+    case 2: return permute_copy_t<2>(s, shape, perm, d);
+    case 4: return permute_copy_t<4>(s, shape, perm, d);
+    case 8: return permute_copy_t<8>(s, shape, perm, d);
+  }
+  throw Error(fmt::format("internal: permute_copy of element size {}", es));
+}
+
+// dot_general's operands as a batched GEMM [B, M, K] x [B, K, N], viewed in place where their
+// dims allow (a transpose flag and leading dimension), else copied into canonical order.
+struct GemmProblem {
+  int64_t B = 1, M = 1, N = 1, K = 1;
+  GemmOperand A, Bop;
+  std::unique_ptr<Scratch> la, rb;
+};
+GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam& dn) {
+  const Shape &ls = lhs.shape(), &rs = rhs.shape();
+  GemmDims d = gemm_dims(ls, rs, dn);
+  GemmProblem g;
+  g.B = d.B, g.M = d.M, g.N = d.N, g.K = d.K;
+  g.A = GemmOperand{raw_ptr(lhs)};
+  g.Bop = GemmOperand{raw_ptr(rhs)};
+  if (g.K == 0) return g;
+  size_t es = itemsize(lhs.dtype());
+  // An operand as [B, rows, cols], viewed in place (gemm_operand_view), else copied into
+  // (batch, rows, cols) order.
+  auto view = [&](const Array& x, const std::vector<int64_t>& batch, const std::vector<int64_t>& rows,
+                  const std::vector<int64_t>& cols, int64_t nrows, int64_t ncols, GemmOperand& op,
+                  std::unique_ptr<Scratch>& scratch) {
+    if (std::optional<GemmOperand> v = gemm_operand_view(x.shape(), batch, rows, cols)) {
+      op = *v;
+      op.ptr = raw_ptr(x);
+      return;
+    }
+    std::vector<int64_t> order = batch;
+    order.insert(order.end(), rows.begin(), rows.end());
+    order.insert(order.end(), cols.begin(), cols.end());
+    scratch = std::make_unique<Scratch>(size_t(x.size()) * es);
+    permute_copy(raw_ptr(x), x.shape(), order, es, scratch->p);
+    op = GemmOperand{scratch->p, false, std::max<int64_t>(ncols, 1), nrows * ncols, {}};
+  };
+  view(lhs, dn.lhs_batch, d.lhs_free, dn.lhs_contracting, g.M, g.K, g.A, g.la);    // lhs as [B, M, K]
+  view(rhs, dn.rhs_batch, dn.rhs_contracting, d.rhs_free, g.K, g.N, g.Bop, g.rb);  // rhs as [B, K, N]
+  return g;
+}
+
+std::vector<Array> dot_general_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                    const Params& p) {
+  const Array &lhs = in[0], &rhs = in[1];
+  Array out = make_uninitialized(out_avals[0], concrete(lhs)->device());
+  if (out.size() == 0) return {out};
+  GemmProblem g = gemm_problem(lhs, rhs, *p.object<DotDimsParam>("dimension_numbers"));
+  cpu_gemm(lhs.dtype(), out.dtype(), g.B, g.M, g.N, g.K, g.A, g.Bop, raw_ptr(out));
+  return {out};
+}
+
+void accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha,
+                                 const Array& acc) {
+  DType dt = acc.dtype();
+  if ((dt != DType::float32 && dt != DType::float64) || lhs.dtype() != dt || rhs.dtype() != dt)
+    throw Error(fmt::format("internal: dot_general_accumulate on {} x {} into {}; only f32 and f64 GEMMs accumulate",
+                            dtype_name(lhs.dtype()), dtype_name(rhs.dtype()), dtype_name(dt)));
+  if (acc.size() == 0) return;
+  GemmProblem g = gemm_problem(lhs, rhs, dn);
+  if (g.K == 0) return;  // acc + alpha * 0
+  if (dt == DType::float32)
+    run_blas<float>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<float*>(raw_ptr(acc)), float(alpha), 1.0f);
+  else
+    run_blas<double>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<double*>(raw_ptr(acc)), alpha, 1.0);
+}
+
+// dot_general_accumulate: acc + alpha * lhs.rhs, into a copy of acc, or into acc's own buffer
+// when jit says nothing else holds it (param accumulate_in_place; jit/passes.h fuse_gemm_updates).
+std::vector<Array> dot_general_accumulate_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                                 const Params& p) {
+  const auto& dn = *p.object<DotDimsParam>("dimension_numbers");
+  if (p.has("accumulate_in_place")) {
+    accumulate_into(in[0], in[1], dn, p.get<double>("alpha"), in[2]);
+    return {Array(std::make_shared<ConcreteArray>(out_avals[0], concrete(in[2])->buffer()))};
+  }
+  Array out = make_uninitialized(out_avals[0], concrete(in[2])->device());
+  std::memcpy(raw_ptr(out), raw_ptr(in[2]), size_t(in[2].size()) * itemsize(in[2].dtype()));
+  accumulate_into(in[0], in[1], dn, p.get<double>("alpha"), out);
+  return {out};
+}
+
+}  // namespace
+
+void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A,
+              const GemmOperand& B, void* C) {
+  int64_t csize = batch * M * N;
+  if (csize == 0) return;
+  if (K == 0) {  // an empty sum: zeros (all-zero bits are zero in every dtype)
+    std::memset(C, 0, size_t(csize) * itemsize(out));
+    return;
+  }
+  constexpr int64_t kMaxBlas = std::numeric_limits<blasint>::max();
+  bool floating = is_floating(in) || is_floating(out);
+  if (floating) {
+    if (M > kMaxBlas || N > kMaxBlas || K > kMaxBlas || A.ld > kMaxBlas || B.ld > kMaxBlas)
+      throw ValueError(fmt::format("dot_general: a GEMM of size {}x{}x{} exceeds the BLAS index range", M, K, N));
+    bool dbl = in == DType::float64 || out == DType::float64;
+    auto run = [&](auto ctag) {
+      using CT = typename decltype(ctag)::type;
+      DType ct = dtype_v<CT>;
+      std::unique_ptr<Scratch> sa, sb, sc;
+      GemmOperand a = A, b = B;
+      if (in != ct) {  // widen (bf16/f16 -> f32, f32 -> f64, ints -> float) into canonical layout
+        sa = std::make_unique<Scratch>(size_t(batch * M * K) * sizeof(CT));
+        sb = std::make_unique<Scratch>(size_t(batch * K * N) * sizeof(CT));
+        visit_dtype(in, [&](auto stag) {
+          using S = typename decltype(stag)::type;
+          gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<CT*>(sa->p));
+          gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<CT*>(sb->p));
+        });
+        a = GemmOperand{sa->p, false, K, M * K, {}};
+        b = GemmOperand{sb->p, false, N, K * N, {}};
+      }
+      CT* c = static_cast<CT*>(C);
+      if (out != ct) {
+        sc = std::make_unique<Scratch>(size_t(csize) * sizeof(CT));
+        c = reinterpret_cast<CT*>(sc->p);
+      }
+      run_blas<CT>(batch, M, N, K, a, b, c);
+      if (out != ct) store_convert<CT>(c, C, out, csize);
+    };
+    if (dbl) run(Tag<double>{});
+    else run(Tag<float>{});
+    return;
+  }
+  // Integers and bool: accumulate in the output type.
+  visit_dtype(out, [&](auto otag) {
+    using T = typename decltype(otag)::type;
+    if constexpr (!is_float_like_v<T>) {
+      std::unique_ptr<Scratch> sa, sb;
+      const T* a = static_cast<const T*>(A.ptr);
+      const T* b = static_cast<const T*>(B.ptr);
+      if (in != out || !is_canonical(A, batch, M, K)) {
+        sa = std::make_unique<Scratch>(size_t(batch * M * K) * sizeof(T));
+        visit_dtype(in, [&](auto stag) {
+          using S = typename decltype(stag)::type;
+          if constexpr (!is_float_like_v<S>)
+            gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<T*>(sa->p));
+        });
+        a = reinterpret_cast<const T*>(sa->p);
+      }
+      if (in != out || !is_canonical(B, batch, K, N)) {
+        sb = std::make_unique<Scratch>(size_t(batch * K * N) * sizeof(T));
+        visit_dtype(in, [&](auto stag) {
+          using S = typename decltype(stag)::type;
+          if constexpr (!is_float_like_v<S>)
+            gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<T*>(sb->p));
+        });
+        b = reinterpret_cast<const T*>(sb->p);
+      }
+      int_gemm<T>(batch, M, N, K, a, b, static_cast<T*>(C));
+    }
+  });
+}
+
+
+namespace {
+
+const bool g_registered = [] {
+  register_kernel("dot_general", Platform::cpu, dot_general_impl);
+  register_kernel("dot_general_accumulate", Platform::cpu, dot_general_accumulate_kernel);
+  return true;
+}();
+
+}  // namespace
+}  // namespace cjax::cpu
