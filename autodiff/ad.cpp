@@ -7,6 +7,7 @@
 
 #include "cjax/lax.h"
 #include "trace/source_info.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 

@@ -1,7 +1,7 @@
 // Forward- and reverse-mode differentiation on flat lists of arrays (docs/design.md §4).
 //
 //  * JVPTrace carries (primal, tangent) pairs; a symbolic zero tangent is an undefined handle and
-//    a value with zero tangent is never wrapped. Each primitive's JVP rule (core/rules.h) runs
+//    a value with zero tangent is never wrapped. Each primitive's JVP rule (core/array/rules.h) runs
 //    with the current trace set to the tangent context: the parent trace for jvp, the linearize
 //    trace for linearize.
 //  * linearize runs the JVP with tangents staged into a JaxprTrace in ForwardKnown mode: primal
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "cjax/make_jaxpr.h"
-#include "core/rules.h"
+#include "core/array/rules.h"
 #include "trace/jaxpr_trace.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 

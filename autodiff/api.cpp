@@ -6,7 +6,8 @@
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "cjax/sharding.h"
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
+#include "core/lax/rule_support.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax::ad_detail {

@@ -17,7 +17,7 @@
 #include "autodiff/ad.h"
 #include "autodiff/custom_derivatives.h"
 #include "autodiff/partial_eval.h"
-#include "core/linalg.h"
+#include "core/lax/linalg.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
 

@@ -18,6 +18,7 @@
 #include "trace/batching.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax::custom_detail {
 

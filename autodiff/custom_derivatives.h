@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cjax/custom_derivatives.h"
-#include "core/rules.h"
+#include "core/array/rules.h"
 #include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 #include "trace/jaxpr.h"
 

@@ -3,7 +3,7 @@
 //   known:   known inputs            -> known outputs + residuals
 //   unknown: residuals + unknown ins -> unknown outputs
 // An equation is unknown if any of its inputs is; higher-order equations with mixed inputs are
-// split by their own partial-eval rules (core/rules.h), so nested jit/cond/scan split too.
+// split by their own partial-eval rules (core/array/rules.h), so nested jit/cond/scan split too.
 // It works by re-tracing: the jaxpr is evaluated under a ForwardKnown JaxprTrace (unknown side)
 // whose parent is a staging JaxprTrace (known side), the same machinery linearize uses.
 #pragma once

@@ -1,4 +1,5 @@
 #include "autodiff/rule_helpers.h"
+#include "core/lax/rule_support.h"
 
 #include <fmt/format.h>
 

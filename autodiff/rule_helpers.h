@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "cjax/lax.h"
-#include "core/array_impl.h"
-#include "core/primitive.h"
-#include "core/rules.h"
+#include "core/array/array_impl.h"
+#include "core/array/primitive.h"
+#include "core/array/rules.h"
 
 namespace cjax::rule_helpers {
 

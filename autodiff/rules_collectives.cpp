@@ -1,4 +1,4 @@
-// JVP, transpose and batching rules of the collectives (core/collectives.cpp), docs/shard_map.md
+// JVP, transpose and batching rules of the collectives (core/spmd/collectives.cpp), docs/shard_map.md
 // §3.3. Every collective but pmax/pmin/axis_index is linear, so its JVP applies it to the tangent;
 // the transposes follow the varying-axes types: psum_invariant <-> pvary, all_gather <->
 // reduce_scatter, ppermute -> the inverse permutation, all_to_all -> split and concat swapped,
@@ -13,10 +13,11 @@
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
-#include "core/array_impl.h"
-#include "core/collectives.h"
-#include "core/rules.h"
-#include "core/spmd.h"
+#include "core/array/array_impl.h"
+#include "core/spmd/collectives.h"
+#include "core/array/rules.h"
+#include "core/lax/rule_support.h"
+#include "core/array/spmd.h"
 
 namespace cjax {
 namespace {

@@ -13,8 +13,9 @@
 
 #include "autodiff/ad.h"
 #include "autodiff/partial_eval.h"
-#include "core/control_flow.h"
-#include "core/rules.h"
+#include "trace/control_flow.h"
+#include "core/array/rules.h"
+#include "core/lax/rule_support.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
 

@@ -1,4 +1,4 @@
-// JVP, transpose and batching rules of the elementwise primitives (core/elementwise.cpp): the
+// JVP, transpose and batching rules of the elementwise primitives (core/lax/elementwise.cpp): the
 // scalar-op table, convert_element_type, bitcast_convert_type, select_n, integer_pow,
 // threefry2x32 and stop_gradient. The JVP rules mirror jax/_src/lax/lax.py and special.py term
 // by term, so staged gradients print the primitives JAX prints. Binary ops accept a rank-0
@@ -11,7 +11,8 @@
 #include <numbers>
 
 #include "autodiff/rule_helpers.h"
-#include "core/elementwise.h"
+#include "core/lax/elementwise.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 namespace {

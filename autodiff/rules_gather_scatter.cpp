@@ -1,4 +1,4 @@
-// JVP, transpose and batching rules of gather and the scatters (core/gather_scatter.cpp), ported
+// JVP, transpose and batching rules of gather and the scatters (core/lax/gather_scatter.cpp), ported
 // from JAX's slicing.py:
 //  * gather is linear in its operand; its transpose is a scatter-add into zeros.
 //  * scatter-add is linear in operand and updates (the updates' cotangent is a gather).
@@ -18,7 +18,8 @@
 #include <algorithm>
 
 #include "autodiff/rule_helpers.h"
-#include "core/gather_scatter.h"
+#include "core/lax/gather_scatter.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 namespace {

@@ -1,5 +1,5 @@
-// JVP, transpose and batching rules of dot_general and conv_general_dilated (core/linalg.cpp,
-// core/conv.cpp), ported from JAX's lax.py (_dot_general_transpose_lhs/_rhs,
+// JVP, transpose and batching rules of dot_general and conv_general_dilated (core/lax/linalg.cpp,
+// core/lax/conv.cpp), ported from JAX's lax.py (_dot_general_transpose_lhs/_rhs,
 // _dot_general_batch_dim_nums) and convolution.py (_conv_general_dilated_transpose_lhs/_rhs,
 // _conv_general_dilated_batch_rule). Both primitives are bilinear: the JVP binds the primitive
 // once per defined tangent, and each operand's transpose is the primitive applied to the
@@ -14,8 +14,9 @@
 #include <numeric>
 
 #include "autodiff/rule_helpers.h"
-#include "core/array_impl.h"
-#include "core/linalg.h"
+#include "core/array/array_impl.h"
+#include "core/lax/linalg.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 namespace {

@@ -1,5 +1,5 @@
 // JVP, transpose and batching rules of the reduction, cumulative and sort primitives
-// (core/reduce.cpp, core/sort.cpp), after jax/_src/lax/lax.py and lax/control_flow/loops.py:
+// (core/lax/reduce.cpp, core/lax/sort.cpp), after jax/_src/lax/lax.py and lax/control_flow/loops.py:
 //  * reduce_sum and cumsum are linear (transposes: broadcast_in_dim, reversed cumsum);
 //  * reduce_max/min take the tangent at the chosen locations, ties sharing it equally;
 //  * reduce_prod differentiates a pairwise multiplication tree (JAX's _reduce_jvp), exact with
@@ -18,7 +18,8 @@
 #include <numeric>
 
 #include "autodiff/rule_helpers.h"
-#include "core/reduce.h"
+#include "core/lax/reduce.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 namespace {

@@ -1,5 +1,5 @@
-// JVP, transpose and batching rules of the shape and slicing primitives (core/shape.cpp,
-// core/slicing.cpp), after jax/_src/lax/lax.py and slicing.py. All of them are linear in their
+// JVP, transpose and batching rules of the shape and slicing primitives (core/lax/shape.cpp,
+// core/lax/slicing.cpp), after jax/_src/lax/lax.py and slicing.py. All of them are linear in their
 // array operands (pad jointly in operand and padding_value); the start indices of dynamic_slice
 // and dynamic_update_slice are non-linear integer inputs. iota has no inputs, so it is never
 // differentiated or batched: it is a constant to every transformation.
@@ -9,7 +9,8 @@
 #include <numeric>
 
 #include "autodiff/rule_helpers.h"
-#include "core/shape.h"
+#include "core/lax/shape.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 namespace {

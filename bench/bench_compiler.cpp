@@ -28,8 +28,8 @@
 #include "backends/cpu/llvm_jit.h"
 #include "bench/harness.h"
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/parallel.h"
+#include "core/array/array_impl.h"
+#include "core/backend/parallel.h"
 #include "jit/executable.h"
 
 using namespace cjax;

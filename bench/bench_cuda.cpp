@@ -9,7 +9,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "bench/harness.h"
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 
 using namespace cjax;
 using namespace cjax::bench;

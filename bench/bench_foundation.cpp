@@ -13,8 +13,8 @@
 
 #include "bench/harness.h"
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/parallel.h"
+#include "core/array/array_impl.h"
+#include "core/backend/parallel.h"
 
 using namespace cjax;
 using namespace cjax::bench;

@@ -6,7 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/linalg.h"
+#include "core/lax/linalg.h"
 #include "trace/shard_map.h"
 
 namespace cjax {

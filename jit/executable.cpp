@@ -14,16 +14,16 @@
 
 #include "cjax/profiler.h"
 #include "cjax/sharding.h"
-#include "core/array_impl.h"
-#include "core/collectives.h"
-#include "core/linalg.h"
-#include "core/spmd.h"
-#include "core/parallel.h"
-#include "core/util.h"
+#include "core/array/array_impl.h"
+#include "core/spmd/collectives.h"
+#include "core/lax/linalg.h"
+#include "core/array/spmd.h"
+#include "core/backend/parallel.h"
+#include "core/array/util.h"
 #include "jit/passes.h"
 #include "jit/profile_internal.h"
 #include "trace/shard_map.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 namespace {

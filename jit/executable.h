@@ -1,7 +1,7 @@
 // Executable: what jit runs for one signature (docs/design.md §5.5).
 //
 // Construction: passes (jit/passes.h) -> fusion plan (jit/fusion.h) -> one module with every
-// fused kernel of the program, from the platform's KernelCompiler (core/backend.h; the CPU's is
+// fused kernel of the program, from the platform's KernelCompiler (core/backend/backend.h; the CPU's is
 // LLVM, compiled at construction; a GPU's NVRTC, on the first call there; cached in memory and
 // on disk). The plan is
 // lowered once into a flat list of instructions over numbered value slots (inputs, literals and
@@ -29,8 +29,10 @@
 
 #include "cjax/make_jaxpr.h"
 #include "cjax/sharding.h"
-#include "core/spmd.h"
-#include "core/backend.h"
+#include "core/array/spmd.h"
+#include "core/array/kernel_table.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
 #include "jit/fusion.h"
 #include "trace/jaxpr.h"
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/kernel_spec.h"
+#include "core/backend/kernel_spec.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {

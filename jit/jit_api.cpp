@@ -15,13 +15,13 @@
 #include <unordered_map>
 
 #include "cjax/jit.h"
-#include "core/array_impl.h"
-#include "core/device_worker.h"
-#include "core/util.h"
+#include "core/array/array_impl.h"
+#include "core/backend/device_worker.h"
+#include "core/array/util.h"
 #include "jit/cost_analysis.h"
 #include "jit/executable.h"
 #include "jit/jit_primitive.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 

@@ -4,7 +4,7 @@
 
 #include "autodiff/ad.h"
 #include "autodiff/partial_eval.h"
-#include "core/rules.h"
+#include "core/array/rules.h"
 #include "trace/batching.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"

@@ -10,11 +10,12 @@
 #include <unordered_set>
 
 #include "cjax/lax.h"
-#include "core/backend.h"
-#include "core/linalg.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/linalg.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/shard_map.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 namespace {

@@ -1,4 +1,4 @@
-// The SPMD runner (core/spmd.h): compiles a shard_map body once into an Executable (cached per
+// The SPMD runner (core/array/spmd.h): compiles a shard_map body once into an Executable (cached per
 // body) and runs it concurrently on every mesh device's worker, each with its mesh coordinates
 // and one shared in-process communicator. The first device to fail decides the error raised; the
 // others stop waiting at collectives instead of hanging.
@@ -10,9 +10,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/device_worker.h"
-#include "core/spmd.h"
-#include "core/util.h"
+#include "core/backend/device_worker.h"
+#include "core/array/spmd.h"
+#include "core/array/util.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"

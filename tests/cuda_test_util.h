@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "backends/cuda/cuda_api.h"
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 
 namespace cuda_test {
 

@@ -13,8 +13,8 @@
 
 #include "backends/cpu/llvm_jit.h"
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/primitive.h"
+#include "core/array/array_impl.h"
+#include "core/array/primitive.h"
 #include "jit/executable.h"
 #include "jit/passes.h"
 #include "trace/eval_jaxpr.h"

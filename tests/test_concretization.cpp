@@ -3,9 +3,10 @@
 #include <doctest/doctest.h>
 
 #include "cjax/cjax.h"
-#include "core/backend.h"
-#include "core/elementwise.h"
-#include "core/primitive.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/elementwise.h"
+#include "core/array/primitive.h"
 #include "test_util.h"
 
 using namespace cjax;

@@ -6,7 +6,7 @@
 
 #include "cjax/cjax.h"
 #include "test_util.h"
-#include "core/linalg.h"
+#include "core/lax/linalg.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

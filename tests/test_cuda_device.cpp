@@ -14,7 +14,7 @@
 #include <random>
 #include <sstream>
 
-#include "core/primitive.h"
+#include "core/array/primitive.h"
 #include "cuda_test_util.h"
 
 using namespace cjax;

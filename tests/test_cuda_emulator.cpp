@@ -13,7 +13,7 @@
 #include "cuda_emulated_kernels.h"
 #include "cuda_emulator.h"
 #include "cuda_jit_corpus.h"
-#include "core/visit_dtype.h"
+#include "core/array/visit_dtype.h"
 #include "backends/cpu/llvm_codegen.h"
 #include "jit/executable.h"
 

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/kernel_cache.h"
+#include "core/backend/kernel_cache.h"
 #include "cuda_jit_corpus.h"
 #include "cuda_test_util.h"
 #include "jit/executable.h"

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 #include "test_util.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr.h"

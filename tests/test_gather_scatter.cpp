@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "cjax/cjax.h"
-#include "core/gather_scatter.h"
+#include "core/lax/gather_scatter.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

@@ -5,9 +5,9 @@
 #include <numeric>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/gather_scatter.h"
-#include "trace/trace.h"
+#include "core/array/array_impl.h"
+#include "core/lax/gather_scatter.h"
+#include "core/array/trace.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

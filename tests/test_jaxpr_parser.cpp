@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/gather_scatter.h"
+#include "core/array/array_impl.h"
+#include "core/lax/gather_scatter.h"
 #include "test_util.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr.h"

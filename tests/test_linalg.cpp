@@ -9,8 +9,8 @@
 #include "cjax/cjax.h"
 #include "test_util.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
-#include "core/linalg.h"
-#include "core/primitive.h"
+#include "core/lax/linalg.h"
+#include "core/array/primitive.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

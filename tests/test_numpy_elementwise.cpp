@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cjax/cjax.h"
-#include "core/util.h"
+#include "core/array/util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

@@ -10,11 +10,11 @@
 #include <sstream>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/visit_dtype.h"
 
 namespace cjax {
-std::string debug_string(const Array&);  // core/print.cpp (gdb support)
+std::string debug_string(const Array&);  // core/array/print.cpp (gdb support)
 }
 extern "C" const char* cjax_debug_string(const void* array);
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cjax/cjax.h"
-#include "core/util.h"
+#include "core/array/util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

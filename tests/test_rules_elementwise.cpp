@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "autodiff/check_grads.h"
-#include "core/primitive.h"
-#include "core/scalar_ops.h"
+#include "core/array/primitive.h"
+#include "core/backend/scalar_ops.h"
 #include "cjax/cjax.h"
 #include "test_util.h"
 

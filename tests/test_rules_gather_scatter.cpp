@@ -8,7 +8,7 @@
 
 #include "autodiff/check_grads.h"
 #include "cjax/cjax.h"
-#include "core/gather_scatter.h"
+#include "core/lax/gather_scatter.h"
 #include "test_util.h"
 
 using namespace cjax;

@@ -12,9 +12,9 @@
 #include <numeric>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/device_worker.h"
-#include "core/parallel.h"
+#include "core/array/array_impl.h"
+#include "core/backend/device_worker.h"
+#include "core/backend/parallel.h"
 
 using namespace cjax;
 

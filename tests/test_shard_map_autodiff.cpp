@@ -5,7 +5,7 @@
 #include <map>
 
 #include "test_util.h"
-#include "core/collectives.h"
+#include "core/spmd/collectives.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
 

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/shape.h"
+#include "core/array/array_impl.h"
+#include "core/lax/shape.h"
 #include "test_util.h"
 
 using namespace cjax;

@@ -9,8 +9,8 @@
 
 #include "cjax/cjax.h"
 #include "test_util.h"
-#include "core/primitive.h"
-#include "core/visit_dtype.h"
+#include "core/array/primitive.h"
+#include "core/array/visit_dtype.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;

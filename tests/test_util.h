@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "cjax/cjax.h"
-#include "core/array_impl.h"
-#include "core/spmd.h"
+#include "core/array/array_impl.h"
+#include "core/array/spmd.h"
 
 namespace cjax::testing {
 

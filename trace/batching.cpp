@@ -5,9 +5,10 @@
 #include <algorithm>
 #include <optional>
 
-#include "core/array_impl.h"
-#include "core/collectives.h"
-#include "core/spmd.h"
+#include "core/array/array_impl.h"
+#include "core/spmd/collectives.h"
+#include "core/array/spmd.h"
+#include "core/lax/rule_support.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {

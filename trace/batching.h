@@ -1,5 +1,5 @@
 // BatchTrace (JAX's vmap, docs/design.md §2): each tracer holds a value with one extra "batch"
-// dimension at `bdim`; primitives run through their batching rules (core/rules.h) on the parent
+// dimension at `bdim`; primitives run through their batching rules (core/array/rules.h) on the parent
 // trace, so a vmapped function does one batched operation per primitive, never a loop.
 #pragma once
 #include <memory>
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/rules.h"
-#include "trace/trace.h"
+#include "core/array/rules.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 

@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "core/collectives.h"
+#include "core/spmd/collectives.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
 

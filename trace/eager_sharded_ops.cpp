@@ -7,7 +7,7 @@
 //  * reduce_sum / reduce_max / reduce_min over any axes: per-block reductions, then psum / pmax /
 //    pmin over the mesh axes that split reduced dimensions (a fixed member order, so results are
 //    deterministic); the result stays split over the dimensions it keeps.
-// sharding_constraint (with_sharding_constraint) reshards whatever the layout. Anything else
+// sharding_constraint takes any layout itself (takes_sharded_operands). Anything else
 // raises ShardingError naming the primitive, the operand and its sharding, and the
 // explicit fix (device_put to replicate or to one device, or run it per block inside shard_map; jit
 // applies these same rules, so the message does not suggest it).
@@ -17,8 +17,8 @@
 
 #include "cjax/collectives.h"
 #include "cjax/shard_map.h"
-#include "core/array_impl.h"
-#include "trace/trace.h"
+#include "core/array/array_impl.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 namespace {
@@ -61,8 +61,6 @@ std::vector<Array> run_blockwise(const PrimitiveDef& def, const Params& params, 
 }  // namespace
 
 std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
-  if (def.name == "sharding_constraint")  // a reshard: its kernel takes any layout
-    return def.impl(inputs, def.abstract_eval(inputs, params), params);
   const NamedSharding* s = nullptr;
   size_t first = 0;
   for (size_t i = 0; i < inputs.size() && !s; ++i)
@@ -118,5 +116,7 @@ std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Arra
   refuse(def, first, inputs[first],
          "this primitive has no per-shard rule yet, and cjax never gathers a sharded array silently");
 }
+
+const bool g_sharded_eager_registered = set_sharded_eager(process_sharded);
 
 }  // namespace cjax

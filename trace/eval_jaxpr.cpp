@@ -1,4 +1,3 @@
-#include "trace/shard_map.h"
 #include "trace/eval_jaxpr.h"
 
 #include <fmt/format.h>
@@ -9,7 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
+#include "core/array/rules.h"
 
 namespace cjax {
 namespace {
@@ -135,7 +135,8 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
       ins.push_back(make_abstract(v.aval()));
     }
     std::optional<AxisEnvScope> manual;  // a shard_map body is checked with its manual axes bound
-    if (e.primitive == &g_shard_map) manual.emplace(ShardMapInfo::from(e.params).axis_frame());
+    if (const PrimitiveRules* r = find_rules(*e.primitive); r && r->body_manual_axes)
+      manual.emplace(r->body_manual_axes(e.params));
     for (const auto& [name, val] : e.params.items())
       if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val))
       {

@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 
 namespace cjax {
 

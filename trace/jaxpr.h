@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cjax/make_jaxpr.h"  // ClosedJaxpr
-#include "core/primitive.h"
+#include "core/array/primitive.h"
 #include "trace/source_info.h"
 
 namespace cjax {

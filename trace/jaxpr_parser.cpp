@@ -9,11 +9,11 @@
 #include <optional>
 #include <unordered_map>
 
-#include "core/array_impl.h"
-#include "core/collectives.h"
+#include "core/array/array_impl.h"
+#include "core/spmd/collectives.h"
 #include "trace/shard_map.h"
-#include "core/gather_scatter.h"
-#include "core/linalg.h"
+#include "core/lax/gather_scatter.h"
+#include "core/lax/linalg.h"
 
 namespace cjax {
 namespace {

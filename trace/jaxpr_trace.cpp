@@ -1,4 +1,4 @@
-#include "core/util.h"
+#include "core/array/util.h"
 #include "trace/jaxpr_trace.h"
 
 #include <fmt/format.h>
@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <unordered_map>
 
-#include "core/collectives.h"
-#include "core/rules.h"
-#include "core/spmd.h"
+#include "core/spmd/collectives.h"
+#include "core/array/rules.h"
+#include "core/array/spmd.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 #include "trace/jaxpr.h"
 #include "trace/source_info.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 

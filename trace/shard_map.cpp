@@ -14,11 +14,12 @@
 
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
-#include "core/array_impl.h"
-#include "core/collectives.h"
+#include "core/array/array_impl.h"
+#include "core/array/rules.h"
+#include "core/spmd/collectives.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 
@@ -425,12 +426,16 @@ PrimitiveDef make_shard_map_def() {
   def.arity = Arity::any();  // checked against the body
   def.abstract_eval = shard_map_abstract_eval;
   def.impl = shard_map_impl;
+  def.takes_sharded_operands = true;
   return def;
 }
 
 }  // namespace
 
 const PrimitiveDef& g_shard_map = register_primitive(make_shard_map_def());
+const bool g_shard_map_axes = add_rule_initializer([] {
+  define_rules("shard_map").body_manual_axes = [](const Params& p) { return ShardMapInfo::from(p).axis_frame(); };
+});
 
 std::vector<Array> bind_shard_map(const ShardMapInfo& info, std::span<const Array> args) {
   return cjax::bind(g_shard_map, args, info.params());

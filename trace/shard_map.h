@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "cjax/shard_map.h"
-#include "core/primitive.h"
-#include "core/spmd.h"
+#include "core/array/primitive.h"
+#include "core/array/spmd.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {

@@ -7,11 +7,11 @@
 
 #include <algorithm>
 
-#include "core/array_impl.h"
-#include "core/collectives.h"
+#include "core/array/array_impl.h"
+#include "core/spmd/collectives.h"
 #include "trace/jaxpr_trace.h"
 #include "trace/shard_map.h"
-#include "trace/trace.h"
+#include "core/array/trace.h"
 
 namespace cjax {
 namespace {

@@ -1,4 +1,4 @@
-// In-process communicator for the virtual CPU devices (core/spmd.h): every device deposits its
+// In-process communicator for the virtual CPU devices (core/array/spmd.h): every device deposits its
 // values, the last to arrive publishes the whole set, and each device then reads the others'
 // blocks in place (no copy). Mismatched collectives, a device that finishes or fails while others
 // wait, and waits longer than the collective timeout raise CollectiveError on every waiting
@@ -12,7 +12,7 @@
 
 #include "cjax/collectives.h"
 #include "cjax/errors.h"
-#include "core/spmd.h"
+#include "core/array/spmd.h"
 
 namespace cjax {
 

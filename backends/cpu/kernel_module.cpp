@@ -1,4 +1,4 @@
-// The CPU's KernelCompiler/KernelModule (core/backend.h): jit's fused kernels as one LLVM module
+// The CPU's KernelCompiler/KernelModule (core/backend/backend.h): jit's fused kernels as one LLVM module
 // (llvm_codegen.cpp), launched over the intra-op thread pool.
 //
 // A kernel whose output may be written over an input (KernelOutput::in_place_of) is compiled for
@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "backends/cpu/llvm_codegen.h"
-#include "core/parallel.h"
+#include "core/backend/parallel.h"
 
 namespace cjax {
 namespace {

@@ -1,5 +1,5 @@
 // The CPU's code generator: KernelSpecs -> one LLVM module -> machine code (llvm_codegen.cpp),
-// and the KernelCompiler (core/backend.h) jit reaches it through (kernel_module.cpp).
+// and the KernelCompiler (core/backend/backend.h) jit reaches it through (kernel_module.cpp).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
-#include "core/kernel_spec.h"
+#include "core/backend/backend.h"
+#include "core/backend/kernel_spec.h"
 
 namespace cjax {
 

@@ -31,8 +31,8 @@
 #include <unordered_map>
 
 #include "cjax/errors.h"
-#include "core/kernel_cache.h"
-#include "core/util.h"
+#include "core/backend/kernel_cache.h"
+#include "core/array/util.h"
 
 namespace cjax::cpu {
 namespace {

@@ -4,7 +4,7 @@
 // with FMA contraction, then linked into one LLJIT. One jit compilation = one llvm::Module = one
 // object file = one JitCode; the code lives as long as its JitCode.
 //
-// Object files go through the shared kernel cache (core/kernel_cache.h), keyed by a caller-given
+// Object files go through the shared kernel cache (core/backend/kernel_cache.h), keyed by a caller-given
 // string (the canonical kernel specs of the module) extended with the host target and the
 // LLVM/cjax versions.
 #pragma once
@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/kernel_cache.h"
+#include "core/backend/kernel_cache.h"
 
 namespace llvm {
 class Module;
@@ -51,7 +51,7 @@ size_t jit_library_count();
 std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key);
 void store_object(const std::string& key, const llvm::MemoryBuffer& object);
 
-// The shared kernel cache (core/kernel_cache.h), under this module's names.
+// The shared kernel cache (core/backend/kernel_cache.h), under this module's names.
 using cjax::KernelCacheStats;
 using cjax::kernel_cache_stats;
 using cjax::trim_disk_kernel_cache;

@@ -35,7 +35,7 @@
 #pragma once
 #include <llvm/IR/IRBuilder.h>
 
-#include "core/scalar_ops.h"  // enum class ScalarOp (Exp, Log, Tanh, Logistic, ...)
+#include "core/backend/scalar_ops.h"  // enum class ScalarOp (Exp, Log, Tanh, Logistic, ...)
 
 namespace cjax::cpu {
 

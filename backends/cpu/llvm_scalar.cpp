@@ -8,7 +8,7 @@
 
 #include "backends/cpu/llvm_math.h"
 #include "cjax/errors.h"
-#include "core/kernel_spec.h"
+#include "core/backend/kernel_spec.h"
 
 namespace cjax::cpu {
 

@@ -1,4 +1,4 @@
-// The scalar semantics of kernel nodes as LLVM IR: the ops of core/scalar_fns.h (NaN-propagating
+// The scalar semantics of kernel nodes as LLVM IR: the ops of core/lax/scalar_fns.h (NaN-propagating
 // max/min, XLA's integer division and shift rules, saturating float-to-int conversions), storage
 // <-> compute conversions (bf16/f16 computed in f32 and rounded after every op), and the libm
 // fallback for transcendentals without an inline approximation (llvm_math.h). Every function
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cjax/dtype.h"
-#include "core/scalar_ops.h"
+#include "core/backend/scalar_ops.h"
 
 namespace cjax::cpu {
 
@@ -45,7 +45,7 @@ class ScalarCodegen {
   Value* fconst(Type* t, double v) { return llvm::ConstantFP::get(t, v); }
   Value* iconst(Type* t, int64_t v) { return llvm::ConstantInt::get(t, uint64_t(v), true); }
 
-  // ---- scalar ops (semantics of core/scalar_fns.h) ----
+  // ---- scalar ops (semantics of core/lax/scalar_fns.h) ----
   Value* fmax(Value* x, Value* y) { return intrinsic(llvm::Intrinsic::maximum, {x, y}); }
   Value* fmin(Value* x, Value* y) { return intrinsic(llvm::Intrinsic::minimum, {x, y}); }
   Value* max_of(Value* x, Value* y, DType d);

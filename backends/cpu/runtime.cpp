@@ -20,10 +20,10 @@
 #include "backends/cpu/llvm_codegen.h"
 #include "cjax/device.h"
 #include "cjax/errors.h"
-#include "core/backend.h"
-#include "core/buffer.h"
-#include "core/device_worker.h"
-#include "core/parallel.h"
+#include "core/backend/backend.h"
+#include "core/backend/buffer.h"
+#include "core/backend/device_worker.h"
+#include "core/backend/parallel.h"
 
 extern "C" {
 int openblas_get_num_threads(void);
@@ -386,7 +386,7 @@ std::thread::id device_worker_thread(const Device& d) {
 }
 
 namespace {
-// The CPU platform behind the backend seam (core/backend.h).
+// The CPU platform behind the backend seam (core/backend/backend.h).
 class CpuBackend final : public Backend {
  public:
   Platform platform() const override { return Platform::cpu; }

@@ -1,4 +1,4 @@
-// The cuda platform behind the backend seam (core/backend.h): one cjax Device per GPU, memory
+// The cuda platform behind the backend seam (core/backend/backend.h): one cjax Device per GPU, memory
 // from each GPU's stream-ordered pool, synchronous host copies, and NVRTC modules.
 //
 // Ordering: every kernel and every free is issued on the legacy default stream, and the host
@@ -16,7 +16,7 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "cjax/errors.h"
-#include "core/backend.h"
+#include "core/backend/backend.h"
 
 namespace cjax::cuda {
 namespace {

@@ -56,7 +56,7 @@ namespace control_flow_detail {
 
 using FlatFn = std::function<std::vector<Array>(const std::vector<Array>&)>;
 
-// Flat entry points (core/control_flow.cpp). Each function records the tree structure of its
+// Flat entry points (trace/control_flow.cpp). Each function records the tree structure of its
 // output in `trees` when traced, so structure mismatches are reported with both structures.
 std::vector<Array> cond_flat(const Array& pred, const std::vector<FlatFn>& branches,
                              const std::vector<std::string>& names, const std::vector<Array>& operands,

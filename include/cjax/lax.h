@@ -11,7 +11,7 @@
 
 namespace cjax::lax {
 
-// ---- elementwise (one primitive each; see core/scalar_ops.h) ----
+// ---- elementwise (one primitive each; see core/backend/scalar_ops.h) ----
 Array neg(const Array&);      Array sign(const Array&);     Array abs(const Array&);
 Array floor(const Array&);    Array ceil(const Array&);     Array round(const Array&);  // half to even
 Array is_finite(const Array&);

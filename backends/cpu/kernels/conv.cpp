@@ -1,4 +1,4 @@
-// conv_general_dilated's CPU kernel (core/conv.cpp): im2col + GEMM. For each batch element n the
+// conv_general_dilated's CPU kernel (core/lax/conv.cpp): im2col + GEMM. For each batch element n the
 // patches of the (virtually dilated and padded) input are gathered into a column matrix
 // col[(c, k...), p] (one row per input feature and kernel offset, one column per output position),
 // and for each feature group g
@@ -10,13 +10,14 @@
 #include <cstring>
 #include <memory>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/elementwise.h"
-#include "core/linalg.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/elementwise.h"
+#include "core/lax/linalg.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/array/visit_dtype.h"
 #include "backends/cpu/kernels/gemm.h"
 
 namespace cjax::cpu {

@@ -1,5 +1,5 @@
-// The CPU kernels of the elementwise primitives (core/elementwise.cpp): one per row of the scalar-op
-// table (the functors of core/scalar_fns.h), convert_element_type, select_n, integer_pow and
+// The CPU kernels of the elementwise primitives (core/lax/elementwise.cpp): one per row of the scalar-op
+// table (the functors of core/lax/scalar_fns.h), convert_element_type, select_n, integer_pow and
 // threefry2x32. bitcast_convert_type and stop_gradient are views (their defs' impl).
 #include <fmt/format.h>
 
@@ -8,12 +8,13 @@
 #include <cmath>
 #include <limits>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/scalar_fns.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/lax/scalar_fns.h"
+#include "core/array/visit_dtype.h"
 
 namespace cjax::cpu {
 namespace {

@@ -1,4 +1,4 @@
-// The CPU kernels of the gather / scatter primitives (core/gather_scatter.cpp), XLA semantics.
+// The CPU kernels of the gather / scatter primitives (core/lax/gather_scatter.cpp), XLA semantics.
 //
 // gather: for every batch position b of the indices (all dims but the last), the start of a
 // slice of size `slice_sizes` is built from the index vector indices[b, :] (component k goes to
@@ -18,13 +18,14 @@
 #include <cstring>
 #include <limits>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/gather_scatter.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/scalar_fns.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/gather_scatter.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/lax/scalar_fns.h"
+#include "core/array/visit_dtype.h"
 
 namespace cjax::cpu {
 namespace {

@@ -2,7 +2,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/linalg.h"
+#include "core/lax/linalg.h"
 
 namespace cjax::cpu {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "core/parallel.h"
-#include "core/util.h"
+#include "core/backend/parallel.h"
+#include "core/array/util.h"
 
 namespace cjax {
 namespace {

@@ -1,5 +1,5 @@
 // f32/f64 GEMMs on LIBXSMM's JIT-generated kernels (the host's widest vectors: AVX-512 here),
-// tiled and run on the runtime's thread pool. cpu_gemm (core/linalg.h) tries this first and
+// tiled and run on the runtime's thread pool. cpu_gemm (core/lax/linalg.h) tries this first and
 // falls back to OpenBLAS for what it declines.
 //
 // Why not OpenBLAS for everything: its per-call overhead dominates the many small GEMMs of
@@ -17,7 +17,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/linalg.h"
+#include "core/lax/linalg.h"
 
 namespace cjax {
 

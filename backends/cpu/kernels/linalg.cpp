@@ -16,14 +16,15 @@
 #include <memory>
 #include <type_traits>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/linalg.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/scalar_fns.h"
-#include "core/spmd.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/linalg.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/lax/scalar_fns.h"
+#include "core/array/spmd.h"
+#include "core/array/visit_dtype.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
 

@@ -1,5 +1,5 @@
 // Reduction primitives (reduce_sum/max/min/prod/and/or, argmax/argmin) and cumulative primitives
-// (cumsum/cumprod/cummax/cummin/cumlogsumexp) (core/reduce.cpp): the CPU kernels.
+// (cumsum/cumprod/cummax/cummin/cumlogsumexp) (core/lax/reduce.cpp): the CPU kernels.
 //
 // Numerics and determinism:
 //  * bfloat16/float16 accumulate in float32; float32 and float64 in their own type; integer sums and
@@ -21,14 +21,15 @@
 #include <memory>
 #include <type_traits>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/reduce.h"
-#include "core/scalar_fns.h"
-#include "core/util.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/lax/reduce.h"
+#include "core/lax/scalar_fns.h"
+#include "core/array/util.h"
+#include "core/array/visit_dtype.h"
 
 namespace cjax::cpu {
 namespace {

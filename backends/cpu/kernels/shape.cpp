@@ -1,17 +1,18 @@
-// The CPU kernels of the shape primitives (core/shape.cpp): broadcast_in_dim, transpose, rev,
+// The CPU kernels of the shape primitives (core/lax/shape.cpp): broadcast_in_dim, transpose, rev,
 // concatenate, pad and iota. Views (reshape, squeeze) need none: their defs' impl serves every platform.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/shape.h"
-#include "core/util.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/lax/shape.h"
+#include "core/array/util.h"
+#include "core/array/visit_dtype.h"
 #include "backends/cpu/kernels/strided_copy.h"
 
 namespace cjax::cpu {

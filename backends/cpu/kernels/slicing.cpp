@@ -1,14 +1,15 @@
-// The CPU kernels of slice, dynamic_slice and dynamic_update_slice (core/slicing.cpp).
+// The CPU kernels of slice, dynamic_slice and dynamic_update_slice (core/lax/slicing.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/shape.h"
-#include "core/util.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/shape.h"
+#include "core/array/util.h"
+#include "core/array/visit_dtype.h"
 #include "backends/cpu/kernels/strided_copy.h"
 
 namespace cjax::cpu {

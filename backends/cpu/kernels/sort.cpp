@@ -1,4 +1,4 @@
-// sort (multi-operand, lexicographic over the first num_keys operands) and top_k (core/sort.cpp): the CPU
+// sort (multi-operand, lexicographic over the first num_keys operands) and top_k (core/lax/sort.cpp): the CPU
 // kernels.
 //
 // Order: JAX's sort comparator. Floating keys are canonicalised first (-0.0 -> +0.0, every NaN ->
@@ -13,12 +13,13 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/parallel.h"
-#include "core/primitive.h"
-#include "core/util.h"
-#include "core/visit_dtype.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/array/primitive.h"
+#include "core/array/util.h"
+#include "core/array/visit_dtype.h"
 
 namespace cjax::cpu {
 namespace {

@@ -8,9 +8,9 @@
 #include <numeric>
 
 #include "cjax/errors.h"
-#include "core/parallel.h"
-#include "core/util.h"
-#include "core/visit_dtype.h"
+#include "core/backend/parallel.h"
+#include "core/array/util.h"
+#include "core/array/visit_dtype.h"
 
 namespace cjax::cpu {
 namespace {

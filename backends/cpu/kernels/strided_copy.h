@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/array_impl.h"
+#include "core/array/array_impl.h"
 
 namespace cjax::cpu {
 

@@ -1,6 +1,6 @@
 // Pieces shared by the cuda kernel generators: CUDA C++ types of cjax dtypes, the self-contained
 // prelude (no toolkit headers: NVRTC compiles it on any machine), the scalar-op expressions with
-// the CPU's semantics (core/scalar_fns.h), and kernel launches.
+// the CPU's semantics (core/lax/scalar_fns.h), and kernel launches.
 #pragma once
 #include <optional>
 #include <string>
@@ -8,7 +8,7 @@
 
 #include "cjax/array.h"
 #include "cjax/dtype.h"
-#include "core/scalar_ops.h"
+#include "core/backend/scalar_ops.h"
 
 namespace cjax::cuda {
 

@@ -7,9 +7,10 @@
 #include <span>
 
 #include "backends/cuda/kernels/codegen.h"
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/primitive.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/array/primitive.h"
 
 namespace cjax::cuda {
 namespace {
@@ -99,7 +100,7 @@ std::string threefry_source(const std::vector<bool>& scalar) {
   params.push_back("unsigned int* __restrict__ out_0");
   params.push_back("unsigned int* __restrict__ out_1");
   auto at = [&](int k) { return fmt::format("in_{}[{}]", k, scalar[size_t(k)] ? "0" : "i"); };
-  // Random123 Threefry-2x32, 20 rounds: bit for bit the CPU kernel (core/elementwise.cpp).
+  // Random123 Threefry-2x32, 20 rounds: bit for bit the CPU kernel (core/lax/elementwise.cpp).
   std::string body = fmt::format(R"(      unsigned int k0 = {}, k1 = {}, x0 = {}, x1 = {};
       const unsigned int ks[3] = {{k0, k1, k0 ^ k1 ^ 0x1BD11BDAu}};
       const int rot[2][4] = {{{{13, 15, 26, 6}}, {{17, 29, 16, 24}}}};

@@ -1,5 +1,5 @@
-// CUDA C++ for the elementwise primitives, generated from the scalar-op table (core/scalar_ops.h)
-// with the eager CPU semantics of core/scalar_fns.h: integer arithmetic wraps, integer division
+// CUDA C++ for the elementwise primitives, generated from the scalar-op table (core/backend/scalar_ops.h)
+// with the eager CPU semantics of core/lax/scalar_fns.h: integer arithmetic wraps, integer division
 // by zero gives -1, float max/min propagate NaN, bf16/f16 compute in f32 and round to nearest even.
 #pragma once
 #include <optional>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cjax/dtype.h"
-#include "core/scalar_ops.h"
+#include "core/backend/scalar_ops.h"
 
 namespace cjax::cuda {
 

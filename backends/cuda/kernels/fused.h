@@ -1,4 +1,4 @@
-// jit's fused kernels on the GPU: a KernelSpec (core/kernel_spec.h) emitted as CUDA C++, every
+// jit's fused kernels on the GPU: a KernelSpec (core/backend/kernel_spec.h) emitted as CUDA C++, every
 // extent and stride a literal, and the launch plan that goes with it.
 //
 // Launch plans:
@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "core/kernel_spec.h"
+#include "core/backend/kernel_spec.h"
 
 namespace cjax::cuda {
 

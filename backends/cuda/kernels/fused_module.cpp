@@ -1,6 +1,6 @@
-// The cuda KernelCompiler (core/backend.h): all fused kernels of one jit program as one NVRTC
+// The cuda KernelCompiler (core/backend/backend.h): all fused kernels of one jit program as one NVRTC
 // program, compiled to SASS for the device's exact architecture and kept in the shared kernel
-// cache (core/kernel_cache.h) under a key of the CUDA source, the architecture and the NVRTC
+// cache (core/backend/kernel_cache.h) under a key of the CUDA source, the architecture and the NVRTC
 // version; kernels are named k0, k1, ... so that equal programs share their CUBIN. CJAX_DUMP
 // writes the .cu, the PTX and ptxas's register/spill report next to the program's other dumps.
 #include <fmt/format.h>
@@ -12,8 +12,8 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/kernels/fused.h"
 #include "cjax/errors.h"
-#include "core/backend.h"
-#include "core/kernel_cache.h"
+#include "core/backend/backend.h"
+#include "core/backend/kernel_cache.h"
 
 namespace cjax::cuda {
 namespace {

@@ -1,5 +1,5 @@
 // gather on the GPU for the layouts of take, x[idx] and embedding lookups (batch dims lead the
-// output, no batching dims; core/gather_scatter.h leading_batch_gather): one thread per output
+// output, no batching dims; core/lax/gather_scatter.h leading_batch_gather): one thread per output
 // element, indices clamped (clip, promise_in_bounds) or replaced by the fill value (fill_or_drop)
 // exactly as the CPU kernel does. The scatters of the matching layouts (x.at[idx].add(v),
 // embedding gradients; leading_batch_scatter): one thread per output element that applies the
@@ -12,10 +12,11 @@
 #include <span>
 
 #include "backends/cuda/kernels/codegen.h"
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/gather_scatter.h"
-#include "core/primitive.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/gather_scatter.h"
+#include "core/array/primitive.h"
 
 namespace cjax::cuda {
 namespace {

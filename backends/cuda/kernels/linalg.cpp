@@ -1,7 +1,7 @@
 // dot_general on the GPU through cuBLASLt (dlopened: the library is 0.5 GB and only GPU runs need
 // it). A row-major C[b] (M x N) = op(A)[b] op(B)[b] is the column-major C^T = op(B)^T op(A)^T, so
 // cuBLASLt's A is our B and its B our A; transposes and batch strides come from the operands'
-// views (core/linalg.h gemm_views), so no operand is copied unless its dims interleave. f32
+// views (core/lax/linalg.h gemm_views), so no operand is copied unless its dims interleave. f32
 // computes in f32 (no TF32: the CPU's results, PyTorch's default), bf16/f16 in f32, f64 in f64.
 // Integer and bool operands run on the host (counted fallback).
 #include <cublasLt.h>
@@ -15,9 +15,10 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "cjax/errors.h"
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/linalg.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/linalg.h"
 #include "cjax/lax.h"
 
 #define CJAX_STR2(x) #x

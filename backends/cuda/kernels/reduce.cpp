@@ -10,9 +10,10 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/kernels/codegen.h"
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/primitive.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/array/primitive.h"
 
 namespace cjax::cuda {
 namespace {

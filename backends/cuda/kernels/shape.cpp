@@ -10,10 +10,11 @@
 #include <span>
 
 #include "backends/cuda/kernels/codegen.h"
-#include "core/array_impl.h"
-#include "core/backend.h"
-#include "core/primitive.h"
-#include "core/shape.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/array/primitive.h"
+#include "core/lax/shape.h"
 
 namespace cjax::cuda {
 namespace {

@@ -1,0 +1,119 @@
+// Registry of backends, and the device functions of cjax/device.h that dispatch through it.
+#include "core/backend/backend.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "cjax/errors.h"
+#include "core/backend/buffer.h"
+
+namespace cjax {
+namespace {
+constexpr size_t kNumPlatforms = 2;
+std::array<std::atomic<Backend*>, kNumPlatforms>& backends() {
+  static std::array<std::atomic<Backend*>, kNumPlatforms> table{};
+  return table;
+}
+
+}  // namespace
+
+std::string_view platform_name(Platform platform) { return platform == Platform::cpu ? "cpu" : "cuda"; }
+
+bool register_backend(Backend* backend) {
+  backends()[size_t(backend->platform())].store(backend);
+  return true;
+}
+
+Backend* find_backend(Platform platform) { return backends()[size_t(platform)].load(); }
+
+Backend& backend_for(Platform platform) {
+  if (Backend* b = find_backend(platform)) return *b;
+  throw BackendError(fmt::format("platform '{}' is not built into this cjax (the {} backend is compiled only "
+                                 "when its toolkit is found at build time)",
+                                 platform_name(platform), platform_name(platform)));
+}
+
+void check_device(const Device& d) {
+  Backend& b = backend_for(d.platform());
+  std::vector<Device> devs = b.devices();
+  if (d.id() >= 0 && d.id() < int(devs.size())) return;
+  std::string reason = b.unavailable_reason();
+  if (devs.empty())
+    throw BackendError(fmt::format("no such device {}: the {} platform has no devices here ({})", d.str(),
+                                   platform_name(d.platform()), reason.empty() ? "none found" : reason));
+  throw BackendError(fmt::format("no such device {}: this process has {} {} devices{}", d.str(), devs.size(),
+                                 platform_name(d.platform()),
+                                 d.platform() == Platform::cpu ? " (CJAX_NUM_CPU_DEVICES)" : ""));
+}
+
+void* device_allocate(const Device& d, size_t nbytes) { return backend_for(d.platform()).allocate(d, nbytes); }
+void device_deallocate(const Device& d, void* p, size_t nbytes) {
+  backend_for(d.platform()).deallocate(d, p, nbytes);
+}
+
+std::string Device::str() const { return fmt::format("{}:{}", platform_name(platform_), id_); }
+std::string Device::repr() const {
+  return fmt::format("{}(id={})", platform_ == Platform::cpu ? "CpuDevice" : "CudaDevice", id_);
+}
+
+namespace {
+Platform parse_platform(std::string_view platform, std::string_view where) {
+  if (platform == "cpu") return Platform::cpu;
+  if (platform == "cuda" || platform == "gpu") return Platform::cuda;
+  throw BackendError(fmt::format("{}: unknown platform '{}'; the platforms are 'cpu' and 'cuda' (alias 'gpu')", where,
+                                 platform));
+}
+// The devices of `p`, or BackendError naming why it has none.
+std::vector<Device> require_devices(Platform p, std::string_view where) {
+  Backend* b = find_backend(p);
+  if (!b) throw BackendError(fmt::format("{}: this build of cjax has no {} backend", where, platform_name(p)));
+  std::vector<Device> ds = b->devices();
+  if (ds.empty())
+    throw BackendError(fmt::format("{}: no {} device here ({})", where, platform_name(p), b->unavailable_reason()));
+  return ds;
+}
+std::atomic<int> g_default_platform{-1};  // -1: not chosen yet (CJAX_PLATFORM decides at first use)
+Platform default_platform_value() {
+  int v = g_default_platform.load();
+  if (v >= 0) return Platform(v);
+  static const Platform from_env = [] {
+    const char* e = std::getenv("CJAX_PLATFORM");
+    if (!e || !*e) return Platform::cpu;
+    Platform p = parse_platform(e, "CJAX_PLATFORM");
+    require_devices(p, fmt::format("CJAX_PLATFORM={}", e));
+    return p;
+  }();
+  return from_env;
+}
+}  // namespace
+
+namespace config {
+void set_default_platform(std::string_view platform) {
+  Platform p = parse_platform(platform, "config::set_default_platform");
+  require_devices(p, fmt::format("config::set_default_platform(\"{}\")", platform));
+  g_default_platform = int(p);
+}
+std::string default_platform() { return std::string(platform_name(default_platform_value())); }
+}  // namespace config
+
+std::vector<Device> devices(std::string_view platform) {
+  Platform p = platform.empty() ? default_platform_value() : parse_platform(platform, "devices");
+  if (p == Platform::cpu) return backend_for(Platform::cpu).devices();
+  Backend* b = find_backend(p);
+  return b ? b->devices() : std::vector<Device>{};
+}
+int device_count() { return int(devices().size()); }
+Device default_device() {
+  Platform p = default_platform_value();
+  return p == Platform::cpu ? Device(Platform::cpu, 0) : require_devices(p, "default_device")[0];
+}
+Device host_device() { return Device(Platform::cpu, 0); }
+
+MemoryStats memory_stats(const Device& d) { return backend_for(d.platform()).memory_stats(d); }
+void reset_peak_memory(const Device& d) { backend_for(d.platform()).reset_peak_memory(d); }
+
+}  // namespace cjax

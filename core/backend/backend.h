@@ -1,0 +1,80 @@
+// The backend seam: what a platform (backends/cpu, backends/cuda) provides to the layers above.
+// Each backend registers itself at static initialisation; core/ reaches device memory, copies and
+// per-platform primitive kernels only through this header, never through a backend's files.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cjax/array.h"
+#include "cjax/device.h"
+
+namespace cjax {
+
+struct KernelSpec;
+
+// The fused kernels of one jit program (core/backend/kernel_spec.h), compiled for one device.
+class KernelModule {
+ public:
+  virtual ~KernelModule() = default;
+  // Runs kernel k over `buffers` (the spec's inputs, then its outputs: memory of the module's
+  // device), in order with the work queued before it on that device. An output marked in place
+  // of an input may be given that input's buffer or a buffer of its own.
+  virtual void launch(size_t kernel, std::span<void* const> buffers) const = 0;
+  // False where the generator could not express kernel k: jit then runs its equations one by
+  // one, each as its own primitive.
+  virtual bool has_kernel(size_t kernel) const = 0;
+  bool from_cache = false;  // the compiled code came from the kernel cache
+  double compile_ms = 0;
+};
+
+// A platform's code generator for fused kernels.
+class KernelCompiler {
+ public:
+  virtual ~KernelCompiler() = default;
+  // Compiles `specs` as one module for device d. With a non-empty `dump_base` (CJAX_DUMP), writes
+  // what the generator produced next to the program's other dumps (dump_base + suffix).
+  virtual std::shared_ptr<const KernelModule> compile(const Device& d, std::span<const KernelSpec* const> specs,
+                                                      const std::string& dump_base) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Platform platform() const = 0;
+  // The platform's devices; empty when the platform cannot run here (then unavailable_reason()
+  // says why: no driver, driver too old, library not found).
+  virtual std::vector<Device> devices() = 0;
+  virtual std::string unavailable_reason() { return {}; }
+  // Whether the host can read and write this platform's buffers through their pointers (CPU
+  // memory). Host reads of other buffers go through copy_to_host.
+  virtual bool host_accessible() const = 0;
+  virtual void* allocate(const Device& d, size_t nbytes) = 0;
+  virtual void deallocate(const Device& d, void* p, size_t nbytes) = 0;
+  virtual MemoryStats memory_stats(const Device& d) = 0;
+  virtual void reset_peak_memory(const Device& d) = 0;
+  // Synchronous copies between host memory and a buffer of this platform (after the work queued
+  // on the device that writes `src` has finished).
+  virtual void copy_to_host(const Device& d, const void* src, void* host_dst, size_t nbytes) = 0;
+  virtual void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) = 0;
+  // Waits until the device's queued work is done.
+  virtual void synchronize(const Device& d) = 0;
+  // The fused-kernel compiler jit uses for this platform's devices.
+  virtual KernelCompiler* kernel_compiler() = 0;
+};
+
+// Registers the backend of its platform (once, at static initialisation).
+bool register_backend(Backend* backend);
+// The backend of `platform`; raises BackendError when this build has none.
+Backend& backend_for(Platform platform);
+Backend* find_backend(Platform platform);
+std::string_view platform_name(Platform platform);  // "cpu", "cuda"
+// Raises BackendError naming the device and the reason unless `d` is a device of this process.
+void check_device(const Device& d);
+
+}  // namespace cjax
