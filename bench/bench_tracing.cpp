@@ -7,7 +7,7 @@
 
 #include "bench/harness.h"
 #include "cjax/cjax.h"
-#include "jit/passes.h"
+#include "jit/passes/passes.h"
 #include "trace/jaxpr.h"
 #include "trace/source_info.h"
 

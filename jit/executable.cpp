@@ -20,7 +20,7 @@
 #include "core/array/spmd.h"
 #include "core/backend/parallel.h"
 #include "core/array/util.h"
-#include "jit/passes.h"
+#include "jit/passes/passes.h"
 #include "jit/profile_internal.h"
 #include "trace/shard_map.h"
 #include "core/array/trace.h"

@@ -16,7 +16,7 @@
 #include "core/array/array_impl.h"
 #include "core/array/primitive.h"
 #include "jit/executable.h"
-#include "jit/passes.h"
+#include "jit/passes/passes.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/shard_map.h"
 #include "test_util.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "cjax/cjax.h"
-#include "jit/passes.h"
+#include "jit/passes/passes.h"
 #include "trace/eval_jaxpr.h"
 #include "test_util.h"
 

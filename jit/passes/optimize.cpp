@@ -1,0 +1,35 @@
+// optimize: the pass pipeline jit runs (jit/passes/passes.h).
+#include "jit/passes/passes.h"
+
+#include <absl/hash/hash.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "cjax/lax.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/linalg.h"
+#include "trace/eval_jaxpr.h"
+#include "core/array/trace.h"
+#include "jit/passes/rewrite.h"
+
+namespace cjax {
+using namespace passes_detail;
+
+std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr) {
+  auto j = inline_calls(jaxpr);
+  j = unbroadcast_shard_map_boundaries(*j);
+  j = sink_broadcasts(*j);
+  j = fold_constants(*j);
+  j = cse(*j);
+  j = simplify_transposes(*j);
+  j = fuse_gemm_updates(*j);
+  return dce(*j);
+}
+
+}  // namespace cjax

@@ -1,0 +1,79 @@
+// sink_broadcasts: elementwise work on broadcasts moves before the broadcast (jit/passes/passes.h).
+#include "jit/passes/passes.h"
+
+#include <absl/hash/hash.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "cjax/lax.h"
+#include "core/array/kernel_table.h"
+#include "core/backend/backend.h"
+#include "core/lax/linalg.h"
+#include "trace/eval_jaxpr.h"
+#include "core/array/trace.h"
+#include "jit/passes/rewrite.h"
+
+namespace cjax {
+using namespace passes_detail;
+
+std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
+  auto elementwise = [](const JaxprEqn& e) {
+    const std::string& n = e.primitive->name;
+    return e.outputs.size() == 1 && (e.primitive->scalar_op || n == "integer_pow" || n == "convert_element_type" ||
+                                     n == "select_n" || n == "add_any");
+  };
+  std::unordered_map<const void*, JaxprEqn> broadcast_of;  // a var -> the broadcast_in_dim defining it
+  std::unordered_map<const void*, Literal> splat_of;        // a var -> the scalar literal it broadcasts
+  std::vector<JaxprEqn> eqns;
+  std::function<void(JaxprEqn)> emit = [&](JaxprEqn e) {
+    if (broadcasts_a_var(e)) broadcast_of[e.outputs[0].id()] = e;
+    track_splat(e, splat_of);
+    if (elementwise(e)) {
+      const JaxprEqn* first = nullptr;
+      bool ok = true;
+      for (const Atom& a : e.inputs) {
+        if (auto* l = std::get_if<Literal>(&a)) {
+          ok = ok && l->aval().ndim() == 0;
+          continue;
+        }
+        if (splat_of.count(std::get<Var>(a).id())) continue;
+        auto it = broadcast_of.find(std::get<Var>(a).id());
+        if (it == broadcast_of.end()) {
+          ok = false;
+          break;
+        }
+        const JaxprEqn& b = it->second;
+        if (!first) first = &b;
+        else ok = ok && b.params == first->params && atom_aval(b.inputs[0]).shape == atom_aval(first->inputs[0]).shape;
+      }
+      if (ok && first && atom_aval(first->inputs[0]).shape != e.outputs[0].aval().shape) {
+        JaxprEqn inner = e;
+        for (Atom& a : inner.inputs)
+          if (auto* v = std::get_if<Var>(&a)) {
+            auto splat = splat_of.find(v->id());
+            a = splat != splat_of.end() ? Atom(splat->second) : broadcast_of.at(v->id()).inputs[0];
+          }
+        AbstractValue av = e.outputs[0].aval();
+        av.shape = atom_aval(first->inputs[0]).shape;
+        inner.outputs = {Var(av)};
+        JaxprEqn outer = *first;
+        outer.inputs = {inner.outputs[0]};
+        outer.outputs = e.outputs;
+        outer.source_info = e.source_info;
+        emit(std::move(inner));
+        emit(std::move(outer));
+        return;
+      }
+    }
+    eqns.push_back(std::move(e));
+  };
+  for (const JaxprEqn& e : jaxpr.eqns()) emit(e);
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
+}
+
+}  // namespace cjax
