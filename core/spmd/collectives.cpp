@@ -14,7 +14,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include "cjax/collective_recorder.h"
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
@@ -344,55 +343,11 @@ PrimitiveDef make_pbroadcast() {
 
 }  // namespace
 
-// ---- collective recorder (cjax/collective_recorder.h) ----
 namespace {
-std::atomic<bool> g_recording{false};
-std::mutex g_record_mu;
-std::vector<debug::CollectiveRecord> g_records;
-
-void record(const PrimitiveDef& def, const Params& p, std::span<const Array> in, std::span<const AbstractValue> outs,
-            const SpmdContext& ctx) {
-  if (!g_recording.load(std::memory_order_relaxed) || ctx.device != 0) return;
-  debug::CollectiveRecord r;
-  r.kind = def.name;
-  r.axes = collective_axes(p);
-  if (!in.empty()) {
-    r.in_shape = in[0].shape();
-    r.dtype = in[0].dtype();
-    r.bytes = in[0].size() * int64_t(itemsize(in[0].dtype()));
-  } else {
-    r.dtype = outs[0].dtype;
-  }
-  r.out_shape = outs[0].shape;
-  r.phase = ctx.backward ? debug::Phase::Backward : debug::Phase::Forward;
-  r.communicates = &def != &g_pvary && &def != &g_axis_index;
-  std::lock_guard lk(g_record_mu);
-  g_records.push_back(std::move(r));
-}
+std::atomic<CollectiveObserver> g_observer{nullptr};
 }  // namespace
 
-namespace debug {
-CollectiveRecorder::CollectiveRecorder() {
-  if (g_recording.exchange(true))
-    throw ValueError("a CollectiveRecorder is already recording; use one at a time");
-  clear();
-}
-CollectiveRecorder::~CollectiveRecorder() { g_recording.store(false); }
-std::vector<CollectiveRecord> CollectiveRecorder::records() const {
-  std::lock_guard lk(g_record_mu);
-  return g_records;
-}
-void CollectiveRecorder::clear() {
-  std::lock_guard lk(g_record_mu);
-  g_records.clear();
-}
-std::string CollectiveRecord::str() const {
-  auto type = [&](const Shape& s) { return fmt::format("{}[{}]", dtype_short_name(dtype), fmt::join(s, ",")); };
-  return fmt::format("{} {} over {} {} -> {} ({} bytes{})", phase == Phase::Backward ? "backward" : "forward", kind,
-                     AxisNames(axes).str(), type(in_shape), type(out_shape), bytes,
-                     communicates ? "" : ", no communication");
-}
-}  // namespace debug
+void set_collective_observer(CollectiveObserver observer) { g_observer.store(observer); }
 
 namespace {
 // ---- SPMD kernels ----
@@ -405,7 +360,7 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
         "'{}' ran outside a shard_map body: collectives exchange blocks between the devices of a shard_map; call it "
         "inside shard_map",
         def.name));
-  record(def, p, in, out_avals, *ctx);
+  if (CollectiveObserver observe = g_observer.load(std::memory_order_relaxed)) observe(def, p, in, out_avals, *ctx);
   const auto& axes = collective_axes(p);
   int64_t pos = 0;
   std::vector<int64_t> members = axis_group(*ctx->mesh, axes, ctx->device, &pos);
@@ -496,7 +451,8 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
                                                               const std::vector<std::vector<Array>>& inputs,
                                                               std::span<const AbstractValue> out_avals,
                                                               const Mesh& mesh, bool record_it, bool backward) {
-  if (record_it && !inputs.empty()) record(def, p, inputs[0], out_avals, SpmdContext{&mesh, 0, nullptr, backward});
+  if (CollectiveObserver observe = g_observer.load(std::memory_order_relaxed); observe && record_it && !inputs.empty())
+    observe(def, p, inputs[0], out_avals, SpmdContext{&mesh, 0, nullptr, backward});
   const auto& axes = collective_axes(p);
   size_t n = inputs.size();
   std::vector<std::vector<Array>> outs(n);

@@ -7,6 +7,7 @@
 
 #include "cjax/sharding.h"
 #include "core/array/primitive.h"
+#include "core/array/spmd.h"
 
 namespace cjax {
 
@@ -61,5 +62,12 @@ Array pvary_missing(const Array& x, const std::vector<std::string>& axes);
 std::vector<std::string> common_vma(std::span<const Array> xs);
 bool vmas_differ(std::span<const Array> xs);
 Params pvary_params(std::vector<std::string> axes);
+
+// Called for every collective a staged shard_map body executes, on each device, while set: how
+// the executed-collective recorder (trace/collective_recorder.cpp, beside its staged twin) sees
+// them. One observer at a time; nullptr removes it.
+using CollectiveObserver = void (*)(const PrimitiveDef& def, const Params& params, std::span<const Array> in,
+                                    std::span<const AbstractValue> outs, const SpmdContext& ctx);
+void set_collective_observer(CollectiveObserver observer);
 
 }  // namespace cjax
