@@ -1,22 +1,24 @@
 #include "autodiff/ad.h"
-#include "autodiff/partial_eval.h"
 
 #include <fmt/format.h>
 
 #include <unordered_map>
 
+#include "autodiff/partial_eval.h"
 #include "cjax/lax.h"
-#include "trace/source_info.h"
 #include "core/lax/rule_support.h"
+#include "trace/source_info.h"
 
 namespace cjax {
 
 void raise_missing_rule(const PrimitiveDef& def, std::string_view what) {
-  throw ValueError(fmt::format("the {} rule for primitive '{}' is not implemented, so it cannot be {}; "
-                               "wrap the value in lax::stop_gradient if no derivative is needed",
-                               what, def.name,
-                               what == "JVP" ? "differentiated" : what == "transpose" ? "transposed (reverse mode)"
-                                                                                       : "vmapped"));
+  throw ValueError(
+      fmt::format("the {} rule for primitive '{}' is not implemented, so it cannot be {}; "
+                  "wrap the value in lax::stop_gradient if no derivative is needed",
+                  what, def.name,
+                  what == "JVP"         ? "differentiated"
+                  : what == "transpose" ? "transposed (reverse mode)"
+                                        : "vmapped"));
 }
 
 Array JVPTracer::concrete_value() const {
@@ -39,7 +41,8 @@ Array JVPTrace::make_tracer(Array primal, Array tangent) {
 std::pair<Array, Array> JVPTrace::unpack(const Array& x, const PrimitiveDef* def) const {
   auto* t = dynamic_cast<Tracer*>(x.impl());
   if (!t) return {x, Array()};
-  if (auto* jt = dynamic_cast<JVPTracer*>(t); jt && jt->trace == this && jt->is_live()) return {jt->primal, jt->tangent};
+  if (auto* jt = dynamic_cast<JVPTracer*>(t); jt && jt->trace == this && jt->is_live())
+    return {jt->primal, jt->tangent};
   if (is_ancestor_of(*t, *this)) return {x, Array()};
   if (def) raise_escaped_tracer(x, *def);
   throw EscapedTracerError(fmt::format(
@@ -94,17 +97,18 @@ namespace {
 void check_tangent(const Array& p, const Array& t, size_t i) {
   if (!t.defined()) return;
   if (t.shape() != p.shape() || t.dtype() != p.dtype())
-    throw ValueError(fmt::format("jvp: tangent {} has type {} but its primal has type {}; a tangent must have "
-                                 "the primal's shape and dtype",
-                                 i, t.aval().str(), p.aval().str()));
+    throw ValueError(
+        fmt::format("jvp: tangent {} has type {} but its primal has type {}; a tangent must have "
+                    "the primal's shape and dtype",
+                    i, t.aval().str(), p.aval().str()));
 }
 
 }  // namespace
 
 JvpResult jvp_flat(const FlatFn& f, std::span<const Array> primals, std::span<const Array> tangents) {
   if (primals.size() != tangents.size())
-    throw ValueError(fmt::format("jvp: {} primals but {} tangents; pass one tangent per primal", primals.size(),
-                                 tangents.size()));
+    throw ValueError(
+        fmt::format("jvp: {} primals but {} tangents; pass one tangent per primal", primals.size(), tangents.size()));
   JVPTrace trace;
   std::vector<Array> in;
   in.reserve(primals.size());
@@ -177,8 +181,10 @@ std::string describe_eqn(const JaxprEqn& e) {
   std::string outs, ins;
   for (const Var& v : e.outputs) outs += (outs.empty() ? "" : " ") + v.aval().str();
   for (const Atom& a : e.inputs) {
-    if (auto* l = std::get_if<Literal>(&a)) ins += " " + l->value_str() + ":" + l->aval().str();
-    else ins += " " + atom_aval(a).str();
+    if (auto* l = std::get_if<Literal>(&a))
+      ins += " " + l->value_str() + ":" + l->aval().str();
+    else
+      ins += " " + atom_aval(a).str();
   }
   return outs + " = " + e.primitive->name + ins;
 }
@@ -188,12 +194,13 @@ void check_linear_eqn(const JaxprEqn& e, const std::vector<bool>& lin) {
   const std::string& name = e.primitive->name;
   auto fail = [&](const std::string& why) {
     std::string where = e.source_info ? e.source_info->str() : "";
-    throw ValueError(fmt::format(
-        "linear_transpose: the function is not linear in its inputs: {} (equation `{}`{}). linear_transpose "
-        "transposes functions built from linear operations of the inputs: sums and differences, negation, "
-        "products and dot_generals with values that do not depend on the inputs, broadcasts, reshapes, "
-        "slices, concatenations and sums; use vjp for a non-linear function",
-        why, describe_eqn(e), where.empty() ? "" : " at " + where));
+    throw ValueError(
+        fmt::
+            format("linear_transpose: the function is not linear in its inputs: {} (equation `{}`{}). linear_transpose "
+                   "transposes functions built from linear operations of the inputs: sums and differences, negation, "
+                   "products and dot_generals with values that do not depend on the inputs, broadcasts, reshapes, "
+                   "slices, concatenations and sums; use vjp for a non-linear function",
+                   why, describe_eqn(e), where.empty() ? "" : " at " + where));
   };
   size_t n_lin = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
@@ -242,8 +249,10 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
   std::unordered_map<const void*, bool> linear;
   for (size_t i = 0; i < jaxpr.constvars().size(); ++i) env[jaxpr.constvars()[i].id()] = consts[i];
   for (size_t i = 0; i < jaxpr.invars().size(); ++i) {
-    if (is_undefined_primal(args[i])) linear[jaxpr.invars()[i].id()] = true;
-    else env[jaxpr.invars()[i].id()] = args[i];
+    if (is_undefined_primal(args[i]))
+      linear[jaxpr.invars()[i].id()] = true;
+    else
+      env[jaxpr.invars()[i].id()] = args[i];
   }
   auto is_linear = [&](const Atom& a) {
     auto* v = std::get_if<Var>(&a);
@@ -356,13 +365,14 @@ VjpResult vjp_flat(const FlatFn& f, std::span<const Array> primals) {
   r.backward = [lin, in_avals](std::span<const Array> cts_out) {
     const auto& outs = lin->primals_out;
     if (cts_out.size() != outs.size())
-      throw ValueError(fmt::format("vjp: the function has {} outputs but {} cotangents were given", outs.size(),
-                                   cts_out.size()));
+      throw ValueError(
+          fmt::format("vjp: the function has {} outputs but {} cotangents were given", outs.size(), cts_out.size()));
     for (size_t i = 0; i < outs.size(); ++i)
       if (cts_out[i].defined() && (cts_out[i].shape() != outs[i].shape() || cts_out[i].dtype() != outs[i].dtype()))
-        throw ValueError(fmt::format("vjp: cotangent {} has type {} but the output has type {}; pass a cotangent "
-                                     "of the output's shape and dtype",
-                                     i, cts_out[i].aval().str(), outs[i].aval().str()));
+        throw ValueError(
+            fmt::format("vjp: cotangent {} has type {} but the output has type {}; pass a cotangent "
+                        "of the output's shape and dtype",
+                        i, cts_out[i].aval().str(), outs[i].aval().str()));
     CheckLinearityScope unchecked(false);  // a linearized jaxpr is linear by construction
     std::vector<Array> cts = backward_pass(*lin->linear, lin->linear.consts, cts_out);
     std::vector<Array> result;

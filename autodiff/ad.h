@@ -18,8 +18,8 @@
 
 #include "cjax/make_jaxpr.h"
 #include "core/array/rules.h"
-#include "trace/jaxpr_trace.h"
 #include "core/array/trace.h"
+#include "trace/jaxpr_trace.h"
 
 namespace cjax {
 

@@ -20,8 +20,7 @@ std::pair<std::vector<Array>, std::vector<Array>> jvp(const FlatFn& f, const std
 
 Vjp vjp(const FlatFn& f, const std::vector<Array>& primals) {
   VjpResult r = vjp_flat(f, primals);
-  return Vjp{std::move(r.primals_out),
-             [b = std::move(r.backward)](const std::vector<Array>& cts) { return b(cts); }};
+  return Vjp{std::move(r.primals_out), [b = std::move(r.backward)](const std::vector<Array>& cts) { return b(cts); }};
 }
 
 Linearized linearize(const FlatFn& f, const std::vector<Array>& primals) {
@@ -42,9 +41,10 @@ Linearized linearize(const FlatFn& f, const std::vector<Array>& primals) {
       const Array& t = tangents[i];
       if (!t.defined()) throw ValueError(fmt::format("linearize: tangent leaf {} is an empty Array handle", i));
       if (t.shape() != in_avals[i].shape || t.dtype() != in_avals[i].dtype)
-        throw ValueError(fmt::format("linearize: tangent leaf {} has type {} but its primal has type {}; a tangent "
-                                     "must have the primal's shape and dtype",
-                                     i, t.aval().str(), in_avals[i].str()));
+        throw ValueError(
+            fmt::format("linearize: tangent leaf {} has type {} but its primal has type {}; a tangent "
+                        "must have the primal's shape and dtype",
+                        i, t.aval().str(), in_avals[i].str()));
       if (lin->diff_inputs[i]) args.push_back(t);  // integer and bool leaves have no tangent space
     }
     return eval_jaxpr(lin->linear, args);
@@ -52,13 +52,14 @@ Linearized linearize(const FlatFn& f, const std::vector<Array>& primals) {
   return r;
 }
 
-std::function<std::vector<Array>(const std::vector<Array>&)> linear_transpose(const FlatFn& f,
-                                                                             const std::vector<AbstractValue>& in_avals) {
+std::function<std::vector<Array>(const std::vector<Array>&)> linear_transpose(
+    const FlatFn& f, const std::vector<AbstractValue>& in_avals) {
   auto need_floating = [](const AbstractValue& a, const char* what, size_t i) {
     if (!is_floating(a.dtype))
-      throw DTypeError(fmt::format("linear_transpose: {} leaf {} has type {}; linear_transpose needs floating inputs "
-                                   "and outputs (a linear map between real vector spaces)",
-                                   what, i, a.str()));
+      throw DTypeError(
+          fmt::format("linear_transpose: {} leaf {} has type {}; linear_transpose needs floating inputs "
+                      "and outputs (a linear map between real vector spaces)",
+                      what, i, a.str()));
   };
   for (size_t i = 0; i < in_avals.size(); ++i) need_floating(in_avals[i], "input", i);
   auto traced = std::make_shared<const ClosedJaxpr>(jaxpr_detail::trace_flat(f, in_avals, "linear_transpose"));
@@ -69,11 +70,13 @@ std::function<std::vector<Array>(const std::vector<Array>&)> linear_transpose(co
       throw ValueError(fmt::format("linear_transpose: the function has {} output leaves but {} cotangents were given",
                                    out_avals.size(), cts.size()));
     for (size_t i = 0; i < cts.size(); ++i) {
-      if (!cts[i].defined()) throw ValueError(fmt::format("linear_transpose: cotangent leaf {} is an empty Array handle", i));
+      if (!cts[i].defined())
+        throw ValueError(fmt::format("linear_transpose: cotangent leaf {} is an empty Array handle", i));
       if (cts[i].shape() != out_avals[i].shape || cts[i].dtype() != out_avals[i].dtype)
-        throw ValueError(fmt::format("linear_transpose: cotangent leaf {} has type {} but the function's output has "
-                                     "type {}; pass a cotangent of the output's shape and dtype",
-                                     i, cts[i].aval().str(), out_avals[i].str()));
+        throw ValueError(
+            fmt::format("linear_transpose: cotangent leaf {} has type {} but the function's output has "
+                        "type {}; pass a cotangent of the output's shape and dtype",
+                        i, cts[i].aval().str(), out_avals[i].str()));
     }
     std::vector<Array> res = transpose_linear(**traced, traced->consts, cts);
     std::vector<Array> out;
@@ -84,20 +87,22 @@ std::function<std::vector<Array>(const std::vector<Array>&)> linear_transpose(co
 
 void check_grad_output(const Array& out, const char* api) {
   if (out.ndim() != 0)
-    throw ShapeError(fmt::format("{} requires a scalar output, but the function returned {}; reduce it to a "
-                                 "scalar (e.g. jnp::sum) or use vjp/jacrev for non-scalar outputs",
-                                 api, out.aval().str()));
+    throw ShapeError(
+        fmt::format("{} requires a scalar output, but the function returned {}; reduce it to a "
+                    "scalar (e.g. jnp::sum) or use vjp/jacrev for non-scalar outputs",
+                    api, out.aval().str()));
   if (!is_floating(out.dtype()))
-    throw DTypeError(fmt::format("{} requires a real-valued (floating) output, but the function returned {}",
-                                 api, out.aval().str()));
+    throw DTypeError(fmt::format("{} requires a real-valued (floating) output, but the function returned {}", api,
+                                 out.aval().str()));
 }
 
 void check_grad_input(const Array& leaf, size_t argnum, const char* api) {
   if (!leaf.defined()) throw ValueError(fmt::format("{}: argument {} holds an empty Array handle", api, argnum));
   if (!is_floating(leaf.dtype()))
-    throw DTypeError(fmt::format("{} requires real-valued (floating) inputs, but argument {} has a leaf of type {}; "
-                                 "convert it with astype(f32), or mark it static by not listing it in argnums",
-                                 api, argnum, leaf.aval().str()));
+    throw DTypeError(
+        fmt::format("{} requires real-valued (floating) inputs, but argument {} has a leaf of type {}; "
+                    "convert it with astype(f32), or mark it static by not listing it in argnums",
+                    api, argnum, leaf.aval().str()));
 }
 
 Array ones_like(const Array& x) {

@@ -88,9 +88,10 @@ void check_vjp(Ctx& c, const Fn& f, const std::vector<Array>& args, double tol, 
   for (size_t i = 0; i < u.size(); ++i) uu.push_back(u[i].defined() ? u[i] : jr.tangents_out[i]);
   double lhs = inner(jr.tangents_out, uu), rhs = inner(vv, w);
   if (!(std::abs(lhs - rhs) <= tol * (1 + std::abs(lhs))))
-    throw Error(fmt::format("check_grads VJP (order {}): dot-product test failed: <jvp v, u> = {} but <v, vjp u> = {} "
-                            "(tolerance {})",
-                            order, lhs, rhs, tol));
+    throw Error(
+        fmt::format("check_grads VJP (order {}): dot-product test failed: <jvp v, u> = {} but <v, vjp u> = {} "
+                    "(tolerance {})",
+                    order, lhs, rhs, tol));
 }
 
 void check_rec(Ctx& c, const Fn& f, const std::vector<Array>& args, int order, int level) {

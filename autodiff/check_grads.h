@@ -20,7 +20,7 @@ struct CheckGradsOptions {
   uint64_t seed = 0;
 };
 
-void check_grads(const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
-                 const std::vector<Array>& args, const CheckGradsOptions& opts = {});
+void check_grads(const std::function<std::vector<Array>(const std::vector<Array>&)>& f, const std::vector<Array>& args,
+                 const CheckGradsOptions& opts = {});
 
 }  // namespace cjax

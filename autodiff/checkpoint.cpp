@@ -276,7 +276,8 @@ std::vector<Array> remat_partial_eval(std::span<const Array> inputs, std::span<c
 std::vector<Array> remat_transpose(std::span<const Array> cts, std::span<const Array> args, const Params& p) {
   TransposedCall t = transpose_call(*jaxpr_of(p), cts, args);
   // bind_remat prepends the call's consts itself.
-  std::span<const Array> non_const(t.call_args.data() + t.call.consts.size(), t.call_args.size() - t.call.consts.size());
+  std::span<const Array> non_const(t.call_args.data() + t.call.consts.size(),
+                                   t.call_args.size() - t.call.consts.size());
   std::vector<Array> outs = bind_remat(t.call, non_const, p, p.get<bool>("differentiated"));
   std::vector<Array> result(args.size());
   for (size_t k = 0; k < t.linear.size(); ++k) result[t.linear[k]] = outs[k];

@@ -15,10 +15,10 @@
 
 #include "autodiff/ad.h"
 #include "cjax/lax.h"
+#include "core/lax/rule_support.h"
 #include "trace/batching.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
-#include "core/lax/rule_support.h"
 
 namespace cjax::custom_detail {
 
@@ -40,7 +40,8 @@ FrontBatched move_batch_to_front(std::span<const Array> args, std::span<const in
 
 std::vector<Array> vmap_all_out_front(const FlatFn& f, std::span<const Array> xs, const std::vector<int>& in_bdims,
                                       const BatchAxis& axis) {
-  return vmap_flat(f, xs, in_bdims, [](size_t, int) { return 0; }, axis);
+  return vmap_flat(
+      f, xs, in_bdims, [](size_t, int) { return 0; }, axis);
 }
 
 TracedCall batch_jaxpr_call(std::shared_ptr<const Jaxpr> jaxpr, const FrontBatched& front, const BatchAxis& axis) {
@@ -65,15 +66,17 @@ void raise_bwd_structure(const std::string& bwd_name, const std::string& f_name,
 
 void raise_rule_structure(const std::string& what, const std::string& rule_name, const std::string& f_name,
                           const TreeDef& expected, const TreeDef& got) {
-  throw ValueError(fmt::format("custom rule '{}' of '{}' must produce a {} with the primal function's output "
-                               "structure {}, but got {}",
-                               rule_name, f_name, what, expected.str(), got.str()));
+  throw ValueError(
+      fmt::format("custom rule '{}' of '{}' must produce a {} with the primal function's output "
+                  "structure {}, but got {}",
+                  rule_name, f_name, what, expected.str(), got.str()));
 }
 
 namespace {
 
 // A C++ rule held in a param; it prints as its name (JAX prints the rule function's name).
-template <class Fn> struct RuleParam final : ParamObject {
+template <class Fn>
+struct RuleParam final : ParamObject {
   RuleParam(std::string n, Fn f) : name(std::move(n)), fn(std::move(f)) {}
   std::string name;
   Fn fn;
@@ -164,8 +167,8 @@ std::string aval_short(const AbstractValue& a) { return a.str(); }
 bool same_type(const AbstractValue& a, const AbstractValue& b) { return a.shape == b.shape && a.dtype == b.dtype; }
 
 // The primal outputs of a rule against the primal function's output types.
-void check_rule_primals(const std::vector<Array>& outs, const std::vector<AbstractValue>& want,
-                        const std::string& rule, const std::string& name) {
+void check_rule_primals(const std::vector<Array>& outs, const std::vector<AbstractValue>& want, const std::string& rule,
+                        const std::string& name) {
   if (outs.size() != want.size())
     throw ValueError(fmt::format("custom rule '{}' of '{}' produced {} primal outputs but the function has {}", rule,
                                  name, outs.size(), want.size()));
@@ -233,8 +236,8 @@ JvpFn batch_jvp_rule(JvpFn old, const std::vector<int>& arg_bdims, const BatchAx
           auto [o, t] = old(std::vector<Array>(a.begin(), a.begin() + std::ptrdiff_t(n)),
                             std::vector<Array>(a.begin() + std::ptrdiff_t(n), a.end()));
           if (o.size() != t.size())
-            throw ValueError(fmt::format("custom_jvp rule produced {} primal but {} tangent outputs", o.size(),
-                                         t.size()));
+            throw ValueError(
+                fmt::format("custom_jvp rule produced {} primal but {} tangent outputs", o.size(), t.size()));
           o.insert(o.end(), t.begin(), t.end());
           return o;
         },
@@ -300,7 +303,7 @@ FwdFn batch_fwd_rule(FwdFn old, const std::vector<int>& arg_bdims, const BatchAx
     r.outs.assign(all.begin(), all.begin() + std::ptrdiff_t(n_out));
     r.residuals.assign(all.begin() + std::ptrdiff_t(n_out), all.end());
     r.bwd = [inner, arg_bdims, axis, n_res = r.residuals.size()](const std::vector<Array>& res,
-                                                                  const std::vector<Array>& cts) {
+                                                                 const std::vector<Array>& cts) {
       std::vector<Array> xs = res;
       xs.insert(xs.end(), cts.begin(), cts.end());
       std::vector<Array> in_cts = vmap_all_out_front(

@@ -9,8 +9,8 @@
 
 #include "cjax/custom_derivatives.h"
 #include "core/array/rules.h"
-#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 #include "trace/jaxpr.h"
+#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 
 namespace cjax::custom_detail {
 

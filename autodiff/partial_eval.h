@@ -33,5 +33,4 @@ ClosedJaxpr dce_residuals(const ClosedJaxpr& traced);
 PartialEvalResult partial_eval_jaxpr(const Jaxpr& jaxpr, const std::vector<bool>& unknown_inputs,
                                      bool instantiate = false);
 
-
 }  // namespace cjax

@@ -1,15 +1,17 @@
 #include "autodiff/rule_helpers.h"
-#include "core/lax/rule_support.h"
 
 #include <fmt/format.h>
 
 #include <numeric>
 
+#include "core/lax/rule_support.h"
+
 namespace cjax::rule_helpers {
 
 Array broadcast_to_aval(const Array& t, const AbstractValue& aval) {
   if (t.shape() == aval.shape) return t;
-  if (t.ndim() != 0) throw Error(fmt::format("internal: cannot broadcast tangent {} to {}", t.aval().str(), aval.str()));
+  if (t.ndim() != 0)
+    throw Error(fmt::format("internal: cannot broadcast tangent {} to {}", t.aval().str(), aval.str()));
   return lax::broadcast_in_dim(t, aval.shape, {});
 }
 

@@ -14,10 +14,10 @@
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "core/array/array_impl.h"
-#include "core/spmd/collectives.h"
 #include "core/array/rules.h"
-#include "core/lax/rule_support.h"
 #include "core/array/spmd.h"
+#include "core/lax/rule_support.h"
+#include "core/spmd/collectives.h"
 
 namespace cjax {
 namespace {
@@ -69,9 +69,10 @@ std::vector<std::string> other_axes(const BatchAxis& axis, const Params& p) {
 // batchers raise NotImplementedError for more).
 void require_alone(const PrimitiveDef& def, const BatchAxis& axis, const Params& p) {
   if (collective_axes(p).size() != 1)
-    throw ValueError(fmt::format("{} over {} names the vmapped axis '{}' together with other axes; over a vmap's "
-                                 "axis_name it supports one vmapped axis alone: apply it over each axis in turn",
-                                 def.name, AxisNames(collective_axes(p)).str(), axis.name));
+    throw ValueError(
+        fmt::format("{} over {} names the vmapped axis '{}' together with other axes; over a vmap's "
+                    "axis_name it supports one vmapped axis alone: apply it over each axis in turn",
+                    def.name, AxisNames(collective_axes(p)).str(), axis.name));
 }
 // The collective's own checks (shapes, dimensions, sources) on one example's type.
 void check_example(const PrimitiveDef& def, const Array& x, int bdim, const Params& p) {
@@ -109,10 +110,14 @@ BatchOut reduction_batch(const PrimitiveDef& def, Args args, std::span<const int
   bool sum = &def == &g_psum || &def == &g_psum_invariant;
   bool is_bool = x.dtype() == DType::bool_;
   Array y;
-  if (d == kNotMapped) y = sum ? scaled(x, axis.size) : x;
-  else if (sum) y = lax::reduce_sum(x, {d});
-  else if (&def == &g_pmax) y = is_bool ? lax::reduce_or(x, {d}) : lax::reduce_max(x, {d});
-  else y = is_bool ? lax::reduce_and(x, {d}) : lax::reduce_min(x, {d});
+  if (d == kNotMapped)
+    y = sum ? scaled(x, axis.size) : x;
+  else if (sum)
+    y = lax::reduce_sum(x, {d});
+  else if (&def == &g_pmax)
+    y = is_bool ? lax::reduce_or(x, {d}) : lax::reduce_max(x, {d});
+  else
+    y = is_bool ? lax::reduce_and(x, {d}) : lax::reduce_min(x, {d});
   if (std::vector<std::string> rest = other_axes(axis, p); !rest.empty())
     y = bind1(def, {pvary_missing(y, rest)}, with(p, "axes", axes_param(rest)));
   return BatchOut{{y}, {kNotMapped}};
@@ -176,7 +181,8 @@ BatchOut ppermute_batch(Args args, std::span<const int> bdims, const BatchAxis& 
 // all_to_all: example k's result holds chunk k of every example's split dimension, placed along
 // the concat dimension in example order — one transpose (and reshapes when tiled).
 BatchOut all_to_all_batch(Args args, std::span<const int> bdims, const BatchAxis& axis, const Params& p) {
-  if (!over_batch(axis, p)) return batch_each_example(g_all_to_all, args, bdims, axis, p, {"split_axis", "concat_axis"});
+  if (!over_batch(axis, p))
+    return batch_each_example(g_all_to_all, args, bdims, axis, p, {"split_axis", "concat_axis"});
   require_alone(g_all_to_all, axis, p);
   check_example(g_all_to_all, args[0], bdims[0], p);
   Array x = at_front(args[0], bdims[0], axis.size);  // [j] + S, j the sending example
@@ -227,16 +233,16 @@ BatchOut axis_index_batch(const BatchAxis& axis, const Params& p) {
 std::vector<Array> one(Array a) { return {std::move(a)}; }
 
 const bool g_rules = add_rule_initializer([] {
-  for (const PrimitiveDef* d : {&g_psum_invariant, &g_psum, &g_pvary})
-    def_linear_jvp(*d, d == &g_psum_invariant);
+  for (const PrimitiveDef* d : {&g_psum_invariant, &g_psum, &g_pvary}) def_linear_jvp(*d, d == &g_psum_invariant);
   for (const PrimitiveDef* d :
        {&g_all_gather, &g_all_gather_invariant, &g_reduce_scatter, &g_ppermute, &g_all_to_all, &g_pbroadcast})
     def_linear_jvp(*d, true);
   for (const PrimitiveDef* d : {&g_pmax, &g_pmin})
     define_rules(d->name).jvp = [d](Args, Args, const Params&) -> JvpOut {
-      throw Error(fmt::format("Differentiation rule for '{}' not implemented: {} has no derivative in JAX either; "
-                              "use lax::stop_gradient on its input or compute the max with psum-based ops",
-                              d->name, d->name));
+      throw Error(
+          fmt::format("Differentiation rule for '{}' not implemented: {} has no derivative in JAX either; "
+                      "use lax::stop_gradient on its input or compute the max with psum-based ops",
+                      d->name, d->name));
     };
   define_rules("axis_index").jvp = [](Args, Args, const Params& p) {
     return JvpOut{{bind1(g_axis_index, std::span<const Array>(), p)}, {Array()}};

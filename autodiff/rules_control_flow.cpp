@@ -13,9 +13,9 @@
 
 #include "autodiff/ad.h"
 #include "autodiff/partial_eval.h"
-#include "trace/control_flow.h"
 #include "core/array/rules.h"
 #include "core/lax/rule_support.h"
+#include "trace/control_flow.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
 
@@ -27,11 +27,13 @@ std::vector<bool> defined_mask(std::span<const Array> xs) {
   for (const Array& x : xs) m.push_back(x.defined());
   return m;
 }
-template <class T> std::vector<T> cat(std::vector<T> a, const std::vector<T>& b) {
+template <class T>
+std::vector<T> cat(std::vector<T> a, const std::vector<T>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
-template <class T> std::vector<T> pick(const std::vector<T>& xs, const std::vector<bool>& mask, bool want = true) {
+template <class T>
+std::vector<T> pick(const std::vector<T>& xs, const std::vector<bool>& mask, bool want = true) {
   std::vector<T> out;
   for (size_t i = 0; i < xs.size(); ++i)
     if (mask[i] == want) out.push_back(xs[i]);
@@ -41,7 +43,8 @@ std::vector<bool> or_masks(std::vector<bool> a, const std::vector<bool>& b) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] || b[i];
   return a;
 }
-template <class T> std::vector<T> sub(const std::vector<T>& v, size_t lo, size_t hi) {
+template <class T>
+std::vector<T> sub(const std::vector<T>& v, size_t lo, size_t hi) {
   return std::vector<T>(v.begin() + std::ptrdiff_t(lo), v.begin() + std::ptrdiff_t(hi));
 }
 std::vector<AbstractValue> in_avals_of(const Jaxpr& j, size_t lo, size_t hi) { return sub(j.in_avals(), lo, hi); }
@@ -133,8 +136,8 @@ JvpOut while_jvp(std::span<const Array> primals, std::span<const Array> tangents
   // The JVP body in while's layout: consts (bconsts, bconst_dots), carry (carry, carry_dots).
   FlatFn jvp_body = jvp_fn(wp.body_jaxpr, cat(bnz, carry_nz), carry_nz);
   FlatFn body = [&](const std::vector<Array>& xs) {
-    std::vector<Array> in = slice_of(xs, 0, nb);                    // bconsts
-    auto carry = slice_of(xs, nb + nbd, nb + nbd + ncar);            // carry
+    std::vector<Array> in = slice_of(xs, 0, nb);           // bconsts
+    auto carry = slice_of(xs, nb + nbd, nb + nbd + ncar);  // carry
     in.insert(in.end(), carry.begin(), carry.end());
     auto bd = slice_of(xs, nb, nb + nbd), cd = slice_of(xs, nb + nbd + ncar, xs.size());
     in.insert(in.end(), bd.begin(), bd.end());
@@ -151,8 +154,9 @@ JvpOut while_jvp(std::span<const Array> primals, std::span<const Array> tangents
   TracedCall cj = trace_to_call(cond, cat(cat(avals_of(cconsts), carry_avals), avals_of(cdots)));
   std::vector<Array> args = cat(cat(cj.consts, cconsts), cat(cat(bj.consts, bconsts), bdots));
   args = cat(cat(args, init), cdots);
-  std::vector<Array> outs = bind_while(
-      WhileParams{cj.jaxpr, bj.jaxpr, int64_t(cj.consts.size() + nc), int64_t(bj.consts.size() + nb + nbd)}, args);
+  std::vector<Array> outs =
+      bind_while(WhileParams{cj.jaxpr, bj.jaxpr, int64_t(cj.consts.size() + nc), int64_t(bj.consts.size() + nb + nbd)},
+                 args);
   JvpOut r{slice_of(outs, 0, ncar), {}};
   size_t k = ncar;
   for (size_t i = 0; i < ncar; ++i) r.tangents.push_back(carry_nz[i] ? outs[k++] : Array());
@@ -350,9 +354,9 @@ std::vector<Array> scan_partial_eval(std::span<const Array> inputs, std::span<co
   {
     TraceScope scope(staging.parent());
     TracedCall bk = trace_to_call(s.known, pick(body_avals, in_uk, false));
-    known_out = bind_scan(ScanParams{bk.jaxpr, sp.length, int64_t(bk.consts.size() + kc), int64_t(kcar), sp.unroll,
-                                     sp.reverse},
-                          cat(bk.consts, pick(ins, in_uk, false)));
+    known_out =
+        bind_scan(ScanParams{bk.jaxpr, sp.length, int64_t(bk.consts.size() + kc), int64_t(kcar), sp.unroll, sp.reverse},
+                  cat(bk.consts, pick(ins, in_uk, false)));
   }
   size_t nko = known_out.size() - nres;
   std::vector<Array> res = slice_of(known_out, nko, known_out.size());

@@ -88,7 +88,8 @@ Array digamma(const Array& x) {
   }
   Array zinv2 = lax::div(const_like(x, 1), lax::mul(z, z));
   Array tail = lax::mul(zinv2, const_like(x, 691.0 / 32760));
-  for (double c : {1.0 / 132, 1.0 / 240, 1.0 / 252, 1.0 / 120, 1.0 / 12}) tail = lax::mul(zinv2, lax::sub(const_like(x, c), tail));
+  for (double c : {1.0 / 132, 1.0 / 240, 1.0 / 252, 1.0 / 120, 1.0 / 12})
+    tail = lax::mul(zinv2, lax::sub(const_like(x, c), tail));
   Array psi_w = lax::sub(lax::sub(lax::sub(lax::log(z), lax::div(const_like(x, 0.5), z)), tail), shift_sum);
   // The reflection term is evaluated at a harmless point where it is not selected, so neither
   // it nor its derivative is inf/NaN at integers (JAX's double-where pattern).
@@ -136,9 +137,8 @@ void define_unary_jvps() {
   def_unary_jvp("acos", [](const Array& x, const Array& g) {
     return lax::mul(g, lax::neg(lax::rsqrt(lax::sub(const_like(x, 1), lax::square(x)))));
   });
-  def_unary_jvp("atan", [](const Array& x, const Array& g) {
-    return lax::div(g, lax::add(const_like(x, 1), lax::square(x)));
-  });
+  def_unary_jvp("atan",
+                [](const Array& x, const Array& g) { return lax::div(g, lax::add(const_like(x, 1), lax::square(x))); });
   def_unary_jvp("sinh", [](const Array& x, const Array& g) { return lax::mul(g, lax::cosh(x)); });
   def_unary_jvp("cosh", [](const Array& x, const Array& g) { return lax::mul(g, lax::sinh(x)); });
   def_unary_jvp("asinh", [](const Array& x, const Array& g) {
@@ -169,9 +169,7 @@ void define_unary_jvps() {
     return lax::mul(const_like(x, std::sqrt(std::numbers::pi) / 2), lax::mul(g, lax::exp(lax::square(ans))));
   });
   def_unary_jvp("lgamma", [](const Array& x, const Array& g) { return lax::mul(g, digamma(x)); });
-  def_unary_jvp("square", [](const Array& x, const Array& g) {
-    return lax::mul(g, lax::mul(const_like(x, 2), x));
-  });
+  def_unary_jvp("square", [](const Array& x, const Array& g) { return lax::mul(g, lax::mul(const_like(x, 2), x)); });
   def_unary_jvp("stop_gradient", [](const Array&, const Array&) { return Array(); });
   define_rules("integer_pow").jvp = [](Args p, Args t, const Params& params) {
     const Array& x = p[0];
@@ -180,17 +178,16 @@ void define_unary_jvps() {
     Array g = t[0];
     if (!g.defined() || y == 0) return JvpOut{{out}, {Array()}};
     if (y == 1) return JvpOut{{out}, {g}};
-    Array dx = y == 2 ? lax::mul(const_like(x, 2), x)
-                      : lax::mul(const_like(x, double(y)), lax::integer_pow(x, int(y - 1)));
+    Array dx =
+        y == 2 ? lax::mul(const_like(x, 2), x) : lax::mul(const_like(x, double(y)), lax::integer_pow(x, int(y - 1)));
     return JvpOut{{out}, {lax::mul(g, dx)}};
   };
 }
 
-
 void define_binary_jvps() {
-  for (const char* name : {"nextafter", "and", "or", "xor", "shift_left", "shift_right_logical",
-                           "shift_right_arithmetic", "eq", "ne", "lt", "le", "gt", "ge", "threefry2x32",
-                           "bitcast_convert_type"})
+  for (const char* name :
+       {"nextafter", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "eq", "ne",
+        "lt", "le", "gt", "ge", "threefry2x32", "bitcast_convert_type"})
     def_zero_jvp(name);
   auto first = [](const Array& g, const Array&, Args) { return g; };
   // JAX's _add_jvp / _sub_jvp: a single tangent passes through; two are combined by add / sub.
@@ -222,8 +219,9 @@ void define_binary_jvps() {
                          return lax::mul(g, lax::mul(lax::log(replace_zero(p[0])), ans));
                        }});
   for (const char* name : {"max", "min"})
-    def_nary_jvp(name, {[](const Array& g, const Array& ans, Args p) { return lax::mul(g, balanced_eq(p[0], ans, p[1])); },
-                        [](const Array& g, const Array& ans, Args p) { return lax::mul(g, balanced_eq(p[1], ans, p[0])); }});
+    def_nary_jvp(name,
+                 {[](const Array& g, const Array& ans, Args p) { return lax::mul(g, balanced_eq(p[0], ans, p[1])); },
+                  [](const Array& g, const Array& ans, Args p) { return lax::mul(g, balanced_eq(p[1], ans, p[0])); }});
   def_nary_jvp("atan2", {[](const Array& g, const Array&, Args p) {
                            return lax::mul(g, lax::div(p[1], lax::add(lax::square(p[0]), lax::square(p[1]))));
                          },
@@ -236,14 +234,15 @@ void define_binary_jvps() {
   auto clamp_case = [](const Array& pred, const Array& g, const Array& ans) {
     return lax::select(pred, broadcast_to_aval(g, ans.aval()), full_like(ans, 0));
   };
-  def_nary_jvp("clamp",
-               {[clamp_case](const Array& g, const Array& ans, Args p) {
-                  return clamp_case(lax::bitwise_and(lax::gt(p[0], p[1]), lax::lt(p[0], p[2])), g, ans);
-                },
-                [clamp_case](const Array& g, const Array& ans, Args p) {
-                  return clamp_case(lax::bitwise_and(lax::gt(p[1], p[0]), lax::lt(p[1], p[2])), g, ans);
-                },
-                [clamp_case](const Array& g, const Array& ans, Args p) { return clamp_case(lax::lt(p[2], p[1]), g, ans); }});
+  def_nary_jvp("clamp", {[clamp_case](const Array& g, const Array& ans, Args p) {
+                           return clamp_case(lax::bitwise_and(lax::gt(p[0], p[1]), lax::lt(p[0], p[2])), g, ans);
+                         },
+                         [clamp_case](const Array& g, const Array& ans, Args p) {
+                           return clamp_case(lax::bitwise_and(lax::gt(p[1], p[0]), lax::lt(p[1], p[2])), g, ans);
+                         },
+                         [clamp_case](const Array& g, const Array& ans, Args p) {
+                           return clamp_case(lax::lt(p[2], p[1]), g, ans);
+                         }});
 }
 
 void define_structural_jvps() {
@@ -368,8 +367,7 @@ BatchOut batch_select_n(Args args, std::span<const int> bdims, const BatchAxis& 
 void define_batching() {
   for (const PrimitiveDef* def : all_primitives()) {
     bool elementwise = def->scalar_op || def->name == "stop_gradient" || def->name == "convert_element_type" ||
-                       def->name == "bitcast_convert_type" || def->name == "integer_pow" ||
-                       def->name == "threefry2x32";
+                       def->name == "bitcast_convert_type" || def->name == "integer_pow" || def->name == "threefry2x32";
     if (!elementwise) continue;
     define_rules(def->name).batch = [def](Args a, std::span<const int> d, const BatchAxis& axis, const Params& p) {
       return batch_in_place(*def, a, d, axis, p);

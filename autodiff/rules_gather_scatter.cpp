@@ -101,9 +101,9 @@ std::vector<Array> gather_transpose(std::span<const Array> cts, std::span<const 
                             g.start_indices_batching_dims};
   // The zeros take the cotangent's dtype, which may be wider than the primal's (as in JAX).
   AbstractValue zeros_aval{args[0].aval().shape, cts[0].dtype(), false, {}};
-  Array ct = scatter_with(ScatterKind::Add, zeros_like_aval(zeros_aval), args[1], cts[0], s,
-                          gather_scatter_mode(params), params.get<bool>("indices_are_sorted"),
-                          params.get<bool>("unique_indices"));
+  Array ct =
+      scatter_with(ScatterKind::Add, zeros_like_aval(zeros_aval), args[1], cts[0], s, gather_scatter_mode(params),
+                   params.get<bool>("indices_are_sorted"), params.get<bool>("unique_indices"));
   return {ct, Array()};
 }
 
@@ -173,9 +173,9 @@ JvpOut scatter_jvp(std::span<const Array> p, std::span<const Array> t, const Par
   DType id_dtype = DType::int32;
   Dims all_dims;
   for (int64_t d = 0; d < updates.ndim(); ++d) all_dims.push_back(d);
-  Array update_ids = lax::add(
-      lax::broadcast_in_dim(lax::reshape(lax::iota(id_dtype, num_ids), ids_shape), updates.shape(), all_dims),
-      full_like_aval(1, AbstractValue{updates.shape(), id_dtype, false, {}}));
+  Array update_ids =
+      lax::add(lax::broadcast_in_dim(lax::reshape(lax::iota(id_dtype, num_ids), ids_shape), updates.shape(), all_dims),
+               full_like_aval(1, AbstractValue{updates.shape(), id_dtype, false, {}}));
   Array no_ids = full_like_aval(0, AbstractValue{operand.shape(), id_dtype, false, {}});
   Array scattered_ids = scatter_as(ScatterKind::Set, no_ids, indices, update_ids, s);
   // b) the id that won each update's slot; c) masks of the surviving operand and update entries;
@@ -192,8 +192,9 @@ JvpOut scatter_jvp(std::span<const Array> p, std::span<const Array> t, const Par
 std::vector<Array> scatter_transpose(std::span<const Array> cts, std::span<const Array> args, const Params& params) {
   ScatterInfo s = scatter_info(params);
   if (!s.unique)
-    throw ValueError("scatter transpose is only implemented where unique_indices=True (as in JAX); differentiate "
-                     "the scatter itself (its JVP handles repeated indices) instead of transposing it");
+    throw ValueError(
+        "scatter transpose is only implemented where unique_indices=True (as in JAX); differentiate "
+        "the scatter itself (its JVP handles repeated indices) instead of transposing it");
   std::vector<Array> r(3);
   const AbstractValue& updates_aval = args[2].aval();
   if (is_undefined_primal(args[0]))
@@ -246,8 +247,9 @@ std::vector<Array> scatter_mul_transpose(std::span<const Array> cts, std::span<c
   }
   if (is_undefined_primal(args[2])) {
     if (!s.unique)
-      throw ValueError("scatter_mul transpose with respect to the updates is only implemented where "
-                       "unique_indices=True (as in JAX)");
+      throw ValueError(
+          "scatter_mul transpose with respect to the updates is only implemented where "
+          "unique_indices=True (as in JAX)");
     r[2] = gather_at_updates(lax::mul(cts[0], args[0]), args[1], s, args[2].aval().shape);
   }
   return r;
@@ -267,20 +269,19 @@ JvpOut scatter_extremal_jvp(const PrimitiveDef& prim, std::span<const Array> p, 
   Array successful = lax::eq(updates, target_vals);
   Array retained = lax::eq(initial_vals, target_vals);
   Array zeros_op = full(0, operand);
-  Array num_updates = gather_at_updates(
-      scatter_as(ScatterKind::Add, zeros_op, indices, lax::select(successful, full(1, updates), full(0, updates)), s,
-                 false),
-      indices, s, us);
-  Array num_refs = gather_at_updates(scatter_as(ScatterKind::Add, zeros_op, indices, full(1, updates), s, false),
-                                     indices, s, us);
+  Array num_updates =
+      gather_at_updates(scatter_as(ScatterKind::Add, zeros_op, indices,
+                                   lax::select(successful, full(1, updates), full(0, updates)), s, false),
+                        indices, s, us);
+  Array num_refs =
+      gather_at_updates(scatter_as(ScatterKind::Add, zeros_op, indices, full(1, updates), s, false), indices, s, us);
   Array one = scalar_like(1, num_updates);
   Array inv_plus_one = lax::div(one, lax::add(num_updates, one)), inv = lax::div(one, num_updates);
   Array updates_coef = lax::select(successful, lax::select(retained, inv_plus_one, inv), full(0, updates));
   Array operand_normalizer = lax::select(retained, inv_plus_one, full(0, num_updates));
   Array operand_coef = lax::div(lax::add(scalar_like(-1, operand_normalizer), operand_normalizer), num_refs);
   Array target_tangents = gather_at_updates(g_operand, indices, s, us);
-  Array tangent_updates =
-      lax::add(lax::mul(target_tangents, operand_coef), lax::mul(g_updates, updates_coef));
+  Array tangent_updates = lax::add(lax::mul(target_tangents, operand_coef), lax::mul(g_updates, updates_coef));
   return {{out}, {scatter_as(ScatterKind::Add, g_operand, indices, tangent_updates, s)}};
 }
 

@@ -55,9 +55,7 @@ Array transpose_like_jax(const Array& x, const Dims& perm) {
   return bind1(*find_primitive("transpose"), {x}, Params{{"permutation", perm}});
 }
 
-Array convert_if(const Array& x, DType dtype) {
-  return x.dtype() == dtype ? x : lax::convert_element_type(x, dtype);
-}
+Array convert_if(const Array& x, DType dtype) { return x.dtype() == dtype ? x : lax::convert_element_type(x, dtype); }
 
 // ---------------------------------------------------------------- dot_general
 
@@ -180,8 +178,8 @@ struct ConvConfig {
   int64_t feature_group_count = 1;
 };
 ConvConfig conv_config(const Params& p) {
-  return {p.ints("window_strides"), p.ints("lhs_dilation"), p.ints("rhs_dilation"), p.get<Pads>("padding"),
-          conv_specs(p), p.i("feature_group_count")};
+  return {p.ints("window_strides"), p.ints("lhs_dilation"), p.ints("rhs_dilation"),
+          p.get<Pads>("padding"),   conv_specs(p),          p.i("feature_group_count")};
 }
 Array bind_conv(const Array& lhs, const Array& rhs, const ConvConfig& c, Params params) {
   auto dn = std::make_shared<ConvDimsParam>();
@@ -239,8 +237,7 @@ Array conv_transpose_lhs(const Array& g, const AbstractValue& lhs_aval, Array rh
     pads.push_back({before, ld + rd - 1 - od - before});
   }
   Array revd = convert_if(lax::rev(rhs, spatial(s.rhs)), g.dtype());
-  ConvConfig t{c.lhs_dilation, c.window_strides, c.rhs_dilation, pads,
-               {s.out, swap_first_two(s.rhs), s.lhs}, groups};
+  ConvConfig t{c.lhs_dilation, c.window_strides, c.rhs_dilation, pads, {s.out, swap_first_two(s.rhs), s.lhs}, groups};
   return convert_if(bind_conv(g, revd, t, params), lhs_aval.dtype);
 }
 
@@ -264,8 +261,12 @@ Array conv_transpose_rhs(const Array& g, Array lhs, const AbstractValue& rhs_ava
     lhs = reshape_axis_out_of(s.lhs[1], groups, lhs);
     lhs = reshape_axis_into(s.lhs[1], s.lhs[0], lhs);
   }
-  ConvConfig t{c.rhs_dilation, c.lhs_dilation, c.window_strides, pads,
-               {swap_first_two(s.lhs), swap_first_two(s.out), swap_first_two(s.rhs)}, groups};
+  ConvConfig t{c.rhs_dilation,
+               c.lhs_dilation,
+               c.window_strides,
+               pads,
+               {swap_first_two(s.lhs), swap_first_two(s.out), swap_first_two(s.rhs)},
+               groups};
   return convert_if(bind_conv(lhs, g, t, params), rhs_aval.dtype);
 }
 

@@ -283,8 +283,8 @@ JvpOut top_k_jvp(Args p, Args t, const Params& params) {
   const Array& k_idxs = outs[1];
   Shape idx_shape = k_idxs.shape();
   idx_shape.push_back(1);
-  Array tangent = take_along(t[0], lax::reshape(k_idxs, idx_shape), k_idxs.ndim() - 1,
-                             lax::GatherScatterMode::fill_or_drop);
+  Array tangent =
+      take_along(t[0], lax::reshape(k_idxs, idx_shape), k_idxs.ndim() - 1, lax::GatherScatterMode::fill_or_drop);
   return JvpOut{outs, {tangent, Array()}};
 }
 
@@ -309,9 +309,9 @@ const bool registered = add_rule_initializer([] {
   define_rules("reduce_prod").jvp = reduce_prod_jvp;
   for (const PrimitiveDef* def : {&prims::argmax(), &prims::argmin(), &prims::reduce_and(), &prims::reduce_or()})
     def_zero_jvp(*def);
-  for (const PrimitiveDef* def : {&prims::reduce_sum(), &prims::reduce_max(), &prims::reduce_min(),
-                                  &prims::reduce_prod(), &prims::reduce_and(), &prims::reduce_or(), &prims::argmax(),
-                                  &prims::argmin()})
+  for (const PrimitiveDef* def :
+       {&prims::reduce_sum(), &prims::reduce_max(), &prims::reduce_min(), &prims::reduce_prod(), &prims::reduce_and(),
+        &prims::reduce_or(), &prims::argmax(), &prims::argmin()})
     batch_with(reduce_batch, *def);
 
   def_unary_linear_jvp(prims::cumsum());

@@ -9,8 +9,8 @@
 #include <numeric>
 
 #include "autodiff/rule_helpers.h"
-#include "core/lax/shape.h"
 #include "core/lax/rule_support.h"
+#include "core/lax/shape.h"
 
 namespace cjax {
 namespace {
@@ -60,8 +60,10 @@ std::vector<Array> broadcast_in_dim_transpose(std::span<const Array> cts, std::s
   // others map one-to-one; every other output dimension was added and is summed over.
   Ints unit_dims, kept;
   for (size_t i = 0; i < in_shape.size(); ++i) {
-    if (in_shape[i] == 1) unit_dims.push_back(int64_t(i));
-    else kept.push_back(bdims[i]);
+    if (in_shape[i] == 1)
+      unit_dims.push_back(int64_t(i));
+    else
+      kept.push_back(bdims[i]);
   }
   Ints axes;
   for (int64_t d = 0; d < cts[0].ndim(); ++d)
@@ -286,9 +288,8 @@ BatchOut dynamic_update_slice_batch(std::span<const Array> a, std::span<const in
 }
 
 const bool registered = add_rule_initializer([] {
-  for (const PrimitiveDef* def : {&prims::broadcast_in_dim(), &prims::reshape(), &prims::transpose(),
-                                  &prims::squeeze(), &prims::rev(), &prims::concatenate(), &prims::pad(),
-                                  &prims::slice()})
+  for (const PrimitiveDef* def : {&prims::broadcast_in_dim(), &prims::reshape(), &prims::transpose(), &prims::squeeze(),
+                                  &prims::rev(), &prims::concatenate(), &prims::pad(), &prims::slice()})
     def_linear_jvp(*def);
   def_linear_jvp(prims::dynamic_slice(), 1);
   def_linear_jvp(prims::dynamic_update_slice(), 2);

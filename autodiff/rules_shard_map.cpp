@@ -7,12 +7,12 @@
 #include <fmt/format.h>
 
 #include "autodiff/ad.h"
-#include "cjax/collectives.h"
 #include "autodiff/partial_eval.h"
+#include "cjax/collectives.h"
 #include "cjax/lax.h"
-#include "core/spmd/collectives.h"
 #include "core/array/rules.h"
 #include "core/lax/rule_support.h"
+#include "core/spmd/collectives.h"
 #include "trace/batching.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
@@ -269,8 +269,10 @@ Xs shard_map_transpose(std::span<const Array> cts, std::span<const Array> args, 
 
 PartitionSpec with_leading(const PartitionSpec& s, const std::string& axis) {
   std::vector<PartitionSpec::Entry> e;
-  if (axis.empty()) e.emplace_back(None);
-  else e.emplace_back(axis);
+  if (axis.empty())
+    e.emplace_back(None);
+  else
+    e.emplace_back(axis);
   e.insert(e.end(), s.entries().begin(), s.entries().end());
   return PartitionSpec(std::move(e));
 }
@@ -292,15 +294,17 @@ BatchOut shard_map_batch(std::span<const Array> args, std::span<const int> bdims
           "over '{}' outside the shard_map",
           spmd, axis.name, axis.name, spmd, axis.name));
     if (std::find(info.manual_axes.begin(), info.manual_axes.end(), spmd) == info.manual_axes.end())
-      throw SpecError(fmt::format("vmap spmd_axis_name '{}' is not a manual axis of the shard_map over {} (manual axes {})",
-                                  spmd, info.mesh.str(), AxisNames(info.manual_axes).str()));
+      throw SpecError(
+          fmt::format("vmap spmd_axis_name '{}' is not a manual axis of the shard_map over {} (manual axes {})", spmd,
+                      info.mesh.str(), AxisNames(info.manual_axes).str()));
     for (const auto* specs : {&info.in_specs, &info.out_specs})
       for (const PartitionSpec& s : *specs) {
         auto m = s.mentioned_axes();
         if (std::find(m.begin(), m.end(), spmd) != m.end())
-          throw SpecError(fmt::format("vmap spmd_axis_name cannot appear in shard_map in_specs or out_specs, but '{}' "
-                                      "appears in {}",
-                                      spmd, s.str()));
+          throw SpecError(
+              fmt::format("vmap spmd_axis_name cannot appear in shard_map in_specs or out_specs, but '{}' "
+                          "appears in {}",
+                          spmd, s.str()));
       }
     int64_t n = info.mesh.axis_size(spmd);
     if (axis.size % n != 0)
@@ -308,8 +312,8 @@ BatchOut shard_map_batch(std::span<const Array> args, std::span<const int> bdims
                                   spmd, n, axis.size));
     inner.size = axis.size / n;
   }
-  std::vector<std::string> spmd_vma = spmd.empty() || !info.check_vma ? std::vector<std::string>{}
-                                                                       : std::vector<std::string>{spmd};
+  std::vector<std::string> spmd_vma =
+      spmd.empty() || !info.check_vma ? std::vector<std::string>{} : std::vector<std::string>{spmd};
   Xs moved;
   std::vector<int> in_bdims;
   std::vector<AbstractValue> in_avals;

@@ -19,8 +19,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,9 +113,8 @@ class StreamCopy {
   }
   double bytes() const { return 2.0 * double(n_) * sizeof(float); }
   void memcpy_once() {
-    parallel_for(n_, 1 << 16, [&](int64_t s, int64_t e) {
-      std::memcpy(b_.get() + s, a_.get() + s, size_t(e - s) * sizeof(float));
-    });
+    parallel_for(n_, 1 << 16,
+                 [&](int64_t s, int64_t e) { std::memcpy(b_.get() + s, a_.get() + s, size_t(e - s) * sizeof(float)); });
   }
   void loop_once() {
     parallel_for(n_, 1 << 16, [&](int64_t s, int64_t e) { copy_loop(a_.get(), b_.get(), s, e); });
@@ -282,8 +281,7 @@ int compile_child(bool warm) {
   l.block_until_ready();
   double t = seconds_since(t0);
   cpu::KernelCacheStats s = cpu::kernel_cache_stats();
-  std::printf("first_call_ms=%f\nmisses=%lld\ndisk_hits=%lld\n", t * 1e3, (long long)s.misses,
-              (long long)s.disk_hits);
+  std::printf("first_call_ms=%f\nmisses=%lld\ndisk_hits=%lld\n", t * 1e3, (long long)s.misses, (long long)s.disk_hits);
   return 0;
 }
 
@@ -330,8 +328,7 @@ int cpu_child() {
   std::vector<float> xs = x.to_vector<float>();
   std::vector<float> ys(static_cast<size_t>(n));
   std::printf("chain_hand_ms=%f\n", cpu_median([&] { chain_loop(xs.data(), ys.data(), 0, n); }, 5) * 1e3);
-  std::printf("chain_same_ms=%f\n",
-              cpu_median([&] { chain_loop_same_math(xs.data(), ys.data(), 0, n); }, 5) * 1e3);
+  std::printf("chain_same_ms=%f\n", cpu_median([&] { chain_loop_same_math(xs.data(), ys.data(), 0, n); }, 5) * 1e3);
 
   MlpData d = make_mlp_data();
   std::vector<int> labels = d.labels.to_vector<int>();
@@ -382,7 +379,9 @@ int main(int argc, char** argv) {
     t *= key.find("_us_") != std::string::npos ? 1e-6 : 1e-3;
     // faster: goal "cjax at least goal_ratio x faster" -> ratio printed as peer/ours.
     double ratio = faster ? t / ours : ours / t;
-    std::string g = goal.empty() ? "-" : goal + (goal_ratio > 0 ? " " + verdict(faster ? ratio >= goal_ratio : ratio <= goal_ratio) : "");
+    std::string g =
+        goal.empty() ? "-"
+                     : goal + (goal_ratio > 0 ? " " + verdict(faster ? ratio >= goal_ratio : ratio <= goal_ratio) : "");
     row(what, ours < 1e-3 ? fmt_us(ours) : fmt_ms(ours), "torch " + (t < 1e-3 ? fmt_us(t) : fmt_ms(t)), ratio, g);
   };
 
@@ -406,8 +405,8 @@ int main(int argc, char** argv) {
     const float* px = xs.data();
     float* py_ = ys.data();
     auto hand_2thr = [&](auto loop) {
-      return time_median(
-          [&] { parallel_for(n, int64_t(1) << 14, [&](int64_t b, int64_t e) { loop(px, py_, b, e); }); }, 11);
+      return time_median([&] { parallel_for(n, int64_t(1) << 14, [&](int64_t b, int64_t e) { loop(px, py_, b, e); }); },
+                         11);
     };
     double t_same2 = hand_2thr(chain_loop_same_math);
     double t_same1 = time_median([&] { chain_loop_same_math(px, py_, 0, n); }, 7);
@@ -437,9 +436,10 @@ int main(int argc, char** argv) {
     row("  vs libmvec loop (-ffast-math), 2 threads", fmt_ms(t_fused), "libmvec 2thr " + fmt_ms(t_hand2),
         t_fused / t_hand2, "-");
     row("  vs libmvec loop, 1 thread", fmt_ms(t_fused), "libmvec 1thr " + fmt_ms(t_hand1), t_fused / t_hand1, "-");
-    std::printf("[the hand loop runs %.2fx faster on 2 threads than on 1; near 1x, another process holds a core and "
-                "the multi-threaded rows of this run are not meaningful: see the one-thread CPU-time rows]\n",
-                t_hand1 / t_hand2);
+    std::printf(
+        "[the hand loop runs %.2fx faster on 2 threads than on 1; near 1x, another process holds a core and "
+        "the multi-threaded rows of this run are not meaningful: see the one-thread CPU-time rows]\n",
+        t_hand1 / t_hand2);
     row("  vs op by op (fusion disabled)", fmt_ms(t_fused), "unfused " + fmt_ms(t_unfused), t_fused / t_unfused, "-");
     torch_row("  vs PyTorch 1 thread (x faster)", t_fused, "chain_ms_t1", ">= 10x", 10, true);
     torch_row("  vs PyTorch N threads (x faster)", t_fused, "chain_ms_tN", "", 0, true);
@@ -455,8 +455,9 @@ int main(int argc, char** argv) {
     std::printf("[softmax plan: %zu kernel(s), %zu step(s)] %s", ex.plan().kernels.size(), ex.plan().steps.size(),
                 ex.plan().describe().c_str());
     auto jsm = jit(softmax_fn, {.name = "softmax"});
-    std::vector<double> med = interleaved_medians(
-        {[&] { jsm(s).block_until_ready(); }, [&] { stream.memcpy_once(); }, [&] { stream.loop_once(); }}, 15);
+    std::vector<double> med = interleaved_medians({[&] { jsm(s).block_until_ready(); }, [&] { stream.memcpy_once(); },
+                                                   [&] { stream.loop_once(); }},
+                                                  15);
     double t = med[0], memcpy_gbs = stream.bytes() / med[1] / 1e9, loop_gbs = stream.bytes() / med[2] / 1e9;
     double gbs = 2.0 * 4096 * 4096 * 4 / t / 1e9;
     row("softmax f32[4096,4096] (" + fmt_ms(t) + ")", fmt_gbs(gbs), "STREAM memcpy " + fmt_gbs(memcpy_gbs),
@@ -482,10 +483,10 @@ int main(int argc, char** argv) {
       std::vector<float> w = p1[i].w.to_vector<float>();
       for (size_t j = 0; j < w.size(); ++j) maxdw = std::max(maxdw, double(std::fabs(w[j] - blas.w[i][j])));
     }
-    std::printf("[MLP step 1: cjax loss %.7f, OpenBLAS loss %.7f, |difference| %.3g; max |w_cjax - w_blas| after the "
-                "update %.3g]\n",
-                double(l0.item<float>()), double(blas_loss), std::fabs(double(l0.item<float>()) - double(blas_loss)),
-                maxdw);
+    std::printf(
+        "[MLP step 1: cjax loss %.7f, OpenBLAS loss %.7f, |difference| %.3g; max |w_cjax - w_blas| after the "
+        "update %.3g]\n",
+        double(l0.item<float>()), double(blas_loss), std::fabs(double(l0.item<float>()) - double(blas_loss)), maxdw);
     check(std::fabs(double(l0.item<float>()) - double(blas_loss)) < 1e-5, "MLP: cjax and OpenBLAS losses differ");
     p = std::move(p1);
 
@@ -610,15 +611,18 @@ int main(int argc, char** argv) {
       std::filesystem::remove_all(dir, ec);
     }
     double ec = median(exe_cold), ed = median(exe_disk);
-    std::printf("[trace (make_jaxpr of the step) %.1f ms; Executable construction cold %.1f ms wall, %.1f ms CPU of "
-                "this thread; from disk %.1f ms]\n",
-                median(trace_ms), median(exe_total_cold), median(exe_cpu_cold), median(exe_total_disk));
-    row("compile train step cold (compile_ms)", fmt("%.1f ms", ec), "goal 150 ms", ec / 150, "<= 150 ms " + verdict(ec <= 150));
+    std::printf(
+        "[trace (make_jaxpr of the step) %.1f ms; Executable construction cold %.1f ms wall, %.1f ms CPU of "
+        "this thread; from disk %.1f ms]\n",
+        median(trace_ms), median(exe_total_cold), median(exe_cpu_cold), median(exe_total_disk));
+    row("compile train step cold (compile_ms)", fmt("%.1f ms", ec), "goal 150 ms", ec / 150,
+        "<= 150 ms " + verdict(ec <= 150));
     row("  first jit call cold (trace+compile+run)", fmt("%.1f ms", median(jit_cold)), "goal 150 ms",
         median(jit_cold) / 150, "<= 150 ms " + verdict(median(jit_cold) <= 150));
     row("  first call cold, fresh process", fmt("%.1f ms", median(proc_cold)), "goal 150 ms", median(proc_cold) / 150,
         "<= 150 ms " + verdict(median(proc_cold) <= 150));
-    row("compile train step from disk (compile_ms)", fmt("%.1f ms", ed), "goal 20 ms", ed / 20, "<= 20 ms " + verdict(ed <= 20));
+    row("compile train step from disk (compile_ms)", fmt("%.1f ms", ed), "goal 20 ms", ed / 20,
+        "<= 20 ms " + verdict(ed <= 20));
     row("  first jit call from disk (trace+load+run)", fmt("%.1f ms", median(jit_disk)), "goal 20 ms",
         median(jit_disk) / 20, "<= 20 ms " + verdict(median(jit_disk) <= 20));
     row("  first call from disk, fresh process", fmt("%.1f ms", median(proc_disk)), "goal 20 ms",
@@ -653,13 +657,14 @@ int main(int argc, char** argv) {
     }
     int64_t inputs_b = kBatch * kSizes[0] * 4 + kBatch * 4;
     int64_t base = params_b + inputs_b + acts_b;
-    std::printf("[memory: params %lld B, x+labels %lld B, live activations %lld B -> %lld B; in use before the step "
-                "%lld B (other live arrays of the process: %lld B); peak during the step %lld B = in use + %lld B "
-                "(%.2f x params)]\n",
-                (long long)params_b, (long long)inputs_b, (long long)acts_b, (long long)base,
-                (long long)before.bytes_in_use, (long long)(before.bytes_in_use - params_b - inputs_b),
-                (long long)after.peak_bytes_in_use, (long long)(after.peak_bytes_in_use - before.bytes_in_use),
-                double(after.peak_bytes_in_use - before.bytes_in_use) / double(params_b));
+    std::printf(
+        "[memory: params %lld B, x+labels %lld B, live activations %lld B -> %lld B; in use before the step "
+        "%lld B (other live arrays of the process: %lld B); peak during the step %lld B = in use + %lld B "
+        "(%.2f x params)]\n",
+        (long long)params_b, (long long)inputs_b, (long long)acts_b, (long long)base, (long long)before.bytes_in_use,
+        (long long)(before.bytes_in_use - params_b - inputs_b), (long long)after.peak_bytes_in_use,
+        (long long)(after.peak_bytes_in_use - before.bytes_in_use),
+        double(after.peak_bytes_in_use - before.bytes_in_use) / double(params_b));
     int64_t other = before.bytes_in_use - params_b - inputs_b;
     double peak_step = double(after.peak_bytes_in_use - other);
     row("MLP step peak memory (less other arrays)", fmt("%.0f KB", peak_step / 1e3),

@@ -19,9 +19,7 @@ namespace nn = cjax::nn;
 namespace {
 const Device kGpu(Platform::cuda, 0);
 
-double seconds(const std::function<void()>& fn, int reps) {
-  return time_median(fn, reps);
-}
+double seconds(const std::function<void()>& fn, int reps) { return time_median(fn, reps); }
 
 // GB/s of one device-to-device copy of `bytes` (counted twice: read and write).
 double copy_ceiling(size_t bytes) {
@@ -29,10 +27,12 @@ double copy_ceiling(size_t bytes) {
   Array b = device_put(jnp::zeros({int64_t(bytes / 4)}), SingleDeviceSharding(kGpu));
   const cuda::Driver& api = cuda::activate(kGpu);
   auto src = reinterpret_cast<CUdeviceptr>(raw_ptr(a)), dst = reinterpret_cast<CUdeviceptr>(raw_ptr(b));
-  double t = seconds([&] {
-    cuda::check(api.cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD");
-    cuda::check(api.cuCtxSynchronize(), "cuCtxSynchronize");
-  }, 20);
+  double t = seconds(
+      [&] {
+        cuda::check(api.cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD");
+        cuda::check(api.cuCtxSynchronize(), "cuCtxSynchronize");
+      },
+      20);
   return 2.0 * double(bytes) / t / 1e9;
 }
 }  // namespace
@@ -60,10 +60,12 @@ int main() {
     Array x = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu));
     Array y = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu));
     Array z;
-    double t = seconds([&] {
-      z = x + y;
-      z.block_until_ready();
-    }, 20);
+    double t = seconds(
+        [&] {
+          z = x + y;
+          z.block_until_ready();
+        },
+        20);
     report(fmt::format("add f32[{}M]", n >> 20), t, 12.0 * double(n));
   }
   {
@@ -71,16 +73,20 @@ int main() {
     Array x = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu)).astype(bf16);
     Array y = x * 2.0f;
     Array z;
-    double t = seconds([&] {
-      z = x * y;
-      z.block_until_ready();
-    }, 20);
+    double t = seconds(
+        [&] {
+          z = x * y;
+          z.block_until_ready();
+        },
+        20);
     report("mul bf16[64M]", t, 6.0 * double(n));
     Array xf = device_put(jnp::ones({n}), SingleDeviceSharding(kGpu));
-    t = seconds([&] {
-      z = jnp::tanh(xf);
-      z.block_until_ready();
-    }, 20);
+    t = seconds(
+        [&] {
+          z = jnp::tanh(xf);
+          z.block_until_ready();
+        },
+        20);
     report("tanh f32[64M]", t, 8.0 * double(n));
   }
   // Small library ops of a training step (their host-side launch cost shows here).
@@ -89,10 +95,12 @@ int main() {
     Array b = device_put(jnp::ones({2048}), SingleDeviceSharding(kGpu));
     Array z;
     auto row = [&](const char* what, const std::function<Array()>& f) {
-      double t = seconds([&] {
-        z = f();
-        z.block_until_ready();
-      }, 50);
+      double t = seconds(
+          [&] {
+            z = f();
+            z.block_until_ready();
+          },
+          50);
       std::printf("%-34s %9.1f us\n", what, t * 1e6);
       std::printf("ROW,%s,%.9f\n", what, t);
     };
@@ -109,10 +117,12 @@ int main() {
     Array a = device_put(jnp::ones({n, n}), SingleDeviceSharding(kGpu)).astype(d);
     Array b = device_put(jnp::ones({n, n}), SingleDeviceSharding(kGpu)).astype(d) * 0.5f;
     Array c;
-    double t = seconds([&] {
-      c = jnp::matmul(a, b);
-      c.block_until_ready();
-    }, 20);
+    double t = seconds(
+        [&] {
+          c = jnp::matmul(a, b);
+          c.block_until_ready();
+        },
+        20);
     std::string what = fmt::format("matmul {}[{}^3]", dtype_name(d), n);
     std::printf("%-34s %9.1f us %10.1f\n", what.c_str(), t * 1e6, 2.0 * double(n) * double(n) * double(n) / t / 1e12);
     std::printf("ROW,%s,%.9f\n", what.c_str(), t);
@@ -132,10 +142,12 @@ int main() {
                         std::pair{int64_t(1) << 28, f32}, std::pair{int64_t(1) << 26, bf16}}) {
       Array x = device_put(random::normal(random::key(7), {n}), SingleDeviceSharding(kGpu)).astype(d);
       Array z;
-      double t = seconds([&] {
-        z = chain_jit(x);
-        z.block_until_ready();
-      }, 20);
+      double t = seconds(
+          [&] {
+            z = chain_jit(x);
+            z.block_until_ready();
+          },
+          20);
       report(fmt::format("jit chain {}[{}M]", dtype_name(d), n >> 20), t, 2.0 * double(itemsize(d)) * double(n));
     }
     auto softmax_jit = jit([](const Array& x) { return nn::softmax(x, -1); });
@@ -145,27 +157,35 @@ int main() {
       Array var = jnp::mean(jnp::square(x - mu), -1, true);
       return (x - mu) / jnp::sqrt(var + 1e-5f) * g + b;
     });
-    for (auto [r, c, d] : {std::tuple{int64_t(4096), int64_t(4096), f32}, std::tuple{int64_t(32768), int64_t(1024), f32},
-                           std::tuple{int64_t(1024), int64_t(32768), f32}, std::tuple{int64_t(4096), int64_t(4096), bf16}}) {
+    for (auto [r, c, d] :
+         {std::tuple{int64_t(4096), int64_t(4096), f32}, std::tuple{int64_t(32768), int64_t(1024), f32},
+          std::tuple{int64_t(1024), int64_t(32768), f32}, std::tuple{int64_t(4096), int64_t(4096), bf16}}) {
       Array x = device_put(random::normal(random::key(8), {r, c}), SingleDeviceSharding(kGpu)).astype(d);
       Array z;
       double bytes = 2.0 * double(itemsize(d)) * double(r * c);
-      double t = seconds([&] {
-        z = softmax_jit(x);
-        z.block_until_ready();
-      }, 20);
+      double t = seconds(
+          [&] {
+            z = softmax_jit(x);
+            z.block_until_ready();
+          },
+          20);
       report(fmt::format("jit softmax {}[{},{}]", dtype_name(d), r, c), t, bytes);
       if (d != f32 || c != 1024) continue;
-      Array g = device_put(jnp::ones({c}), SingleDeviceSharding(kGpu)), b = device_put(jnp::zeros({c}), SingleDeviceSharding(kGpu));
-      t = seconds([&] {
-        z = rms_jit(x, g);
-        z.block_until_ready();
-      }, 20);
+      Array g = device_put(jnp::ones({c}), SingleDeviceSharding(kGpu)),
+            b = device_put(jnp::zeros({c}), SingleDeviceSharding(kGpu));
+      t = seconds(
+          [&] {
+            z = rms_jit(x, g);
+            z.block_until_ready();
+          },
+          20);
       report(fmt::format("jit rms_norm {}[{},{}]", dtype_name(d), r, c), t, bytes);
-      t = seconds([&] {
-        z = layer_norm_jit(x, g, b);
-        z.block_until_ready();
-      }, 20);
+      t = seconds(
+          [&] {
+            z = layer_norm_jit(x, g, b);
+            z.block_until_ready();
+          },
+          20);
       report(fmt::format("jit layer_norm {}[{},{}]", dtype_name(d), r, c), t, bytes);
     }
     // Host time of a cached one-kernel jit call (queued, not waited for).
@@ -173,10 +193,12 @@ int main() {
     auto tiny = jit([](const Array& a, const Array& b) { return a * 0.5f + b; });
     acc = tiny(acc, one);
     const int calls = 1000;
-    double t = seconds([&] {
-      for (int i = 0; i < calls; ++i) acc = tiny(acc, one);
-      acc.block_until_ready();
-    }, 5);
+    double t = seconds(
+        [&] {
+          for (int i = 0; i < calls; ++i) acc = tiny(acc, one);
+          acc.block_until_ready();
+        },
+        5);
     std::printf("%-34s %9.2f us per call\n", "jit 1-kernel call, chain of 1000", t / calls * 1e6);
     std::printf("ROW,jit tiny call,%.9f\n", t / calls);
   }
@@ -198,19 +220,24 @@ int main() {
     auto jit_step = jit(eager_step, {.donate_argnums = {0}});
     const int64_t batch = 512, width = 2048;
     auto put = [](const Array& a) { return device_put(a, SingleDeviceSharding(kGpu)); };
-    Array x = put(random::normal(random::key(4), {batch, width})), y = put(random::normal(random::key(5), {batch, width}));
+    Array x = put(random::normal(random::key(4), {batch, width})),
+          y = put(random::normal(random::key(5), {batch, width}));
     for (bool jitted : {false, true}) {
-      std::vector<Array> params = {put(random::normal(random::key(1), {width, width}) * 0.02f), put(jnp::zeros({width})),
-                                   put(random::normal(random::key(2), {width, width}) * 0.02f), put(jnp::zeros({width})),
+      std::vector<Array> params = {put(random::normal(random::key(1), {width, width}) * 0.02f),
+                                   put(jnp::zeros({width})),
+                                   put(random::normal(random::key(2), {width, width}) * 0.02f),
+                                   put(jnp::zeros({width})),
                                    put(random::normal(random::key(3), {width, width}) * 0.02f)};
       int64_t before = profiler::host_fallback_count();
       Array l;
-      double t = seconds([&] {
-        std::vector<Array> out = jitted ? jit_step(params, x, y) : eager_step(params, x, y);
-        l = out[0];
-        params.assign(out.begin() + 1, out.end());
-        params.back().block_until_ready();
-      }, 20);
+      double t = seconds(
+          [&] {
+            std::vector<Array> out = jitted ? jit_step(params, x, y) : eager_step(params, x, y);
+            l = out[0];
+            params.assign(out.begin() + 1, out.end());
+            params.back().block_until_ready();
+          },
+          20);
       std::printf("%-34s %9.1f us  (loss %.5f, %lld host fallbacks per step)\n",
                   jitted ? "jit MLP train step f32, donated" : "MLP train step f32 512x2048 x3", t * 1e6,
                   double(l.item<float>()), static_cast<long long>((profiler::host_fallback_count() - before) / 21));
@@ -222,10 +249,12 @@ int main() {
     Array a = device_put(jnp::ones({1}), SingleDeviceSharding(kGpu));
     Array b = a;
     const int calls = 10000;
-    double t = seconds([&] {
-      for (int i = 0; i < calls; ++i) b = b + a;
-      b.block_until_ready();
-    }, 5);
+    double t = seconds(
+        [&] {
+          for (int i = 0; i < calls; ++i) b = b + a;
+          b.block_until_ready();
+        },
+        5);
     std::printf("%-34s %9.2f us per op\n", "eager add f32[1], chain of 10000", t / calls * 1e6);
     std::printf("ROW,add f32[1] per op,%.9f\n", t / calls);
     std::printf("result check: %.0f (expected %d)\n", double(b.item<float>()), 1 + calls * 6);

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "bench/harness.h"
 #include "cjax/cjax.h"
@@ -123,7 +123,8 @@ int main() {
       9);
   row("add 16M f32", fmt_ms(t_add), "C++ loop " + fmt_ms(t_loop), t_add / t_loop, "<= 1.2x");
   double torch_add = peer_value(torch, "add16m_ms") * 1e-3;
-  if (torch_add > 0) row("add 16M f32 vs torch", fmt_ms(t_add), "torch " + fmt_ms(torch_add), t_add / torch_add, "< 1x");
+  if (torch_add > 0)
+    row("add 16M f32 vs torch", fmt_ms(t_add), "torch " + fmt_ms(torch_add), t_add / torch_add, "< 1x");
 
   // 3. matmul 1024^3 vs a direct cblas_sgemm on the same data.
   const int m = 1024;

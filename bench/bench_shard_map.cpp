@@ -22,10 +22,10 @@ int main() {
   double t_memcpy = bench::time_median([&] { std::memcpy(dst.data(), src.data(), src.size() * 4); }, 20);
 
   auto psum = jit(shard_map([](const Array& b) { return lax::psum(b, "i"); }, mesh, P("i"), P("i")));
-  auto gather = jit(shard_map([](const Array& b) { return lax::all_gather(b, "i", {.tiled = true}); }, mesh, P("i"),
-                              P("i")));
-  auto scatter = jit(shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.tiled = true}); }, mesh, P("i"),
-                               P("i")));
+  auto gather =
+      jit(shard_map([](const Array& b) { return lax::all_gather(b, "i", {.tiled = true}); }, mesh, P("i"), P("i")));
+  auto scatter =
+      jit(shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.tiled = true}); }, mesh, P("i"), P("i")));
   double t_psum = bench::time_median([&] { psum(x).block_until_ready(); }, 10);
   double t_gather = bench::time_median([&] { gather(x).block_until_ready(); }, 5);
   double t_scatter = bench::time_median([&] { scatter(x).block_until_ready(); }, 10);

@@ -80,9 +80,8 @@ int main() {
   std::vector<Array> args;
   for (int i = 0; i < 10; ++i) args.push_back(jnp::full({8}, float(i)));
   auto f10 = [](const Array& a0, const Array& a1, const Array& a2, const Array& a3, const Array& a4, const Array& a5,
-                const Array& a6, const Array& a7, const Array& a8, const Array& a9) {
-    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + (a8 + a9);
-  };
+                const Array& a6, const Array& a7, const Array& a8,
+                const Array& a9) { return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + (a8 + a9); };
   auto jf = jit(f10);
   jf(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], args[9]);
   const int n = 20000;

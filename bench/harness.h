@@ -59,7 +59,7 @@ inline void print_host() {
   }
   const char* isa = flags.find(" avx512f ") != std::string::npos ? "AVX-512"
                     : flags.find(" avx2 ") != std::string::npos  ? "AVX2"
-                                                                   : "SSE";
+                                                                 : "SSE";
   const char* requested = std::getenv("CJAX_ISA");
   std::printf("host: %s, %s, %u logical cores; kernels: CJAX_ISA=%s\n", model.c_str(), isa,
               std::thread::hardware_concurrency(), requested && *requested ? requested : "native");

@@ -30,10 +30,10 @@ CostAnalysis scaled(CostAnalysis c, double k) {
 }
 
 bool is_transcendental(const std::string& n) {
-  static const std::set<std::string> names = {
-      "exp",  "exp2",  "log",   "log1p", "expm1", "tanh",  "logistic", "sin",  "cos",   "tan",     "asin",
-      "acos", "atan",  "sinh",  "cosh",  "asinh", "acosh", "atanh",    "sqrt", "rsqrt", "cbrt",    "erf",
-      "erfc", "erf_inv", "lgamma", "pow", "atan2"};
+  static const std::set<std::string> names = {"exp",  "exp2",  "log",     "log1p",  "expm1", "tanh",  "logistic",
+                                              "sin",  "cos",   "tan",     "asin",   "acos",  "atan",  "sinh",
+                                              "cosh", "asinh", "acosh",   "atanh",  "sqrt",  "rsqrt", "cbrt",
+                                              "erf",  "erfc",  "erf_inv", "lgamma", "pow",   "atan2"};
   return names.count(n) > 0;
 }
 
@@ -97,7 +97,8 @@ CostAnalysis eqn_cost(const JaxprEqn& e) {
   }
   for (const Jaxpr* b : subs) c += jaxpr_cost(*b);
   if (n == "scan" && e.params.has("length")) return scaled(c, double(e.params.i("length")));
-  if (n == "shard_map" && e.params.has("mesh")) return scaled(c, double(e.params.object<MeshParam>("mesh")->mesh.size()));
+  if (n == "shard_map" && e.params.has("mesh"))
+    return scaled(c, double(e.params.object<MeshParam>("mesh")->mesh.size()));
   return c;  // calls once; while: body and condition once
 }
 
@@ -129,7 +130,8 @@ CostAnalysis program_cost(const Executable& exe) {
   return c;
 }
 
-MemoryAnalysis program_memory(const Executable& exe, const ClosedJaxpr& traced, const std::vector<size_t>& donated_args) {
+MemoryAnalysis program_memory(const Executable& exe, const ClosedJaxpr& traced,
+                              const std::vector<size_t>& donated_args) {
   MemoryAnalysis m;
   const Jaxpr& j = exe.jaxpr();
   std::vector<AbstractValue> in = traced.in_avals();

@@ -14,6 +14,7 @@ namespace cjax {
 CostAnalysis program_cost(const Executable& exe);
 // Argument, output, donated, constant and peak intermediate bytes. `donated_args`: the flat
 // argument indices donated to the call.
-MemoryAnalysis program_memory(const Executable& exe, const ClosedJaxpr& traced, const std::vector<size_t>& donated_args);
+MemoryAnalysis program_memory(const Executable& exe, const ClosedJaxpr& traced,
+                              const std::vector<size_t>& donated_args);
 
 }  // namespace cjax

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -15,15 +15,15 @@
 #include "cjax/profiler.h"
 #include "cjax/sharding.h"
 #include "core/array/array_impl.h"
-#include "core/spmd/collectives.h"
-#include "core/lax/linalg.h"
 #include "core/array/spmd.h"
-#include "core/backend/parallel.h"
+#include "core/array/trace.h"
 #include "core/array/util.h"
+#include "core/backend/parallel.h"
+#include "core/lax/linalg.h"
+#include "core/spmd/collectives.h"
 #include "jit/passes/passes.h"
 #include "jit/profile_internal.h"
 #include "trace/shard_map.h"
-#include "core/array/trace.h"
 
 namespace cjax {
 namespace {
@@ -76,16 +76,13 @@ double estimated_cost(const Jaxpr& j) {
     for (const Var& v : e.outputs) out += double(v.aval().size());
     cost += out;
     if (e.primitive->kind == PrimKind::Linalg && e.inputs.size() >= 2)
-      cost += 2.0 * double(atom_aval(e.inputs[0]).size()) * double(atom_aval(e.inputs[1]).size()) /
-              std::max(1.0, out);
+      cost += 2.0 * double(atom_aval(e.inputs[0]).size()) * double(atom_aval(e.inputs[1]).size()) / std::max(1.0, out);
     for (const Jaxpr* sub : jaxprs_in_params(e.params)) cost += estimated_cost(*sub);
   }
   return cost;
 }
 
-void write_file(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream(p) << text;
-}
+void write_file(const std::filesystem::path& p, const std::string& text) { std::ofstream(p) << text; }
 
 // Is `in` read at (row, col) -> row * C + col, the layout the kernel writes full outputs in?
 bool same_layout_as_output(const KernelSpec& spec, const KernelInput& in) {
@@ -316,7 +313,8 @@ void Executable::run_kernel(const KernelModule& module, const Device* target, co
   std::vector<Array> outs;
   for (size_t o = 0; o < in.outputs.size(); ++o) {
     if (int r = spec.outputs[o].in_place_of; r >= 0 && in_place) {
-      outs.emplace_back(std::make_shared<ConcreteArray>(in.out_avals[o], concrete(slots[size_t(in.inputs[size_t(r)])])->buffer()));
+      outs.emplace_back(
+          std::make_shared<ConcreteArray>(in.out_avals[o], concrete(slots[size_t(in.inputs[size_t(r)])])->buffer()));
       continue;
     }
     outs.push_back(make_uninitialized(in.out_avals[o], dev));
@@ -327,19 +325,22 @@ void Executable::run_kernel(const KernelModule& module, const Device* target, co
     // CJAX_CHECK_FUSION=1: the member equations again, one by one, compared with the kernel.
     const FusedKernel& k = plan_.kernels[size_t(in.kernel)];
     for (size_t o = 0; o < outs.size(); ++o) {
-      std::vector<double> got = outs[o].to_vector<double>(), want = reference[size_t(in.outputs[o])].to_vector<double>();
+      std::vector<double> got = outs[o].to_vector<double>(),
+                          want = reference[size_t(in.outputs[o])].to_vector<double>();
       for (size_t i = 0; i < got.size(); ++i)
-        if (!(std::fabs(got[i] - want[i]) <= 1e-5 * (1 + std::fabs(want[i]))) && !(std::isnan(got[i]) && std::isnan(want[i])))
-          throw Error(fmt::format("CJAX_CHECK_FUSION: kernel {} of jit '{}' output {} element {} is {}, its equations give "
-                                  "{}\n{}\n{}",
-                                  spec.name, name_, o, i, got[i], want[i], plan_.describe(), k.spec.canonical()));
+        if (!(std::fabs(got[i] - want[i]) <= 1e-5 * (1 + std::fabs(want[i]))) &&
+            !(std::isnan(got[i]) && std::isnan(want[i])))
+          throw Error(
+              fmt::format("CJAX_CHECK_FUSION: kernel {} of jit '{}' output {} element {} is {}, its equations give "
+                          "{}\n{}\n{}",
+                          spec.name, name_, o, i, got[i], want[i], plan_.describe(), k.spec.canonical()));
     }
   }
   for (size_t o = 0; o < outs.size(); ++o) slots[size_t(in.outputs[o])] = std::move(outs[o]);
 }
 
-void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
-                             std::vector<bool>& donated) const {
+void Executable::bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args,
+                             std::vector<Array>& slots, std::vector<bool>& donated) const {
   if (args.size() != in_slots_.size())
     throw ValueError(fmt::format("jit: the compiled function takes {} arrays, got {}", in_slots_.size(), args.size()));
   slots.assign(num_slots_, Array());
@@ -365,7 +366,8 @@ bool Executable::gemm_update_may_reuse(const Instr& instr, const std::vector<Arr
     if (k < 0 || k == s) return false;
   const Array& acc = slots[size_t(s)];
   ConcreteArray* c = concrete(acc);
-  if (c->buffers.size() != 1 || c->buffer().use_count() != 1 || !(acc.impl_ptr().use_count() == 1 || donated[size_t(s)]))
+  if (c->buffers.size() != 1 || c->buffer().use_count() != 1 ||
+      !(acc.impl_ptr().use_count() == 1 || donated[size_t(s)]))
     return false;
   const Array &lhs = slots[size_t(instr.inputs[0])], &rhs = slots[size_t(instr.inputs[1])];
   return concrete(lhs)->buffers.size() == 1 && concrete(rhs)->buffers.size() == 1;
@@ -443,16 +445,17 @@ std::optional<Device> Executable::device_of_arguments(std::span<const Array> arg
     if (!found) {
       found = d;
     } else if (*found != d) {
-      throw BackendError(fmt::format("jit: arguments live on {} and {} (argument {}): a jit program runs on one device; "
-                                     "device_put them to one device",
-                                     found->str(), d.str(), i));
+      throw BackendError(
+          fmt::format("jit: arguments live on {} and {} (argument {}): a jit program runs on one device; "
+                      "device_put them to one device",
+                      found->str(), d.str(), i));
     }
   }
   if (found && committed_at)
-    throw BackendError(fmt::format("jit: argument {} was placed on {} (device_put) but other arguments live on {}; a jit "
-                                   "program runs on one device: device_put it to {}",
-                                   *committed_at, concrete(args[*committed_at])->device().str(), found->str(),
-                                   found->str()));
+    throw BackendError(
+        fmt::format("jit: argument {} was placed on {} (device_put) but other arguments live on {}; a jit "
+                    "program runs on one device: device_put it to {}",
+                    *committed_at, concrete(args[*committed_at])->device().str(), found->str(), found->str()));
   // No argument placed anywhere (only uncommitted host values, or none): the default device, as
   // in JAX, when that is a device (CJAX_PLATFORM=cuda).
   if (!found && !committed_at) {
@@ -470,8 +473,9 @@ const Executable::DeviceProgram& Executable::device_program(const Device& d) con
   if (!plan_.kernels.empty()) {
     std::vector<const KernelSpec*> specs;
     for (const FusedKernel& k : plan_.kernels) specs.push_back(&k.spec);
-    p->module = backend_for(d.platform()).kernel_compiler()->compile(d, specs,
-                                                                     dump_base_.empty() ? "" : dump_base_ + "." + d.str());
+    p->module = backend_for(d.platform())
+                    .kernel_compiler()
+                    ->compile(d, specs, dump_base_.empty() ? "" : dump_base_ + "." + d.str());
   }
   for (const Array& c : consts_) p->consts.push_back(device_put(c, SingleDeviceSharding(d)));
   slot = std::move(p);

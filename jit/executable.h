@@ -29,9 +29,8 @@
 
 #include "cjax/make_jaxpr.h"
 #include "cjax/sharding.h"
+#include "core/array/kernel_table.h"
 #include "core/array/spmd.h"
-#include "core/array/kernel_table.h"
-#include "core/array/kernel_table.h"
 #include "core/backend/backend.h"
 #include "jit/fusion.h"
 #include "trace/jaxpr.h"
@@ -56,9 +55,9 @@ class Executable {
   // then the collective once for all devices from their blocks. This replaces n worker threads
   // that meet at every collective: with 8 devices on 2 cores those spend their time in context
   // switches and waits (cached dispatch of a tiny body: ~140 us -> 13 us; the FSDP transformer
-  // sample: +20%, and +25% more from meeting only at collectives instead of every instruction). `can_run_lockstep()` says whether the body qualifies: no effects
-  // (debug prints keep their per-device order on threads) and no collective inside control flow
-  // (a device's branch or trip count decides which collectives it reaches).
+  // sample: +20%, and +25% more from meeting only at collectives instead of every instruction). `can_run_lockstep()`
+  // says whether the body qualifies: no effects (debug prints keep their per-device order on threads) and no collective
+  // inside control flow (a device's branch or trip count decides which collectives it reaches).
   bool can_run_lockstep() const { return lockstep_; }
   // `axes`: the manual axes bound while it runs. With `parallel`, each instruction's per-device
   // instances run on the thread pool.
@@ -80,14 +79,14 @@ class Executable {
 
  private:
   struct Instr {
-    const PrimitiveDef* def = nullptr;  // library step
+    const PrimitiveDef* def = nullptr;            // library step
     const PrimitiveKernel* cpu_kernel = nullptr;  // its CPU implementation (null: bind it)
-    int kernel = -1;                    // fused kernel step
-    std::vector<int> inputs;            // slot per input (-1: a literal from `literals`)
-    std::vector<Array> literals;        // by input position
+    int kernel = -1;                              // fused kernel step
+    std::vector<int> inputs;                      // slot per input (-1: a literal from `literals`)
+    std::vector<Array> literals;                  // by input position
     std::vector<AbstractValue> out_avals;
-    std::vector<int> outputs;           // slot per output (-1: unused)
-    std::vector<int> release;           // slots dead after this instruction
+    std::vector<int> outputs;  // slot per output (-1: unused)
+    std::vector<int> release;  // slots dead after this instruction
     Params params;
   };
   void lower_to_program();
@@ -96,7 +95,8 @@ class Executable {
   void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
   bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
-  bool gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
+  bool gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots,
+                             const std::vector<bool>& donated) const;
   const PrimitiveDef* gemm_update_ = find_primitive("dot_general_accumulate");
   // Fused kernel step with `module`'s code; `target`: the device a device program runs on (its
   // host inputs follow there), null for the CPU.
@@ -116,7 +116,6 @@ class Executable {
   // Whether output o of the kernel may take its input's buffer (nothing else holds it).
   bool may_write_in_place(const Instr& in, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
 
-
   std::string name_;
   std::shared_ptr<const Jaxpr> optimized_;
   FusionPlan plan_;
@@ -125,7 +124,7 @@ class Executable {
   std::vector<Array> host_consts_;  // host copies when some constant lives on a device, else empty
   std::vector<Instr> program_;
   std::vector<int> in_slots_;
-  std::vector<int> out_slots_;           // -1: literal output
+  std::vector<int> out_slots_;  // -1: literal output
   std::vector<Array> out_literals_;
   size_t num_slots_ = 0;
   struct DevicePrograms {

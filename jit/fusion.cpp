@@ -132,8 +132,10 @@ struct Group {
 
 KernelNode const_node(const Literal& lit) {
   KernelNode n{KernelNode::Op::Const, lit.aval().dtype};
-  if (is_integer(n.dtype)) n.ivalue = lit.value().item<int64_t>();
-  else n.fvalue = lit.value().item<double>();
+  if (is_integer(n.dtype))
+    n.ivalue = lit.value().item<int64_t>();
+  else
+    n.fvalue = lit.value().item<double>();
   return n;
 }
 
@@ -240,7 +242,7 @@ class Planner {
       const Var& src = std::get<Var>(vb.source);
       if (group_of(src) == &g) return std::nullopt;  // reading it would seal this very group
       auto strides = g.lift(v.aval().shape, broadcast_strides(src.aval().shape, v.aval().shape,
-                                                                vb.eqn.params.ints("broadcast_dimensions")));
+                                                              vb.eqn.params.ints("broadcast_dimensions")));
       if (strides && g.block_ok(*strides) && !virtual_.count(src.id())) {
         seals.push_back(src);
         fused_broadcasts.push_back(vb.eqn);
@@ -270,9 +272,12 @@ class Planner {
     if (g.sealed) return false;
     const Var& out = e.outputs[0];
     bool row;
-    if (out.aval().shape == g.domain) row = false;
-    else if (g.is_row_shape(out.aval().shape)) row = true;
-    else return false;
+    if (out.aval().shape == g.domain)
+      row = false;
+    else if (g.is_row_shape(out.aval().shape))
+      row = true;
+    else
+      return false;
     size_t nodes0 = g.nodes.size(), inputs0 = g.input_vars.size();
     std::vector<Var> seals;
     std::vector<JaxprEqn> broadcasts;
@@ -401,9 +406,12 @@ class Planner {
     const Shape& s = e.outputs[0].aval().shape;
     bool row_in = g->is_row.at(in.id());
     bool ok;
-    if (any_level) ok = true;  // stop_gradient, same-dtype convert: the value itself
-    else if (!row_in) ok = false;
-    else if (g->is_row_shape(s)) ok = true;
+    if (any_level)
+      ok = true;  // stop_gradient, same-dtype convert: the value itself
+    else if (!row_in)
+      ok = false;
+    else if (g->is_row_shape(s))
+      ok = true;
     else if (s == g->domain && e.primitive->name == "broadcast_in_dim") {
       // The operand's non-1 dims must land on the domain's outer axes, unchanged.
       const Shape& src = in.aval().shape;
@@ -435,8 +443,8 @@ class Planner {
         return;
       case EqnClass::Alias:
         if (try_alias(e, true)) return;
-        if (auto* v = std::get_if<Var>(&e.inputs[0]); v && virtual_.count(v->id()) &&
-                                                        (e.primitive->name == "stop_gradient" || e.primitive->name == "pvary")) {
+        if (auto* v = std::get_if<Var>(&e.inputs[0]);
+            v && virtual_.count(v->id()) && (e.primitive->name == "stop_gradient" || e.primitive->name == "pvary")) {
           Virtual vb = virtual_.at(v->id());
           vb.eqn.outputs = e.outputs;  // the same broadcast, deferred, defining this equation's output
           virtual_[e.outputs[0].id()] = vb;
@@ -466,7 +474,8 @@ class Planner {
           if (groups_[size_t(g)].domain == e.outputs[0].aval().shape && try_elementwise(g, e)) return;
         }
         int g = new_group(e.outputs[0].aval().shape);
-        if (!try_elementwise(g, e)) throw Error(fmt::format("internal: fusion could not start a group at {}", e.primitive->name));
+        if (!try_elementwise(g, e))
+          throw Error(fmt::format("internal: fusion could not start a group at {}", e.primitive->name));
         return;
       }
       case EqnClass::Reduce: {
@@ -501,9 +510,7 @@ class Planner {
         library(e);
         return;
       }
-      case EqnClass::Library:
-        library(e);
-        return;
+      case EqnClass::Library: library(e); return;
     }
   }
 
@@ -575,8 +582,7 @@ class Planner {
     for (size_t a = 0; a < first; ++a) {
       if (d[a] == 1) continue;
       bool merge = !ext.empty();
-      for (size_t i = 0; merge && i < strides.size(); ++i)
-        merge = strides[i].back() == g.input_strides[i][a] * d[a];
+      for (size_t i = 0; merge && i < strides.size(); ++i) merge = strides[i].back() == g.input_strides[i][a] * d[a];
       if (merge) {
         ext.back() *= d[a];
         for (size_t i = 0; i < strides.size(); ++i) strides[i].back() = g.input_strides[i][a];

@@ -5,23 +5,23 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
-#include <new>
-#include <optional>
 #include <cstdlib>
+#include <deque>
 #include <iostream>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
 #include "cjax/jit.h"
 #include "core/array/array_impl.h"
-#include "core/backend/device_worker.h"
+#include "core/array/trace.h"
 #include "core/array/util.h"
+#include "core/backend/device_worker.h"
 #include "jit/cost_analysis.h"
 #include "jit/executable.h"
 #include "jit/jit_primitive.h"
-#include "core/array/trace.h"
 
 namespace cjax {
 
@@ -95,8 +95,8 @@ struct Compiled : std::enable_shared_from_this<Compiled> {
   Compiled(Signature s, ClosedJaxpr t, Executable e, std::shared_ptr<const void> r)
       : signature(std::move(s)), traced(std::move(t)), executable(std::move(e)), result_like(std::move(r)) {}
   Signature signature;
-  ClosedJaxpr traced;      // as traced (bound under transformations)
-  Executable executable;   // the optimized program run eagerly
+  ClosedJaxpr traced;     // as traced (bound under transformations)
+  Executable executable;  // the optimized program run eagerly
   std::shared_ptr<const void> result_like;
 };
 
@@ -184,12 +184,12 @@ std::vector<std::string> signature_differences(const Signature& old, const Signa
     } else {
       for (size_t k = 0; k < b.avals.size(); ++k) {
         if (a.avals[k] == b.avals[k]) continue;
-        std::string what = a.avals[k].str() != b.avals[k].str()
-                               ? fmt::format("{}, {} {}", a.avals[k].str(), given, b.avals[k].str())
-                               : fmt::format("weak_type={}, {} weak_type={}", a.avals[k].weak_type, given,
-                                             b.avals[k].weak_type);
-        diffs.push_back(fmt::format("at argument {}{}: {} {}", i, k < b.leaf_paths.size() ? b.leaf_paths[k] : "",
-                                    seen, what));
+        std::string what =
+            a.avals[k].str() != b.avals[k].str()
+                ? fmt::format("{}, {} {}", a.avals[k].str(), given, b.avals[k].str())
+                : fmt::format("weak_type={}, {} weak_type={}", a.avals[k].weak_type, given, b.avals[k].weak_type);
+        diffs.push_back(
+            fmt::format("at argument {}{}: {} {}", i, k < b.leaf_paths.size() ? b.leaf_paths[k] : "", seen, what));
       }
     }
   }
@@ -225,9 +225,10 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
       best = diffs;
     }
   }
-  std::string s = head + fmt::format(" because:\n  never seen input type signature; closest seen signature has {} "
-                                     "mismatch{}, including:",
-                                     best.size(), best.size() == 1 ? "" : "es");
+  std::string s = head + fmt::format(
+                             " because:\n  never seen input type signature; closest seen signature has {} "
+                             "mismatch{}, including:",
+                             best.size(), best.size() == 1 ? "" : "es");
   for (const std::string& d : best) s += "\n    * " + d;
   return s;
 }
@@ -238,11 +239,9 @@ void check_compiled_signature(const Compiled& c, const std::string& name, Signat
                               const std::function<void(Signature&)>& fill_paths) {
   if (sig == c.signature) return;
   fill_paths(sig);
-  std::string s = fmt::format(
-      "jit '{}': computation compiled for input types {} called with input types {}:", name,
-      describe_signature(c.signature), describe_signature(sig));
-  for (const std::string& d : signature_differences(c.signature, sig, "compiled for", "called with"))
-    s += "\n  * " + d;
+  std::string s = fmt::format("jit '{}': computation compiled for input types {} called with input types {}:", name,
+                              describe_signature(c.signature), describe_signature(sig));
+  for (const std::string& d : signature_differences(c.signature, sig, "compiled for", "called with")) s += "\n  * " + d;
   s += "\nCall the jitted function (it compiles each new signature) or lower it again for these arguments";
   throw ValueError(s);
 }
@@ -308,8 +307,10 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix)
   try {
     std::rethrow_exception(e);
   }
-#define CJAX_RETHROW_AS(T) \
-  catch (const T& x) { return std::make_exception_ptr(T(prefix + x.what())); }
+#define CJAX_RETHROW_AS(T)                                \
+  catch (const T& x) {                                    \
+    return std::make_exception_ptr(T(prefix + x.what())); \
+  }
   CJAX_RETHROW_AS(TracerBoolConversionError)
   CJAX_RETHROW_AS(ConcretizationError)
   CJAX_RETHROW_AS(ShapeError)
@@ -327,9 +328,11 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& prefix)
 #undef CJAX_RETHROW_AS
   catch (const std::bad_alloc&) {  // a host allocation outside the device allocator
     return std::make_exception_ptr(BackendError(prefix + "out of host memory (std::bad_alloc)"));
-  } catch (const std::exception& x) {
+  }
+  catch (const std::exception& x) {
     return std::make_exception_ptr(Error(prefix + x.what()));
-  } catch (...) {
+  }
+  catch (...) {
     return std::current_exception();
   }
 }
@@ -348,7 +351,8 @@ void drain_in_flight(int queue = -1) {
   std::unique_lock lk(f.mu);
   for (;;) {
     while (!f.calls.empty() && f.calls.front().pending->done.load()) f.calls.pop_front();
-    auto other = std::find_if(f.calls.begin(), f.calls.end(), [&](const InFlightCall& k) { return k.queue != queue && !k.pending->done.load(); });
+    auto other = std::find_if(f.calls.begin(), f.calls.end(),
+                              [&](const InFlightCall& k) { return k.queue != queue && !k.pending->done.load(); });
     if (other == f.calls.end()) return;
     std::shared_ptr<PendingValue> p = other->pending;
     lk.unlock();
@@ -361,7 +365,8 @@ void drain_in_flight(int queue = -1) {
 }
 
 // The program's outputs as arrays that get their buffers when `pending` finishes.
-std::vector<std::shared_ptr<ConcreteArray>> pending_outputs(const Compiled& c, const std::shared_ptr<PendingValue>& pending) {
+std::vector<std::shared_ptr<ConcreteArray>> pending_outputs(const Compiled& c,
+                                                            const std::shared_ptr<PendingValue>& pending) {
   std::vector<std::shared_ptr<ConcreteArray>> out;
   for (AbstractValue av : c.executable.jaxpr().out_avals()) {
     av.vma.clear();
@@ -472,10 +477,11 @@ std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Ar
   if (current_trace() != eval_trace()) return bind_jit(c.traced, cache.opts.name, leaves);
   for (size_t k = 0; k < leaves.size(); ++k)
     if (!leaves[k].impl()->is_concrete() && !dynamic_cast<const Tracer*>(leaves[k].impl()))
-      throw ValueError(fmt::format("jit '{}': argument leaf {} is an abstract value {} (a shape_dtype_struct or an "
-                                   "eval_shape result) with no data; abstract arguments can be lowered "
-                                   "(jit(f).lower(...)) but a call needs concrete Arrays",
-                                   cache.opts.name, k, leaves[k].aval().str()));
+      throw ValueError(
+          fmt::format("jit '{}': argument leaf {} is an abstract value {} (a shape_dtype_struct or an "
+                      "eval_shape result) with no data; abstract arguments can be lowered "
+                      "(jit(f).lower(...)) but a call needs concrete Arrays",
+                      cache.opts.name, k, leaves[k].aval().str()));
   // On a GPU the program's kernels are queued on the device's stream by the calling thread: the
   // call returns once they are queued, without a dispatch thread.
   bool on_device = Executable::device_of_arguments(leaves).has_value();

@@ -10,9 +10,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/backend/device_worker.h"
 #include "core/array/spmd.h"
 #include "core/array/util.h"
+#include "core/backend/device_worker.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"

@@ -76,8 +76,12 @@ inline Tiling slicing_and_tiling() {
   const Array& y = x;
   t.f3_out = shard_map([](const Array& v) { return lax::psum(v, "j"); }, mesh, P("i", "j"), P("i", None))(y).shape();
   t.f4_out = shard_map([](const Array& v) { return lax::psum(v, "i"); }, mesh, P("i", "j"), P(None, "j"))(y).shape();
-  t.f5_out =
-      shard_map([](const Array& v) { return lax::psum(v, {"i", "j"}); }, mesh, P("i", "j"), P(None, None))(y).shape();
+  t.f5_out = shard_map(
+                 [](const Array& v) {
+                   return lax::psum(v, {"i", "j"});
+                 },
+                 mesh, P("i", "j"), P(None, None))(y)
+                 .shape();
   return t;
 }
 
@@ -119,7 +123,14 @@ inline Array ring_psum_scatter(const Array& x) {
 
 // ---- §3 distributed matmuls (mesh i of 4; lhs sharded by rows, rhs by rows) ----
 
-enum class MatmulVariant { AllGather, AllGatherOverlapped, AllGatherBidi, PsumScatter, PsumScatterOverlapped, PsumScatterBidi };
+enum class MatmulVariant {
+  AllGather,
+  AllGatherOverlapped,
+  AllGatherBidi,
+  PsumScatter,
+  PsumScatterOverlapped,
+  PsumScatterBidi
+};
 
 inline Array distributed_matmul(MatmulVariant v, const Array& lhs, const Array& rhs) {
   Mesh mesh = mesh_i4();
@@ -132,7 +143,8 @@ inline Array distributed_matmul(MatmulVariant v, const Array& lhs, const Array& 
   switch (v) {
     case MatmulVariant::AllGather:
       // lhs rows sharded, rhs rows sharded: gather rhs, multiply the local rows.
-      return shard_map([](const Array& l, const Array& r) { return jnp::dot(l, lax::all_gather(r, "i", {.tiled = true})); },
+      return shard_map([](const Array& l,
+                          const Array& r) { return jnp::dot(l, lax::all_gather(r, "i", {.tiled = true})); },
                        mesh, {P("i", None), P("i", None)}, P("i", None))(lhs, rhs);
     case MatmulVariant::AllGatherOverlapped:
       // lhs columns sharded: each step multiplies the lhs column block matching the rhs block held now.
@@ -173,9 +185,9 @@ inline Array distributed_matmul(MatmulVariant v, const Array& lhs, const Array& 
           mesh, {P("i", None), P("i", None)}, P("i", None))(lhs, rhs);
     case MatmulVariant::PsumScatter:
       // lhs columns sharded, rhs rows sharded: local partial products, reduce-scattered by rows.
-      return shard_map(
-          [](const Array& l, const Array& r) { return lax::psum_scatter(jnp::dot(l, r), "i", {.tiled = true}); }, mesh,
-          {P(None, "i"), P("i", None)}, P("i", None))(lhs, rhs);
+      return shard_map([](const Array& l,
+                          const Array& r) { return lax::psum_scatter(jnp::dot(l, r), "i", {.tiled = true}); },
+                       mesh, {P(None, "i"), P("i", None)}, P("i", None))(lhs, rhs);
     case MatmulVariant::PsumScatterOverlapped:
       return shard_map(
           [&](const Array& l, const Array& r) {
@@ -197,8 +209,8 @@ inline Array distributed_matmul(MatmulVariant v, const Array& lhs, const Array& 
             Array idx = lax::axis_index("i");
             auto block = [&](const Array& j) { return lax::dynamic_slice_in_dim(l, j * int(rows), rows, 0); };
             Array rlo = lax::slice_in_dim(r, 0, half, 1, 1), rhi = lax::slice_in_dim(r, half, 2 * half, 1, 1);
-            Array a = jnp::dot(block((idx + 1) % n), rlo);           // travels down
-            Array b = jnp::dot(block((idx - 1 + n) % n), rhi);       // travels up
+            Array a = jnp::dot(block((idx + 1) % n), rlo);      // travels down
+            Array b = jnp::dot(block((idx - 1 + n) % n), rhi);  // travels up
             for (int k = 2; k <= n; ++k) {
               a = lax::ppermute(a, "i", down) + jnp::dot(block((idx + k) % n), rlo);
               b = lax::ppermute(b, "i", up) + jnp::dot(block((idx - k + 2 * n) % n), rhi);
@@ -221,9 +233,12 @@ inline const char* variant_name(MatmulVariant v) {
   }
   return "?";
 }
-inline const std::vector<MatmulVariant> kMatmulVariants{
-    MatmulVariant::AllGather,   MatmulVariant::AllGatherOverlapped,   MatmulVariant::AllGatherBidi,
-    MatmulVariant::PsumScatter, MatmulVariant::PsumScatterOverlapped, MatmulVariant::PsumScatterBidi};
+inline const std::vector<MatmulVariant> kMatmulVariants{MatmulVariant::AllGather,
+                                                        MatmulVariant::AllGatherOverlapped,
+                                                        MatmulVariant::AllGatherBidi,
+                                                        MatmulVariant::PsumScatter,
+                                                        MatmulVariant::PsumScatterOverlapped,
+                                                        MatmulVariant::PsumScatterBidi};
 
 // ---- §4 neural network strategies ----
 
@@ -245,12 +260,12 @@ inline std::pair<Params, Batch> mlp_init(int64_t batch_size = 32) {
   Params params;
   for (size_t l = 0; l + 1 < n; ++l) {
     Array ks = random::split(keys[int64_t(l + 1)]);
-    Array w = random::normal(ks[0], {kLayerSizes[l], kLayerSizes[l + 1]}) /
-              float(std::sqrt(double(kLayerSizes[l])));
+    Array w = random::normal(ks[0], {kLayerSizes[l], kLayerSizes[l + 1]}) / float(std::sqrt(double(kLayerSizes[l])));
     params.push_back({w, random::normal(ks[1], {kLayerSizes[l + 1]})});
   }
   Array k2 = random::split(keys[0], 3);
-  Batch b{random::normal(k2[1], {batch_size, kLayerSizes.front()}), random::normal(k2[2], {batch_size, kLayerSizes.back()})};
+  Batch b{random::normal(k2[1], {batch_size, kLayerSizes.front()}),
+          random::normal(k2[2], {batch_size, kLayerSizes.back()})};
   return {params, b};
 }
 
@@ -342,7 +357,7 @@ inline PipelineParams stack_for_pipeline(const Params& p) {
 }
 
 namespace pipeline {
-constexpr int64_t S = 2, B = 8, L = 4;  // stages, microbatch size, pipelined layers
+constexpr int64_t S = 2, B = 8, L = 4;                                    // stages, microbatch size, pipelined layers
 inline int64_t pymod(int64_t a, int64_t m) { return ((a % m) + m) % m; }  // Python's %
 inline Array shift(const Array& x, int d) {
   std::vector<std::pair<int, int>> perm;

@@ -31,7 +31,8 @@ int main() {
   PipelineParams pp = stack_for_pipeline(params);
   auto loss_pp_zero = [](const PipelineParams& p, const Batch& b) { return loss_pp(p, b, 0.f); };
   PipelineParams gpp = jit(grad(loss_pp_zero))(pp, batch);
-  std::cout << "PP (2 stages, GPipe): loss " << jit([](const PipelineParams& p, const Batch& b) { return loss_pp(p, b); })(pp, batch).item<float>()
+  std::cout << "PP (2 stages, GPipe): loss "
+            << jit([](const PipelineParams& p, const Batch& b) { return loss_pp(p, b); })(pp, batch).item<float>()
             << " (reference " << ref << "), first-layer grads allclose: " << std::boolalpha
             << jnp::allclose(gpp.first.first, ref_grad[0].first, 1e-2, 1e-2) << "\n";
 
@@ -40,11 +41,11 @@ int main() {
   Params p = device_put(params, NamedSharding(mesh, P("batch")));
   auto make_step = [](auto loss) {
     return jit([loss](const Params& w, const Batch& b) {
-    auto [l, g] = value_and_grad(loss)(w, b);
-    Params next;
-    for (size_t k = 0; k < w.size(); ++k)
-      next.push_back({w[k].first - 0.01f * g[k].first, w[k].second - 0.01f * g[k].second});
-    return std::pair{l, next};
+      auto [l, g] = value_and_grad(loss)(w, b);
+      Params next;
+      for (size_t k = 0; k < w.size(); ++k)
+        next.push_back({w[k].first - 0.01f * g[k].first, w[k].second - 0.01f * g[k].second});
+      return std::pair{l, next};
     });
   };
   auto step = make_step(loss_fsdp);

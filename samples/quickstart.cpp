@@ -25,7 +25,7 @@ int main() {
   Array w = jnp::zeros({d}), b = jnp::zeros({});
   const float lr = 0.1f;
   for (int step = 0; step <= 200; ++step) {
-    Array err = jnp::matmul(x, w) + b - y;                // [n]
+    Array err = jnp::matmul(x, w) + b - y;  // [n]
     Array loss = jnp::mean(jnp::square(err));
     Array grad_w = jnp::matmul(x.T(), err) * (2.0f / float(n));
     Array grad_b = jnp::mean(err) * 2.0f;

@@ -21,8 +21,9 @@ int main(int argc, char** argv) {
             << (m.c.to_vector<float>() == jnp::dot(m.a, m.b).to_vector<float>()) << "\n";
   std::cout << debug::visualize_array_sharding(m.c);
   Array rs = matmul_reduce_scatter(m.a, m.b);
-  std::cout << "matmul_reduce_scatter == dot(a, b): " << (rs.to_vector<float>() == jnp::dot(m.a, m.b).to_vector<float>())
-            << "\n" << debug::visualize_array_sharding(rs);
+  std::cout << "matmul_reduce_scatter == dot(a, b): "
+            << (rs.to_vector<float>() == jnp::dot(m.a, m.b).to_vector<float>()) << "\n"
+            << debug::visualize_array_sharding(rs);
 
   std::cout << "\n== slicing and tiling ==\n";
   Tiling t = slicing_and_tiling();
@@ -30,8 +31,10 @@ int main(int argc, char** argv) {
   std::cout << "f2 block " << shape_str(t.f2_block) << " -> " << shape_str(t.f2_out)
             << ", same as f1: " << (t.f1_y.to_vector<int>() == t.f2_y.to_vector<int>()) << "\n";
   std::cout << "f3 " << shape_str(t.f3_out) << ", f4 " << shape_str(t.f4_out) << ", f5 " << shape_str(t.f5_out) << "\n";
-  std::cout << "P('i','j'):\n" << tile_constant(P("i", "j")) << "\nP('i', None):\n" << tile_constant(P("i", None))
-            << "\nP(None, None):\n" << tile_constant(P(None, None)) << "\n";
+  std::cout << "P('i','j'):\n"
+            << tile_constant(P("i", "j")) << "\nP('i', None):\n"
+            << tile_constant(P("i", None)) << "\nP(None, None):\n"
+            << tile_constant(P(None, None)) << "\n";
 
   std::cout << "\n== eager printing ==\n";
   shard_map(
@@ -43,13 +46,18 @@ int main(int argc, char** argv) {
 
   std::cout << "\n== collectives ==\n";
   Array v = tutorial_vector();
-  std::cout << "psum: " << shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i4(), P("i"), P())(v) << "\n";
+  std::cout << "psum: " << shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i4(), P("i"), P())(v)
+            << "\n";
   Mesh m2 = make_mesh({2, 2}, {"i", "j"});
   Array x44 = jnp::arange(16).reshape({4, 4});
   std::cout << "psum over i, out P(None, j):\n"
             << shard_map([](const Array& x) { return lax::psum(x, "i"); }, m2, P("i", "j"), P(None, "j"))(x44) << "\n";
   std::cout << "psum over (i, j), out P(None, None):\n"
-            << shard_map([](const Array& x) { return lax::psum(x, {"i", "j"}); }, m2, P("i", "j"), P(None, None))(x44)
+            << shard_map(
+                   [](const Array& x) {
+                     return lax::psum(x, {"i", "j"});
+                   },
+                   m2, P("i", "j"), P(None, None))(x44)
             << "\n";
   Array g = jnp::array(std::vector<float>{3, 9, 5, 2});
   std::cout << "all_gather tiled: "
@@ -64,8 +72,11 @@ int main(int argc, char** argv) {
             << "\n";
   std::cout << "ring psum_scatter: " << ring_psum_scatter(v) << "\n";
   std::cout << "ppermute shift: "
-            << shard_map([](const Array& x) { return lax::ppermute(x, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); },
-                         mesh_i4(), P("i"), P("i"))(jnp::arange(8))
+            << shard_map(
+                   [](const Array& x) {
+                     return lax::ppermute(x, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+                   },
+                   mesh_i4(), P("i"), P("i"))(jnp::arange(8))
             << "\n";
   std::cout << "all_to_all: "
             << shard_map([](const Array& x) { return lax::all_to_all(x, "i", 0, 0, {.tiled = true}); }, mesh_i4(),

@@ -146,34 +146,62 @@ Options parse(int argc, char** argv) {
       } catch (const Error& e) {
         usage_error(e.what());
       }
-    } else if (a == "--devices") o.cfg.devices = num();
-    else if (a == "--tensor") o.cfg.tensor = num();
-    else if (a == "--platform") o.platform = val();
-    else if (a == "--no-regather") o.cfg.regather = false;
-    else if (a == "--layers") o.cfg.n_layers = num();
-    else if (a == "--d-model") o.cfg.d_model = num();
-    else if (a == "--heads") o.cfg.n_heads = num();
-    else if (a == "--head-dim") o.cfg.head_dim = num();
-    else if (a == "--d-ff") o.cfg.d_ff = num();
-    else if (a == "--seq-len") o.cfg.seq_len = num();
-    else if (a == "--bf16") o.cfg.param_dtype = DType::bfloat16;
-    else if (a == "--cookbook-norm") o.cfg.cookbook_norm = true;
-    else if (a == "--steps") o.steps = num();
-    else if (a == "--batch") o.cfg.batch = num();
-    else if (a == "--lr") o.cfg.lr = real();
-    else if (a == "--warmup") o.cfg.warmup = num();
-    else if (a == "--seed") o.cfg.seed = uint64_t(num());
-    else if (a == "--data") o.data = val();
-    else if (a == "--out") o.out = val();
-    else if (a == "--checkpoint-every") o.checkpoint_every = num();
-    else if (a == "--resume") o.resume = true;
-    else if (a == "--stop-after") o.stop_after = num();
-    else if (a == "--collectives") o.show_collectives = true;
-    else if (a == "--generate") o.generate = val();
-    else if (a == "--sample-len") o.sample_len = num();
-    else if (a == "--temperature") o.temperature = real();
-    else if (a == "--prompt") o.prompt = val();
-    else usage_error("unknown flag '" + a + "'");
+    } else if (a == "--devices")
+      o.cfg.devices = num();
+    else if (a == "--tensor")
+      o.cfg.tensor = num();
+    else if (a == "--platform")
+      o.platform = val();
+    else if (a == "--no-regather")
+      o.cfg.regather = false;
+    else if (a == "--layers")
+      o.cfg.n_layers = num();
+    else if (a == "--d-model")
+      o.cfg.d_model = num();
+    else if (a == "--heads")
+      o.cfg.n_heads = num();
+    else if (a == "--head-dim")
+      o.cfg.head_dim = num();
+    else if (a == "--d-ff")
+      o.cfg.d_ff = num();
+    else if (a == "--seq-len")
+      o.cfg.seq_len = num();
+    else if (a == "--bf16")
+      o.cfg.param_dtype = DType::bfloat16;
+    else if (a == "--cookbook-norm")
+      o.cfg.cookbook_norm = true;
+    else if (a == "--steps")
+      o.steps = num();
+    else if (a == "--batch")
+      o.cfg.batch = num();
+    else if (a == "--lr")
+      o.cfg.lr = real();
+    else if (a == "--warmup")
+      o.cfg.warmup = num();
+    else if (a == "--seed")
+      o.cfg.seed = uint64_t(num());
+    else if (a == "--data")
+      o.data = val();
+    else if (a == "--out")
+      o.out = val();
+    else if (a == "--checkpoint-every")
+      o.checkpoint_every = num();
+    else if (a == "--resume")
+      o.resume = true;
+    else if (a == "--stop-after")
+      o.stop_after = num();
+    else if (a == "--collectives")
+      o.show_collectives = true;
+    else if (a == "--generate")
+      o.generate = val();
+    else if (a == "--sample-len")
+      o.sample_len = num();
+    else if (a == "--temperature")
+      o.temperature = real();
+    else if (a == "--prompt")
+      o.prompt = val();
+    else
+      usage_error("unknown flag '" + a + "'");
   }
   if (o.steps < 1) usage_error("--steps must be >= 1");
   if (o.cfg.layout == tf::Layout::Single) o.cfg.devices = 1;
@@ -184,8 +212,10 @@ std::string hms(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
   int64_t t = int64_t(s + 0.5);
   std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << ":" << std::setw(2) << std::setfill('0') << (t / 60) % 60;
-  else os << t / 60;
+  if (t >= 3600)
+    os << t / 3600 << ":" << std::setw(2) << std::setfill('0') << (t / 60) % 60;
+  else
+    os << t / 60;
   os << ":" << std::setw(2) << std::setfill('0') << t % 60;
   return os.str();
 }
@@ -208,10 +238,11 @@ void write_svg(const std::string& path, const std::vector<Row>& rows, const std:
   auto X = [&](double s) { return L + (W - L - R) * s / double(smax); };
   auto Y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
   std::filesystem::path target(path);
-  std::filesystem::path tmp = target.parent_path() / ("." + target.filename().string() + ".cjax-tmp." +
-                                                      std::to_string(::getpid()) + ".0");
+  std::filesystem::path tmp =
+      target.parent_path() / ("." + target.filename().string() + ".cjax-tmp." + std::to_string(::getpid()) + ".0");
   std::ofstream f(tmp);
-  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
+  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+    << "' font-family='sans-serif' font-size='12'>\n";
   f << "<rect width='100%' height='100%' fill='white'/>\n";
   f << "<text x='" << W / 2 << "' y='22' text-anchor='middle' font-size='14'>" << title << "</text>\n";
   for (int k = 0; k <= int(hi - lo); ++k) {
@@ -224,7 +255,8 @@ void write_svg(const std::string& path, const std::vector<Row>& rows, const std:
     f << "<text x='" << X(s) << "' y='" << H - B + 18 << "' text-anchor='middle'>" << int64_t(s) << "</text>\n";
   }
   f << "<text x='" << W / 2 << "' y='" << H - 10 << "' text-anchor='middle'>step</text>\n";
-  f << "<text transform='translate(16," << H / 2 << ") rotate(-90)' text-anchor='middle'>cross-entropy (nats/byte)</text>\n";
+  f << "<text transform='translate(16," << H / 2
+    << ") rotate(-90)' text-anchor='middle'>cross-entropy (nats/byte)</text>\n";
   f << "<line x1='" << L << "' x2='" << W - R << "' y1='" << Y(lo) << "' y2='" << Y(lo) << "' stroke='black'/>";
   f << "<line x1='" << L << "' x2='" << L << "' y1='" << T << "' y2='" << Y(lo) << "' stroke='black'/>\n";
   auto poly = [&](const std::vector<std::pair<double, double>>& pts, const char* color, double width) {
@@ -273,7 +305,8 @@ std::vector<Row> read_csv(const std::string& path, int64_t before_step) {
 
 void print_sample(const tf::Config& cfg, const tf::Params& params, const std::string& prompt, const Options& o) {
   std::string text = tf::generate(cfg, params, prompt, o.sample_len, o.temperature, cfg.seed);
-  std::cout << std::defaultfloat << std::setprecision(6) << "\n---- sample (temperature " << o.temperature << ") ----\n" << prompt << text << "\n----\n";
+  std::cout << std::defaultfloat << std::setprecision(6) << "\n---- sample (temperature " << o.temperature << ") ----\n"
+            << prompt << text << "\n----\n";
 }
 
 int run(const Options& o) {
@@ -372,15 +405,18 @@ int run(const Options& o) {
       tok_s = double(p.step - start) * double(tokens_per_step) / std::chrono::duration<double>(now - t_timed).count();
     }
     rows.push_back({p.step, loss, trainer.lr_at(p.step), tok_s, base_seconds + el});
-    log << p.step << "," << loss << "," << trainer.lr_at(p.step) << "," << tok_s << "," << base_seconds + el << std::endl;
+    log << p.step << "," << loss << "," << trainer.lr_at(p.step) << "," << tok_s << "," << base_seconds + el
+        << std::endl;
     double eta = tok_s > 0 ? double(o.steps - 1 - p.step) * double(tokens_per_step) / tok_s : NAN;
     int width = 30, filled = int(width * double(p.step + 1) / double(o.steps));
     std::ostringstream bar;
     bar << "[" << std::string(size_t(filled), '#') << std::string(size_t(width - filled), '.') << "] step "
         << p.step + 1 << "/" << o.steps << "  loss " << std::fixed << std::setprecision(3) << loss << "  "
         << std::setprecision(0) << tok_s << " tok/s  elapsed " << hms(el) << "  ETA " << hms(eta);
-    if (tty) std::cerr << "\r" << bar.str() << "   " << std::flush;
-    else if ((p.step + 1) % 50 == 0 || p.step + 1 == o.steps) std::cerr << bar.str() << "\n";
+    if (tty)
+      std::cerr << "\r" << bar.str() << "   " << std::flush;
+    else if ((p.step + 1) % 50 == 0 || p.step + 1 == o.steps)
+      std::cerr << bar.str() << "\n";
   };
   for (int64_t s = start; s < o.steps; ++s) {
     Array batch = loader.next();
@@ -417,7 +453,8 @@ int run(const Options& o) {
   std::cout << "final loss " << std::fixed << std::setprecision(3) << rows.back().loss << " after " << o.steps
             << " steps in " << hms(total) << " (first step incl. compilation " << std::setprecision(1) << compile_s
             << " s), " << std::setprecision(0) << tok_s << " tokens/s\n";
-  std::string title = "byte transformer, " + tf::layout_name(cfg.layout) + ", final loss " + std::to_string(rows.back().loss).substr(0, 5);
+  std::string title = "byte transformer, " + tf::layout_name(cfg.layout) + ", final loss " +
+                      std::to_string(rows.back().loss).substr(0, 5);
   write_svg(svg.string(), rows, title);
   std::cout << "wrote " << csv.string() << ", " << svg.string() << ", " << ckpt.string() << "\n";
   print_sample(cfg, state.params, o.prompt, o);

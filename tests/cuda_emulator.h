@@ -33,8 +33,8 @@ extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const voi
 #define __restrict__ __restrict
 #define __shared__ static
 // A kernel's shared array: static storage, registered (and poisoned) on first use.
-#define CJ_SHARED(type, name, dims) \
-  static type name dims;            \
+#define CJ_SHARED(type, name, dims)                                                  \
+  static type name dims;                                                             \
   static const bool name##_registered = cj_emu::register_shared(name, sizeof(name)); \
   (void)name##_registered
 
@@ -103,8 +103,7 @@ class Block {
         released = true;
       }
       if (released) continue;
-      if (barrier + done != n)
-        throw std::runtime_error("cuda emulator: threads of a block wait at different barriers");
+      if (barrier + done != n) throw std::runtime_error("cuda emulator: threads of a block wait at different barriers");
       for (unsigned t = 0; t < n; ++t)
         if (fibers_[t].wait == Wait::Barrier) fibers_[t].wait = Wait::None;
     }
@@ -184,7 +183,8 @@ inline bool register_shared(void* p, size_t n) {
   return true;
 }
 
-template <class T> T shfl_xor(T v, int lane_mask) {
+template <class T>
+T shfl_xor(T v, int lane_mask) {
   Block& b = *Block::current();
   unsigned t = b.running();
   uint64_t bits = 0;
@@ -219,7 +219,10 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& k
 #define gridDim (cj_emu::g_grid_dim)
 
 inline void __syncthreads() { cj_emu::Block::current()->wait(cj_emu::Wait::Barrier); }
-template <class T> T __shfl_xor_sync(unsigned, T v, int lane_mask) { return cj_emu::shfl_xor(v, lane_mask); }
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  return cj_emu::shfl_xor(v, lane_mask);
+}
 inline float __int_as_float(int i) {
   float f;
   std::memcpy(&f, &i, 4);
@@ -241,11 +244,26 @@ inline float cj_from_bf16(unsigned short h) { return __uint_as_float(unsigned(h)
 inline unsigned short cj_to_bf16(float f) { return cjax::bfloat16_t::from_float(f); }
 inline float cj_from_f16(unsigned short h) { return cjax::float16_t::to_float(h); }
 inline unsigned short cj_to_f16(float f) { return cjax::float16_t::from_float(f); }
-template <class T> T cj_fmax(T x, T y) { return x != x ? x : y != y ? y : (x > y ? x : y); }
-template <class T> T cj_fmin(T x, T y) { return x != x ? x : y != y ? y : (x < y ? x : y); }
-template <class T> T cj_max(T x, T y) { return x > y ? x : y; }
-template <class T> T cj_min(T x, T y) { return x < y ? x : y; }
-template <class T> T cj_shfl_xor(T v, int o) { return cj_emu::shfl_xor(v, o); }
+template <class T>
+T cj_fmax(T x, T y) {
+  return x != x ? x : y != y ? y : (x > y ? x : y);
+}
+template <class T>
+T cj_fmin(T x, T y) {
+  return x != x ? x : y != y ? y : (x < y ? x : y);
+}
+template <class T>
+T cj_max(T x, T y) {
+  return x > y ? x : y;
+}
+template <class T>
+T cj_min(T x, T y) {
+  return x < y ? x : y;
+}
+template <class T>
+T cj_shfl_xor(T v, int o) {
+  return cj_emu::shfl_xor(v, o);
+}
 inline void cj_round2_bf16(float& a, float& b) {
   a = cj_from_bf16(cj_to_bf16(a));
   b = cj_from_bf16(cj_to_bf16(b));

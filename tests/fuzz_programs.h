@@ -15,8 +15,8 @@
 #include <functional>
 #include <optional>
 #include <random>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,26 +33,81 @@ inline constexpr double kMargin = 2e-2;
 inline constexpr double kMaxMagnitude = 1e2;
 
 enum class Kind {
-  Sin, Cos, Tanh, Exp, Log, Logistic, Sqrt, Square, Abs, Neg, IntPow,
-  Add, Sub, Mul, Div, Maximum, Minimum, Pow,
-  Sum, Mean, Max,
-  Reshape, Transpose, ExpandDims, Squeeze, Slice, Concatenate, Stack,
-  Dot, Matmul, Einsum, Where, Softmax, LogSoftmax, Logsumexp, Cumsum, Sort, Take, AtAdd,
-  Min, Prod, Var, Clip, Flip, Roll, Pad, Tile, BroadcastTo, TakeAlongArgmax, AtSet, AtMul, Cumprod, Cummax,
-  TopK, DynamicSlice, Split,
-  Cond, Switch, ForiLoop, Scan, Astype,
+  Sin,
+  Cos,
+  Tanh,
+  Exp,
+  Log,
+  Logistic,
+  Sqrt,
+  Square,
+  Abs,
+  Neg,
+  IntPow,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Maximum,
+  Minimum,
+  Pow,
+  Sum,
+  Mean,
+  Max,
+  Reshape,
+  Transpose,
+  ExpandDims,
+  Squeeze,
+  Slice,
+  Concatenate,
+  Stack,
+  Dot,
+  Matmul,
+  Einsum,
+  Where,
+  Softmax,
+  LogSoftmax,
+  Logsumexp,
+  Cumsum,
+  Sort,
+  Take,
+  AtAdd,
+  Min,
+  Prod,
+  Var,
+  Clip,
+  Flip,
+  Roll,
+  Pad,
+  Tile,
+  BroadcastTo,
+  TakeAlongArgmax,
+  AtSet,
+  AtMul,
+  Cumprod,
+  Cummax,
+  TopK,
+  DynamicSlice,
+  Split,
+  Cond,
+  Switch,
+  ForiLoop,
+  Scan,
+  Astype,
   Count
 };
 
 inline const char* kind_name(Kind k) {
-  static const char* names[] = {"sin", "cos", "tanh", "exp", "log", "logistic", "sqrt", "square", "abs", "neg",
-                                "integer_pow", "add", "sub", "mul", "div", "maximum", "minimum", "pow", "sum",
-                                "mean", "max", "reshape", "transpose", "expand_dims", "squeeze", "index",
-                                "concatenate", "stack", "dot", "matmul", "einsum", "where", "softmax",
-                                "log_softmax", "logsumexp", "cumsum", "sort", "take", "at_add", "min", "prod",
-                                "var", "clip", "flip", "roll", "pad", "tile", "broadcast_to",
-                                "take_along_axis(argmax)", "at_set", "at_mul", "cumprod", "cummax", "top_k",
-                                "dynamic_slice", "split", "cond", "switch", "fori_loop", "scan", "astype"};
+  static const char* names[] =
+      {"sin",     "cos",       "tanh",        "exp",         "log",     "logistic",      "sqrt",
+       "square",  "abs",       "neg",         "integer_pow", "add",     "sub",           "mul",
+       "div",     "maximum",   "minimum",     "pow",         "sum",     "mean",          "max",
+       "reshape", "transpose", "expand_dims", "squeeze",     "index",   "concatenate",   "stack",
+       "dot",     "matmul",    "einsum",      "where",       "softmax", "log_softmax",   "logsumexp",
+       "cumsum",  "sort",      "take",        "at_add",      "min",     "prod",          "var",
+       "clip",    "flip",      "roll",        "pad",         "tile",    "broadcast_to",  "take_along_axis(argmax)",
+       "at_set",  "at_mul",    "cumprod",     "cummax",      "top_k",   "dynamic_slice", "split",
+       "cond",    "switch",    "fori_loop",   "scan",        "astype"};
   static_assert(sizeof(names) / sizeof(names[0]) == size_t(Kind::Count));
   return names[size_t(k)];
 }
@@ -62,26 +117,26 @@ enum SliceVariant { kFromOne, kColumnZero, kLast, kReverseLast, kStrided, kNewAx
 
 struct Op {
   Kind kind = Kind::Sin;
-  std::vector<int> args;               // pool indices
-  std::vector<int64_t> ints;           // axes / shape / permutation / take indices / slice variant
-  Shape index_shape;                   // take / at_add: shape of the constant index array
-  std::optional<int64_t> axis;         // nullopt: all axes (reductions, take: flattened)
+  std::vector<int> args;        // pool indices
+  std::vector<int64_t> ints;    // axes / shape / permutation / take indices / slice variant
+  Shape index_shape;            // take / at_add: shape of the constant index array
+  std::optional<int64_t> axis;  // nullopt: all axes (reductions, take: flattened)
   bool keepdims = false;
-  bool guarded = false;                // domain ops: squash the (first) operand
-  bool guarded2 = false;               // pow: squash the exponent
-  std::optional<double> constant;      // binary ops / where: weak scalar second operand
-  std::string subscripts;              // einsum
+  bool guarded = false;            // domain ops: squash the (first) operand
+  bool guarded2 = false;           // pow: squash the exponent
+  std::optional<double> constant;  // binary ops / where: weak scalar second operand
+  std::string subscripts;          // einsum
 };
 
 struct Program {
   uint64_t seed = 0;
   int index = 0;
   std::vector<AbstractValue> inputs;
-  std::vector<bool> batched;     // per input: mapped by vmap (else shared by the three examples)
-  std::vector<int> batch_axis;   // per batched input: where vmap finds the examples (may be negative)
+  std::vector<bool> batched;    // per input: mapped by vmap (else shared by the three examples)
+  std::vector<int> batch_axis;  // per batched input: where vmap finds the examples (may be negative)
   std::vector<Op> ops;
-  std::vector<int> outputs;      // pool indices
-  std::vector<int> out_axis;     // per output: where vmap puts the examples (0 or -1)
+  std::vector<int> outputs;   // pool indices
+  std::vector<int> out_axis;  // per output: where vmap puts the examples (0 or -1)
 
   // Whether some value is f32 (an f32 input or a cast to f32): f32 tolerances, no check_grads.
   bool any_f32() const {
@@ -120,10 +175,11 @@ struct Program {
       os << " : cond(sum(v" << op.args[0] << ") > 0, a -> tanh(a) * b, a -> a + 0.5 b - cos(b), a=v" << op.args[1]
          << ", b=v" << op.args[2] << " captured)";
     if (op.kind == Kind::Switch)
-      os << " : switch(index=2(s>0)-1+(s>1) clamped, s=sum(v" << op.args[0]
-         << "); [sin(a), a * cos(a), a * a]; a=v" << op.args[1] << ")";
+      os << " : switch(index=2(s>0)-1+(s>1) clamped, s=sum(v" << op.args[0] << "); [sin(a), a * cos(a), a * a]; a=v"
+         << op.args[1] << ")";
     if (op.kind == Kind::ForiLoop)
-      os << " : fori_loop(0, " << op.ints[0] << ", (i, c) -> {0.9 c0 + 0.1 sin(c0) tanh(b) + 0.01 i, 0.8 c1 + 0.1 mean(c0)})"
+      os << " : fori_loop(0, " << op.ints[0]
+         << ", (i, c) -> {0.9 c0 + 0.1 sin(c0) tanh(b) + 0.01 i, 0.8 c1 + 0.1 mean(c0)})"
          << ", c = {v" << op.args[0] << ", v" << op.args[1] << "}, b=v" << op.args[2] << " captured"
          << (op.guarded ? " as its mean" : "") << ", returns c" << op.ints[1];
     if (op.kind == Kind::Scan)
@@ -135,8 +191,8 @@ struct Program {
       os << " k/start/shift=" << *op.constant;
     if (op.kind == Kind::Einsum) os << " \"" << op.subscripts << "\"";
     if (op.kind == Kind::Slice) {
-      static const char* forms[] = {"x[1:]", "x[:, 0]", "x[-1]", "x[..., ::-1]", "x[::2]", "x[..., None]",
-                                    "x[[-1, 0]]"};
+      static const char* forms[] = {"x[1:]",  "x[:, 0]",      "x[-1]",     "x[..., ::-1]",
+                                    "x[::2]", "x[..., None]", "x[[-1, 0]]"};
       os << " " << forms[op.ints[0]];
     } else if (op.kind == Kind::Take || op.kind == Kind::AtAdd || op.kind == Kind::AtSet || op.kind == Kind::AtMul) {
       os << " indices=";
@@ -151,14 +207,14 @@ struct Program {
     }
     if (op.kind == Kind::Take || op.kind == Kind::Sum || op.kind == Kind::Mean || op.kind == Kind::Max ||
         op.kind == Kind::Logsumexp || op.kind == Kind::Softmax || op.kind == Kind::LogSoftmax ||
-        op.kind == Kind::Cumsum || op.kind == Kind::Sort || op.kind == Kind::Concatenate ||
-        op.kind == Kind::Stack || op.kind == Kind::ExpandDims || op.kind == Kind::Squeeze || op.kind == Kind::Min ||
-        op.kind == Kind::Prod || op.kind == Kind::Var || op.kind == Kind::Flip || op.kind == Kind::Roll ||
-        op.kind == Kind::TakeAlongArgmax || op.kind == Kind::Cumprod || op.kind == Kind::Cummax ||
-        op.kind == Kind::DynamicSlice || op.kind == Kind::Split)
+        op.kind == Kind::Cumsum || op.kind == Kind::Sort || op.kind == Kind::Concatenate || op.kind == Kind::Stack ||
+        op.kind == Kind::ExpandDims || op.kind == Kind::Squeeze || op.kind == Kind::Min || op.kind == Kind::Prod ||
+        op.kind == Kind::Var || op.kind == Kind::Flip || op.kind == Kind::Roll || op.kind == Kind::TakeAlongArgmax ||
+        op.kind == Kind::Cumprod || op.kind == Kind::Cummax || op.kind == Kind::DynamicSlice || op.kind == Kind::Split)
       os << " axis=" << (op.axis ? std::to_string(*op.axis) : "None");
     if (op.keepdims) os << " keepdims";
-    bool own_text = op.kind == Kind::ForiLoop || op.kind == Kind::Scan || op.kind == Kind::Pad || op.kind == Kind::Cummax;
+    bool own_text =
+        op.kind == Kind::ForiLoop || op.kind == Kind::Scan || op.kind == Kind::Pad || op.kind == Kind::Cummax;
     if (op.guarded && !own_text) os << " (operand squashed)";
     if (op.guarded2 && !own_text) os << " (exponent squashed)";
     if (op.kind == Kind::Cummax && op.guarded) os << " reverse";
@@ -265,8 +321,7 @@ inline Array apply_op(const Op& op, const std::vector<Array>& pool) {
     case Kind::Cumprod: return jnp::cumprod(x, *op.axis);
     case Kind::Cummax: return lax::cummax(x, *op.axis, op.guarded);
     case Kind::TopK: return lax::top_k(x, int64_t(*op.constant)).first;
-    case Kind::DynamicSlice:
-      return lax::dynamic_slice_in_dim(x, Array(int(*op.constant)), op.ints[0], *op.axis);
+    case Kind::DynamicSlice: return lax::dynamic_slice_in_dim(x, Array(int(*op.constant)), op.ints[0], *op.axis);
     case Kind::Split: return jnp::split(x, 2, *op.axis)[size_t(op.ints[0])];
     case Kind::Cond: {
       const Array& a = pool[size_t(op.args[1])];
@@ -278,9 +333,9 @@ inline Array apply_op(const Op& op, const std::vector<Array>& pool) {
     case Kind::Switch: {
       Array s = jnp::sum(x);
       Array index = (s > 0.0).astype(i32) * 2 - 1 + (s > 1.0).astype(i32);
-      std::vector<std::function<Array(const Array&)>> branches{
-          [](const Array& v) { return jnp::sin(v); }, [](const Array& v) { return v * jnp::cos(v); },
-          [](const Array& v) { return v * v; }};
+      std::vector<std::function<Array(const Array&)>> branches{[](const Array& v) { return jnp::sin(v); },
+                                                               [](const Array& v) { return v * jnp::cos(v); },
+                                                               [](const Array& v) { return v * v; }};
       return lax::switch_(index, branches, pool[size_t(op.args[1])]);
     }
     case Kind::ForiLoop: {
@@ -303,8 +358,8 @@ inline Array apply_op(const Op& op, const std::vector<Array>& pool) {
       auto [h, ys] = lax::scan(
           [](const Array& hc, const Array& xt) {
             return std::pair{jnp::tanh(hc * 0.7 + xt).astype(hc.dtype()), hc * xt};
-          }, h0, x,
-          lax::ScanOptions{.reverse = op.guarded2});
+          },
+          h0, x, lax::ScanOptions{.reverse = op.guarded2});
       return op.ints[0] ? ys : h;
     }
     case Kind::Astype: return x.astype(op.ints[0] == 0 ? f32 : f64);
@@ -473,7 +528,8 @@ class Generator {
     return coin(rng_, 0.5) ? n - 1 : int(uniform_int(rng_, 0, n - 1));
   }
   // A value satisfying `ok`, or nullopt.
-  template <class Pred> std::optional<int> pick_where(Pred ok) {
+  template <class Pred>
+  std::optional<int> pick_where(Pred ok) {
     std::vector<int> candidates;
     for (int v = 0; v < num_values(); ++v)
       if (ok(v)) candidates.push_back(v);
@@ -498,8 +554,13 @@ class Generator {
     op.args = {x};
     switch (k) {
       case Kind::IntPow: op.ints = {uniform_int(rng_, 2, 3)}; return op;
-      case Kind::Add: case Kind::Sub: case Kind::Mul: case Kind::Div:
-      case Kind::Maximum: case Kind::Minimum: case Kind::Pow: {
+      case Kind::Add:
+      case Kind::Sub:
+      case Kind::Mul:
+      case Kind::Div:
+      case Kind::Maximum:
+      case Kind::Minimum:
+      case Kind::Pow: {
         if (coin(rng_, 0.15)) {
           op.constant = std::round(std::uniform_real_distribution<double>(-1.5, 1.5)(rng_) * 8) / 8;
           if (k == Kind::Div || k == Kind::Pow) op.constant = 0.75;
@@ -509,8 +570,13 @@ class Generator {
         op.args.push_back(*y);  // x itself always qualifies
         return op;
       }
-      case Kind::Sum: case Kind::Mean: case Kind::Max: case Kind::Logsumexp:
-      case Kind::Min: case Kind::Prod: case Kind::Var: {
+      case Kind::Sum:
+      case Kind::Mean:
+      case Kind::Max:
+      case Kind::Logsumexp:
+      case Kind::Min:
+      case Kind::Prod:
+      case Kind::Var: {
         op.keepdims = coin(rng_, 0.3);
         if (nd == 0 || coin(rng_, 0.25)) return op;  // all axes
         for (int a = 0; a < nd; ++a)
@@ -545,7 +611,8 @@ class Generator {
         op.ints = {ok[size_t(uniform_int(rng_, 0, int64_t(ok.size()) - 1))]};
         return op;
       }
-      case Kind::Concatenate: case Kind::Stack: {
+      case Kind::Concatenate:
+      case Kind::Stack: {
         if (k == Kind::Concatenate && nd == 0) return std::nullopt;
         int64_t axis = k == Kind::Stack ? uniform_int(rng_, 0, nd) : uniform_int(rng_, 0, nd - 1);
         auto y = pick_where([&](int v) {
@@ -559,7 +626,8 @@ class Generator {
         op.axis = axis;
         return op;
       }
-      case Kind::Dot: case Kind::Matmul: {
+      case Kind::Dot:
+      case Kind::Matmul: {
         auto y = pick_where([&](int v) { return contractible(k, sx, shape(v)); });
         if (!y) return std::nullopt;
         op.args.push_back(*y);
@@ -583,7 +651,10 @@ class Generator {
         }
         return op;
       }
-      case Kind::Softmax: case Kind::LogSoftmax: case Kind::Cumsum: case Kind::Sort:
+      case Kind::Softmax:
+      case Kind::LogSoftmax:
+      case Kind::Cumsum:
+      case Kind::Sort:
         if (nd == 0) return std::nullopt;
         op.axis = random_axis(nd);
         return op;
@@ -612,7 +683,11 @@ class Generator {
         }
         return op;
       }
-      case Kind::Flip: case Kind::Cumprod: case Kind::Cummax: case Kind::Split: case Kind::DynamicSlice: {
+      case Kind::Flip:
+      case Kind::Cumprod:
+      case Kind::Cummax:
+      case Kind::Split:
+      case Kind::DynamicSlice: {
         if (nd == 0) return op.kind == Kind::Flip ? std::optional<Op>(op) : std::nullopt;
         op.axis = random_axis(nd);
         int64_t dim = sx[size_t(*op.axis < 0 ? *op.axis + nd : *op.axis)];
@@ -656,7 +731,8 @@ class Generator {
         op.args.push_back(*y);
         return op;
       }
-      case Kind::AtSet: case Kind::AtMul: {
+      case Kind::AtSet:
+      case Kind::AtMul: {
         if (nd == 0) return std::nullopt;
         int64_t n = uniform_int(rng_, 1, std::min<int64_t>(3, sx[0]));
         op.index_shape = {n};
@@ -677,10 +753,12 @@ class Generator {
         if (nd == 0) return std::nullopt;
         op.constant = double(uniform_int(rng_, 1, sx.back()));
         return op;
-      case Kind::Cond: case Kind::Switch: {
+      case Kind::Cond:
+      case Kind::Switch: {
         int a = pick();
         op.args.push_back(a);
-        if (op.kind == Kind::Cond) op.args.push_back(*pick_where([&](int v) { return broadcast(shape(a), shape(v)).has_value(); }));
+        if (op.kind == Kind::Cond)
+          op.args.push_back(*pick_where([&](int v) { return broadcast(shape(a), shape(v)).has_value(); }));
         return op;
       }
       case Kind::ForiLoop: {
@@ -752,11 +830,11 @@ class Generator {
     try {
       switch (op.kind) {
         // Large arguments of sin/cos make central differences meaningless (derivatives ~ |x|^k).
-        case Kind::Sin: case Kind::Cos: op.guarded = !all([&](auto& p) { return max_abs(arg(p, 0)) < 5; }); break;
+        case Kind::Sin:
+        case Kind::Cos: op.guarded = !all([&](auto& p) { return max_abs(arg(p, 0)) < 5; }); break;
         case Kind::Exp: op.guarded = !all([&](auto& p) { return max_abs(arg(p, 0)) < 3; }); break;
-        case Kind::Log: case Kind::Sqrt:
-          op.guarded = !all([&](auto& p) { return min_value(arg(p, 0)) > 0.1; });
-          break;
+        case Kind::Log:
+        case Kind::Sqrt: op.guarded = !all([&](auto& p) { return min_value(arg(p, 0)) > 0.1; }); break;
         case Kind::Abs: return all([&](auto& p) { return min_abs(arg(p, 0)) > kMargin; });
         case Kind::Div:
           if (!op.constant) op.guarded = !all([&](auto& p) { return min_abs(arg(p, 1)) > 0.3; });
@@ -765,21 +843,23 @@ class Generator {
           op.guarded = !all([&](auto& p) { return min_value(arg(p, 0)) > 0.2; });
           if (!op.constant) op.guarded2 = !all([&](auto& p) { return max_abs(arg(p, 1)) < 2; });
           break;
-        case Kind::Maximum: case Kind::Minimum:
+        case Kind::Maximum:
+        case Kind::Minimum:
           return all([&](auto& p) {
             Array y = op.constant ? Array(*op.constant) : arg(p, 1);
             return min_abs(arg(p, 0) - y) > kMargin;
           });
         case Kind::Where: return all([&](auto& p) { return min_abs(arg(p, 0)) > kMargin; });
-        case Kind::Max: case Kind::Min: {
+        case Kind::Max:
+        case Kind::Min: {
           std::vector<int64_t> axes = op.ints;
           if (axes.empty())
             for (int a = 0; a < arg(pools_[0], 0).ndim(); ++a) axes.push_back(a);
           double sign = op.kind == Kind::Max ? 1.0 : -1.0;
           return all([&](auto& p) { return tie_gap(arg(p, 0) * sign, axes, false) > kMargin; });
         }
-        case Kind::Sort: case Kind::Cummax:
-          return all([&](auto& p) { return tie_gap(arg(p, 0), {*op.axis}, true) > kMargin; });
+        case Kind::Sort:
+        case Kind::Cummax: return all([&](auto& p) { return tie_gap(arg(p, 0), {*op.axis}, true) > kMargin; });
         case Kind::TopK: return all([&](auto& p) { return tie_gap(arg(p, 0), {-1}, true) > kMargin; });
         case Kind::TakeAlongArgmax:
           return all([&](auto& p) { return tie_gap(arg(p, 1), {*op.axis}, false) > kMargin; });

@@ -79,8 +79,7 @@ TEST_CASE("linearize over trees, with an integer leaf, under jit and with wrong 
   auto h = [](const std::vector<Array>& v) { return v[0] * v.back(); };
   auto [hy, h_jvp] = linearize(h, std::vector<Array>{f32s({1}), f32s({2})});
   check_all_close(hy, f32s({2}));
-  CHECK_ERR(h_jvp(std::vector<Array>{f32s({1})}), ValueError, "linearize: the tangent of argument 0",
-            "tree structure");
+  CHECK_ERR(h_jvp(std::vector<Array>{f32s({1})}), ValueError, "linearize: the tangent of argument 0", "tree structure");
 }
 
 // ---- linear_transpose ----
@@ -176,8 +175,11 @@ TEST_CASE("eval_shape of a matmul too large to allocate") {
   CHECK_FALSE(out.weak_type());
   CHECK(text(out) == "ShapeDtypeStruct(shape=(1048576, 1048576), dtype=float32)");
   // Work on values derived from the arguments is staged, not computed.
-  Array z = eval_shape([](const Array& x) { return jnp::broadcast_to(x, {1 << 20, 1 << 20}) * 2.0; },
-                       shape_dtype_struct({}, bf16));
+  Array z = eval_shape(
+      [](const Array& x) {
+        return jnp::broadcast_to(x, {1 << 20, 1 << 20}) * 2.0;
+      },
+      shape_dtype_struct({}, bf16));
   CHECK(z.shape() == Shape{1 << 20, 1 << 20});
   CHECK(z.dtype() == bf16);
 }
@@ -265,8 +267,10 @@ TEST_CASE("cost analysis of fused elementwise work, reductions and scan" CJAX_JI
   CostAnalysis cost = c.cost_analysis();
   CHECK(cost.flops == 3000);
   CHECK(cost.transcendentals == 1000);
-  if (fusion_enabled()) CHECK(cost.bytes_accessed == 8000);  // one fused kernel: x in, result out
-  else CHECK(cost.bytes_accessed == 3 * 8000 + 2 * 4);      // three steps (and two scalar literals)
+  if (fusion_enabled())
+    CHECK(cost.bytes_accessed == 8000);  // one fused kernel: x in, result out
+  else
+    CHECK(cost.bytes_accessed == 3 * 8000 + 2 * 4);  // three steps (and two scalar literals)
 
   auto g = [](const Array& x) { return jnp::sum(jnp::exp(x), 1); };
   CostAnalysis gc = jit(g).lower(jnp::ones({8, 100})).compile().cost_analysis();
@@ -293,7 +297,8 @@ TEST_CASE("lower with abstract arguments; Compiled checks its signature" CJAX_JI
   CHECK(jf.trace_count() == 1);  // the call hit the entry lower made
 
   CHECK_ERR(compiled(p, seq({5, 3}, 3, 1), 2), ValueError, "jit 'layer': computation compiled for input types",
-            "({f32[3,2], f32[2]}, f32[4,3], 2)", "called with input types", "at argument 1: compiled for f32[4,3], "
+            "({f32[3,2], f32[2]}, f32[4,3], 2)", "called with input types",
+            "at argument 1: compiled for f32[4,3], "
             "called with f32[5,3]");
   CHECK_ERR(compiled(Layer{p.w.astype(f64), p.b}, x, 2), ValueError,
             "at argument 0.w: compiled for f32[3,2], called with f64[3,2]");
@@ -313,7 +318,8 @@ TEST_CASE("memory analysis: donated arguments and intermediates" CJAX_JIT_ONLY) 
     Array h = jnp::matmul(x, w);            // f32[8,16]: an intermediate
     return jnp::sum(jnp::matmul(h, v), 0);  // f32[8,32]: another, alive with h; f32[32] out
   };
-  auto c = jit(f, {.donate_argnums = {0}}).lower(jnp::ones({32, 16}), jnp::ones({16, 32}), jnp::ones({8, 32})).compile();
+  auto c =
+      jit(f, {.donate_argnums = {0}}).lower(jnp::ones({32, 16}), jnp::ones({16, 32}), jnp::ones({8, 32})).compile();
   MemoryAnalysis m = c.memory_analysis();
   CHECK(m.argument_size_in_bytes == 4 * (32 * 16 + 16 * 32 + 8 * 32));
   CHECK(m.alias_size_in_bytes == 4 * 32 * 16);

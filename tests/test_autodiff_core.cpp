@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "cjax/cjax.h"
 #include "autodiff/check_grads.h"
+#include "cjax/cjax.h"
 #include "test_util.h"
 
 using namespace cjax;

@@ -26,7 +26,8 @@ Array local_loss(const Array& x, const Array& t, const Array& w1, const Array& w
 Mesh mesh4(const char* n) { return make_mesh({4}, {n}); }
 
 Array loss_dp(const Mlp& p, const Array& x, const Array& t) {
-  return shard_map([](const Mlp& w, const Array& xb, const Array& tb) { return lax::pmean(local_loss(xb, tb, w.w1, w.w2), "data"); },
+  return shard_map([](const Mlp& w, const Array& xb,
+                      const Array& tb) { return lax::pmean(local_loss(xb, tb, w.w1, w.w2), "data"); },
                    mesh4("data"), {P(), P("data"), P("data")}, P())(p, x, t);
 }
 Array loss_fsdp(const Mlp& p, const Array& x, const Array& t) {
@@ -43,9 +44,11 @@ struct Problem {
   Mlp p{random::normal(random::key(1), {8, 32}), random::normal(random::key(2), {32, 8})};
   Array x = random::normal(random::key(3), {16, 8}), t = random::normal(random::key(4), {16, 8});
   // The gradient computed by `g` equals the single-device one.
-  template <class G> void check_grad(const G& g) const {
+  template <class G>
+  void check_grad(const G& g) const {
     Mlp dw = g(p, x, t);
-    auto ref = grad([](const Mlp& w, const Array& xx, const Array& tt) { return local_loss(xx, tt, w.w1, w.w2); })(p, x, t);
+    auto ref =
+        grad([](const Mlp& w, const Array& xx, const Array& tt) { return local_loss(xx, tt, w.w1, w.w2); })(p, x, t);
     check_all_close(dw.w1, ref.w1, 1e-5);
     check_all_close(dw.w2, ref.w2, 1e-5);
   }

@@ -17,9 +17,9 @@
 #include "core/array/primitive.h"
 #include "jit/executable.h"
 #include "jit/passes/passes.h"
+#include "test_util.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/shard_map.h"
-#include "test_util.h"
 
 using namespace cjax;
 using namespace cjax::testing;
@@ -27,7 +27,8 @@ namespace jnp = cjax::numpy;
 
 namespace {
 
-template <class F, class... A> FusionPlan plan_of(F f, const A&... args) {
+template <class F, class... A>
+FusionPlan plan_of(F f, const A&... args) {
   return Executable(make_jaxpr(f)(args...)).plan();
 }
 int count_lines(const std::string& text, const std::string& prefix) {
@@ -170,7 +171,8 @@ TEST_CASE("every scalar op in every dtype of its domain matches the eager kernel
     for (DType dt : kAllDTypes) {
       bool fl = is_floating(dt), in_domain;
       switch (info.domain) {
-        case ScalarDomain::Float: case ScalarDomain::Pred: in_domain = fl; break;
+        case ScalarDomain::Float:
+        case ScalarDomain::Pred: in_domain = fl; break;
         case ScalarDomain::Int: in_domain = is_integer(dt); break;
         case ScalarDomain::Num: in_domain = dt != bool_; break;
         case ScalarDomain::Logic: in_domain = !fl; break;
@@ -203,7 +205,8 @@ TEST_CASE("every scalar op in every dtype of its domain matches the eager kernel
 }
 
 TEST_CASE("conversions, selects, integer_pow and clamp match the eager kernels") {
-  Array x = arr<double>({-1e10, -300.7, -129, -1.5, -0.5, 0, 0.5, 1.5, 2.5, 127.9, 255.5, 3e9, kInf, -kInf, kNaN, 1e-40});
+  Array x =
+      arr<double>({-1e10, -300.7, -129, -1.5, -0.5, 0, 0.5, 1.5, 2.5, 127.9, 255.5, 3e9, kInf, -kInf, kNaN, 1e-40});
   for (DType from : kAllDTypes)
     for (DType to : kAllDTypes) {
       Array a = x.astype(from);
@@ -343,7 +346,8 @@ TEST_CASE("the disk kernel cache stays under CJAX_CACHE_MAX_MB, dropping the lea
 
 // The LLVM IR CJAX_DUMP writes for one call of jit(f) named `name` (with that of the lazily
 // compiled out-of-place variants: x stays alive, so in-place kernels run out of place).
-template <class F> std::string dumped_ir(const std::string& name, F f, const Array& x) {
+template <class F>
+std::string dumped_ir(const std::string& name, F f, const Array& x) {
   auto dir = fresh_dir("dump_" + name);
   setenv("CJAX_DUMP", dir.c_str(), 1);
   jit(f, {.name = name})(x).block_until_ready();
@@ -420,18 +424,18 @@ TEST_CASE("passes computing an f32 exp are explicit vector code; special inputs 
   std::vector<float> v(size_t(R * C));
   for (size_t i = 0; i < v.size(); ++i) v[i] = 4.0f * std::sin(float(i) * 0.37f);
   for (int64_t c = 300; c < C; ++c) v[size_t(c)] = -INFINITY;  // row 0: masked from column 300 on
-  v[size_t(C + 517)] = NAN;                                      // row 1: a NaN
-  v[size_t(2 * C + 40)] = INFINITY;                              // row 2: +inf
+  v[size_t(C + 517)] = NAN;                                    // row 1: a NaN
+  v[size_t(2 * C + 40)] = INFINITY;                            // row 2: +inf
   for (float e : {89.0f, -90.0f, -103.99f, 88.5f, -87.5f}) v[size_t(3 * C + 10 + int64_t(e < 0))] = e;  // row 3
-  v[size_t(4 * C + 998)] = 88.0f;                                // row 4: large, in the tail
+  v[size_t(4 * C + 998)] = 88.0f;  // row 4: large, in the tail
   Array x = jnp::array(v, {R, C});
   auto softmax = [](const Array& x) { return nn::softmax(x); };
   std::string ir = dumped_ir("vector_softmax", softmax, x);
   CHECK(ir.find("exp.rare") != std::string::npos);
   check_same(jit(softmax)(x), softmax(x), 2e-6, "softmax f32[6, 1000]");
   Array y = jit(softmax)(x);
-  CHECK(std::isnan(vals(y)[size_t(C)]));             // the NaN row is NaN
-  CHECK(vals(y)[size_t(C - 1)] == 0.0);              // the masked columns are 0
+  CHECK(std::isnan(vals(y)[size_t(C)]));  // the NaN row is NaN
+  CHECK(vals(y)[size_t(C - 1)] == 0.0);   // the masked columns are 0
   // exp with reductions of several kinds and dtypes in one vector pass.
   auto stats = [](const Array& x) {
     Array e = jnp::exp(x);
@@ -477,7 +481,8 @@ TEST_CASE("an optimizer written as three tree maps is one kernel per parameter (
     std::vector<Array> m2, v2, p2;
     for (size_t i = 0; i < p.size(); ++i) m2.push_back(0.9f * m[i] + 0.1f * g[i]);
     for (size_t i = 0; i < p.size(); ++i) v2.push_back(0.99f * v[i] + 0.01f * jnp::square(g[i]));
-    for (size_t i = 0; i < p.size(); ++i) p2.push_back(p[i] - 0.001f * (m2[i] / 0.1f) / (jnp::sqrt(v2[i] / 0.01f) + 1e-8f));
+    for (size_t i = 0; i < p.size(); ++i)
+      p2.push_back(p[i] - 0.001f * (m2[i] / 0.1f) / (jnp::sqrt(v2[i] / 0.01f) + 1e-8f));
     return std::tuple{p2, m2, v2};
   };
   std::vector<Shape> shapes{{64, 32}, {48}, {32, 64}};
@@ -585,8 +590,8 @@ TEST_CASE("row values cross shard_map boundaries at row size (unbroadcast_shard_
   for (const JaxprEqn& e : exe.jaxpr().eqns())
     if (e.primitive->name == "shard_map") sms.push_back(&e);
   REQUIRE(sms.size() == 2);
-  CHECK(sms[0]->outputs[0].aval().shape == Shape{32});           // the sums, not [32, 24]
-  CHECK(atom_aval(sms[1]->inputs[1]).shape == Shape{32});         // taken as they are
+  CHECK(sms[0]->outputs[0].aval().shape == Shape{32});     // the sums, not [32, 24]
+  CHECK(atom_aval(sms[1]->inputs[1]).shape == Shape{32});  // taken as they are
   CHECK(ShardMapInfo::from(sms[1]->params).body->invars()[1].aval().shape == Shape{8});
   check_same(jit(f)(x), f(x), 1e-6, "x / row sums");
   // A broadcast along a sharded dimension stays as it was.
@@ -637,7 +642,7 @@ TEST_CASE("CJAX_DUMP writes the jaxpr, the fusion plan and vectorized LLVM IR" C
   CHECK(jaxpr.find("reduce_max") != std::string::npos);
   CHECK(plan.find("kernel cjax_k0 [tanh reduce_max") != std::string::npos);
   CHECK(ir.find("define void @cjax_k0(") != std::string::npos);
-  CHECK(ir.find("<16 x float>") != std::string::npos);  // the row loops were vectorized for AVX-512
+  CHECK(ir.find("<16 x float>") != std::string::npos);       // the row loops were vectorized for AVX-512
   CHECK(ir.find("call float @tanhf") == std::string::npos);  // no libm call in the kernel
   // Softmax divides by its row sum once per row and multiplies each element by the reciprocal.
   std::string optimized = ir.substr(ir.find("---- after optimization ----"));
@@ -680,11 +685,14 @@ TEST_CASE("an MLP training step gives the same values compiled, unfused and eage
   }
 }
 
-TEST_CASE("async dispatch: a 1000-step loop reading metrics one step late blocks only on the previous step" CJAX_JIT_ONLY) {
+TEST_CASE(
+    "async dispatch: a 1000-step loop reading metrics one step late blocks only on the previous step" CJAX_JIT_ONLY) {
   // Large enough not to be a cheap program (those run on the caller's thread, Executable::cheap).
   Array x = random::normal(random::key(70), {256, 16});
   Array y = jnp::matmul(x, random::normal(random::key(71), {16, 1}));  // learnable
-  auto loss = [](const Array& w, const Array& x, const Array& y) { return jnp::mean(jnp::square(jnp::matmul(x, w) - y)); };
+  auto loss = [](const Array& w, const Array& x, const Array& y) {
+    return jnp::mean(jnp::square(jnp::matmul(x, w) - y));
+  };
   auto train = [&](bool async) {
     config::set_async_dispatch(async);
     auto step = jit(

@@ -4,9 +4,9 @@
 
 #include "cjax/cjax.h"
 #include "core/array/kernel_table.h"
+#include "core/array/primitive.h"
 #include "core/backend/backend.h"
 #include "core/lax/elementwise.h"
-#include "core/array/primitive.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -27,8 +27,7 @@ TEST_CASE("bool of a tracer under jit names the argument" CJAX_JIT_ONLY) {
 
 TEST_CASE("item() and shapes from traced values under jit" CJAX_JIT_ONLY) {
   auto f = jit([](const Array& x, const Array& n) { return jnp::zeros({n.item<int>()}) + x; });
-  CHECK_ERR(f(make_scalar(1, f32), make_scalar(3, i32)), ConcretizationError, "item", "argument 1",
-            "static");
+  CHECK_ERR(f(make_scalar(1, f32), make_scalar(3, i32)), ConcretizationError, "item", "argument 1", "static");
   auto g = [](const Array& x) { return x * float(x.item<float>()); };
   CHECK_ERR(make_jaxpr(g)(make_scalar(2, f32)), ConcretizationError, "make_jaxpr", "argument 0");
 }
@@ -75,7 +74,7 @@ TEST_CASE("transformation misuse") {
   CHECK_ERR(grad(sq)(make_scalar(2, i32)), DTypeError, "floating", "argument 0", "i32[]");
   CHECK_ERR(vmap(sq)(make_scalar(2, f32)), ValueError, "axis 0", "rank");
   CHECK_ERR(vmap([](const Array& a, const Array& b) { return lax::add(a, b); })(arr<float>({1, 2}),
-                                                                             arr<float>({1, 2, 3})),
+                                                                                arr<float>({1, 2, 3})),
             ValueError, "inconsistent sizes");
   CHECK_ERR(vmap(sq, {0, 0})(arr<float>({1, 2})), ValueError, "one entry per argument");
   CHECK_ERR(vmap(sq, None)(arr<float>({1, 2})), ValueError, "at least one non-None");
@@ -83,8 +82,7 @@ TEST_CASE("transformation misuse") {
             "out_axes is None");
   auto [out, f_vjp] = vjp(sq, arr<float>({1, 2}));
   CHECK_ERR(f_vjp(arr<float>({1, 2, 3})), ValueError, "cotangent 0", "f32[3]", "f32[2]");
-  CHECK_ERR(jvp(sq, std::tuple{arr<float>({1, 2})}, std::tuple{arr<float>({1})}), ValueError, "tangent 0",
-            "f32[1]");
+  CHECK_ERR(jvp(sq, std::tuple{arr<float>({1, 2})}, std::tuple{arr<float>({1})}), ValueError, "tangent 0", "f32[1]");
   // A primitive without rules names itself under grad and vmap.
   static const PrimitiveDef& bare = register_primitive([] {
     PrimitiveDef d;

@@ -21,7 +21,8 @@ Array f64s(const std::vector<double>& v) { return arr<double>(v); }
 Array scalar(double v, DType d = f32) { return make_scalar(v, d); }
 
 Array sin_or_neg(const Array& p, const Array& x) {
-  return lax::cond(p, [](const Array& v) { return lax::sin(v); }, [](const Array& v) { return lax::neg(v); }, x);
+  return lax::cond(
+      p, [](const Array& v) { return lax::sin(v); }, [](const Array& v) { return lax::neg(v); }, x);
 }
 
 // Polynomial-ish branches so the derivatives differ per branch.
@@ -79,8 +80,14 @@ TEST_CASE("cond with tree operands, tree outputs and closed-over values") {
   Array w = arr<float>({10, 20});
   auto f = [&](const Array& p, const std::pair<Array, Array>& xy) {
     return lax::cond(
-        p, [&](const std::pair<Array, Array>& v) { return std::pair{lax::add(v.first, w), v.second}; },
-        [](const std::pair<Array, Array>& v) { return std::pair{v.second, v.first}; }, xy);
+        p,
+        [&](const std::pair<Array, Array>& v) {
+          return std::pair{lax::add(v.first, w), v.second};
+        },
+        [](const std::pair<Array, Array>& v) {
+          return std::pair{v.second, v.first};
+        },
+        xy);
   };
   auto [a, b] = f(Array(true), std::pair{arr<float>({1, 2}), arr<float>({3, 4})});
   CHECK(vals(a) == std::vector<double>{11, 22});
@@ -109,8 +116,8 @@ TEST_CASE("branches of more than 10 equations are hoisted as let jaxprs and pars
     return v;
   };
   auto f = [&](const Array& p, const Array& x) {
-    return lax::cond(p, [&](const Array& v) { return chain(v, true); }, [&](const Array& v) { return chain(v, false); },
-                     x);
+    return lax::cond(
+        p, [&](const Array& v) { return chain(v, true); }, [&](const Array& v) { return chain(v, false); }, x);
   };
   auto cj = make_jaxpr(f)(Array(true), scalar(0.5));
   std::string t = text(cj);
@@ -314,13 +321,14 @@ TEST_CASE("forward-mode jvp of while_loop; reverse mode raises" CJAX_JIT_ONLY) {
   check_grads([&](const std::vector<Array>& a) { return std::vector<Array>{w(a[0])}; }, {f64s({0.3, -0.5})},
               {.order = 2, .rev = false});
   // The jvp of a while is one while equation.
-  auto jt = text(make_jaxpr([&](const Array& x) { return std::get<1>(jvp(w, std::tuple{x}, std::tuple{x})); })(
-      scalar(0.5)));
+  auto jt =
+      text(make_jaxpr([&](const Array& x) { return std::get<1>(jvp(w, std::tuple{x}, std::tuple{x})); })(scalar(0.5)));
   CHECK(jt.find("while[") != std::string::npos);
   CHECK_ERR(grad(w)(scalar(0.5)), ValueError, "Reverse-mode differentiation does not work for lax::while_loop",
             "lax::scan");
   auto g = [](const Array& hi, const Array& x) {
-    return lax::fori_loop(make_scalar(0, i32), hi, [](const Array&, const Array& c) { return lax::sin(c); }, x);
+    return lax::fori_loop(
+        make_scalar(0, i32), hi, [](const Array&, const Array& c) { return lax::sin(c); }, x);
   };
   CHECK_ERR(jit(grad(g, argnums<1>))(make_scalar(2, i32), scalar(0.5)), ValueError, "fori_loop with static");
   // vmap of the while with a batched predicate: each example runs its own trip count.
@@ -344,7 +352,8 @@ TEST_CASE("forward-mode jvp of while_loop; reverse mode raises" CJAX_JIT_ONLY) {
 
 TEST_CASE("grad of fori_loop with static bounds") {
   auto f = [](const Array& x) {
-    return lax::fori_loop(0, 3, [](const Array& i, const Array& c) { return lax::sin(c) * (i.astype(f64) + 1.0); }, x);
+    return lax::fori_loop(
+        0, 3, [](const Array& i, const Array& c) { return lax::sin(c) * (i.astype(f64) + 1.0); }, x);
   };
   check_grads([&](const std::vector<Array>& a) { return std::vector<Array>{f(a[0])}; }, {f64s({0.3, -0.8})},
               {.order = 2});
@@ -362,8 +371,11 @@ TEST_CASE("scan eagerly, reversed, with trees, without xs and under jit") {
   auto [c, ys] = cumulative(scalar(0), arr<float>({1, 2, 3}));
   CHECK(c.item<float>() == 6);
   CHECK(vals(ys) == std::vector<double>{0, 2, 9});
-  auto [cr, ysr] = lax::scan([](const Array& c, const Array& x) { return std::pair{lax::add(c, x), c}; }, scalar(0),
-                             arr<float>({1, 2, 3}), {.reverse = true});
+  auto [cr, ysr] = lax::scan(
+      [](const Array& c, const Array& x) {
+        return std::pair{lax::add(c, x), c};
+      },
+      scalar(0), arr<float>({1, 2, 3}), {.reverse = true});
   CHECK(cr.item<float>() == 6);
   CHECK(vals(ysr) == std::vector<double>{5, 3, 0});
   // Tree carry and xs; a y that is a tree.
@@ -379,16 +391,25 @@ TEST_CASE("scan eagerly, reversed, with trees, without xs and under jit") {
   CHECK(vals(y2[0]) == std::vector<double>{1, 2, 4, 6, 9, 12});
   CHECK(vals(y2[1]) == std::vector<double>{-10, -20, -30});
   // No xs: length given; y None.
-  auto [c3, none] = lax::scan([](const Array& c) { return std::pair{lax::mul(c, scalar(3)), None}; }, scalar(1), None,
-                              {.length = 4});
+  auto [c3, none] = lax::scan(
+      [](const Array& c) {
+        return std::pair{lax::mul(c, scalar(3)), None};
+      },
+      scalar(1), None, {.length = 4});
   CHECK(c3.item<float>() == 81);
   (void)none;
-  auto [c4, y4] = lax::scan([](const Array& c, NoneT) { return std::pair{lax::add(c, scalar(1)), c}; }, scalar(0),
-                            None, {.length = 3});
+  auto [c4, y4] = lax::scan(
+      [](const Array& c, NoneT) {
+        return std::pair{lax::add(c, scalar(1)), c};
+      },
+      scalar(0), None, {.length = 3});
   CHECK(vals(y4) == std::vector<double>{0, 1, 2});
   // A weakly typed initial carry takes the body's dtype (JAX's weak-type promotion).
-  auto [c6, y6] = lax::scan([](const Array& c, const Array& x) { return std::pair{c + x, c}; }, Array(0.0),
-                            arr<float>({1, 2, 3}));
+  auto [c6, y6] = lax::scan(
+      [](const Array& c, const Array& x) {
+        return std::pair{c + x, c};
+      },
+      Array(0.0), arr<float>({1, 2, 3}));
   CHECK(c6.dtype() == f32);
   CHECK(c6.item<float>() == 6);
   CHECK(vals(y6) == std::vector<double>{0, 1, 3});
@@ -444,8 +465,12 @@ TEST_CASE("scan under vmap: batched xs, batched init, batched consts") {
   CHECK(vals(ys2) == std::vector<double>{1, 4, 12, 40, 70, 114});
   // Only a closed-over value is batched: the carry becomes batched by the fixpoint.
   auto f = [](const Array& w) {
-    return lax::scan([&](const Array& c, const Array& x) { return std::pair{lax::add(lax::mul(c, w), x), c}; },
-                     scalar(1), arr<float>({1, 1})).first;
+    return lax::scan(
+               [&](const Array& c, const Array& x) {
+                 return std::pair{lax::add(lax::mul(c, w), x), c};
+               },
+               scalar(1), arr<float>({1, 1}))
+        .first;
   };
   CHECK(vals(vmap(f)(arr<float>({2, 3}))) == std::vector<double>{7, 13});
   std::string t = text(make_jaxpr(vmap(cumulative, {None, 0}))(scalar(0), xs));
@@ -456,8 +481,10 @@ TEST_CASE("grad of scan: check_grads forward and reverse, reverse scans and an R
   check_grads(
       [](const std::vector<Array>& a) {
         auto [c, ys] = lax::scan(
-            [](const Array& c, const Array& x) { return std::pair{lax::sin(lax::mul(c, x)), lax::mul(c, c)}; }, a[0],
-            a[1]);
+            [](const Array& c, const Array& x) {
+              return std::pair{lax::sin(lax::mul(c, x)), lax::mul(c, c)};
+            },
+            a[0], a[1]);
         return std::vector<Array>{c, ys};
       },
       {scalar(0.7, f64), f64s({0.5, -1.1, 0.9})}, {.order = 2});
@@ -513,35 +540,54 @@ TEST_CASE("grad of scan: check_grads forward and reverse, reverse scans and an R
 
 TEST_CASE("control flow errors name the problem") {
   Array x = arr<float>({1, 2});
-  CHECK_ERR(lax::cond(Array(true), [](const Array& v) { return v; }, [](const Array& v) { return v.astype(i32); }, x),
+  CHECK_ERR(lax::cond(
+                Array(true), [](const Array& v) { return v; }, [](const Array& v) { return v.astype(i32); }, x),
             DTypeError, "lax::cond", "false_fn has type i32[2]", "true_fn has type f32[2]");
-  CHECK_ERR(lax::cond(Array(true), [](const Array& v) { return v; }, [](const Array& v) { return v[0]; }, x),
+  CHECK_ERR(lax::cond(
+                Array(true), [](const Array& v) { return v; }, [](const Array& v) { return v[0]; }, x),
             ShapeError, "false_fn has type f32[]", "true_fn has type f32[2]");
   CHECK_ERR(lax::cond(
-                Array(true), [](const Array& v) { return std::vector<Array>{v, v}; },
+                Array(true),
+                [](const Array& v) {
+                  return std::vector<Array>{v, v};
+                },
                 [](const Array& v) { return std::vector<Array>{v}; }, x),
             ValueError, "same tree structure", "false_fn", "true_fn");
   CHECK_ERR(sin_or_neg(jnp::array<bool>({true, false}, {2}), x), ShapeError, "pred must be a scalar", "bool[2]");
   CHECK_ERR(three_way(scalar(1), scalar(1)), DTypeError, "index must be an integer");
   CHECK_ERR(cumulative(scalar(0), scalar(1)), ShapeError, "no leading axis");
-  CHECK_ERR(lax::scan([](const Array& c, const std::vector<Array>& xs) { return std::pair{c, lax::add(xs[0], xs[1])}; },
-                      scalar(0), std::vector<Array>{jnp::zeros({3}), jnp::zeros({4})}),
+  CHECK_ERR(lax::scan(
+                [](const Array& c, const std::vector<Array>& xs) {
+                  return std::pair{c, lax::add(xs[0], xs[1])};
+                },
+                scalar(0), std::vector<Array>{jnp::zeros({3}), jnp::zeros({4})}),
             ShapeError, "disagrees", "3, 4");
-  CHECK_ERR(lax::scan([](const Array& c, const Array& x) { return std::pair{c, x}; }, scalar(0), jnp::zeros({3}),
-                      {.length = 5}),
+  CHECK_ERR(lax::scan(
+                [](const Array& c, const Array& x) {
+                  return std::pair{c, x};
+                },
+                scalar(0), jnp::zeros({3}), {.length = 5}),
             ShapeError, "`length` argument of 5", "3");
-  CHECK_ERR(lax::scan([](const Array& c) { return std::pair{c, c}; }, scalar(0), None), ValueError,
-            "`length` not provided");
-  CHECK_ERR(lax::scan([](const Array& c, const Array& x) { return std::pair{c.astype(i32), x}; }, scalar(0),
-                      jnp::zeros({3})),
+  CHECK_ERR(lax::scan(
+                [](const Array& c) {
+                  return std::pair{c, c};
+                },
+                scalar(0), None),
+            ValueError, "`length` not provided");
+  CHECK_ERR(lax::scan(
+                [](const Array& c, const Array& x) {
+                  return std::pair{c.astype(i32), x};
+                },
+                scalar(0), jnp::zeros({3})),
             DTypeError, "lax::scan f", "f32[]", "i32[]");
   CHECK_ERR(lax::while_loop([](const Array& c) { return c; }, [](const Array& c) { return c; }, scalar(1)), DTypeError,
             "cond_fn must return a boolean scalar", "f32[]");
-  CHECK_ERR(lax::fori_loop(0, 3, [](const Array&, const Array& c) { return std::vector<Array>{c}; }, scalar(1)),
+  CHECK_ERR(lax::fori_loop(
+                0, 3, [](const Array&, const Array& c) { return std::vector<Array>{c}; }, scalar(1)),
             ValueError, "same tree structure");
   // Python-style control flow on a traced value inside a branch is a concretization error naming the branch.
   auto branchy = [](const Array& v) { return bool(v > 0) ? v : -v; };
-  CHECK_ERR(lax::cond(Array(true), branchy, [](const Array& v) { return v; }, scalar(1)), ConcretizationError,
-            "lax::cond true_fn");
+  CHECK_ERR(lax::cond(
+                Array(true), branchy, [](const Array& v) { return v; }, scalar(1)),
+            ConcretizationError, "lax::cond true_fn");
 }
-

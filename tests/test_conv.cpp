@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "cjax/cjax.h"
-#include "test_util.h"
 #include "core/lax/linalg.h"
+#include "test_util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
@@ -31,8 +31,8 @@ TEST_CASE("conv dtypes: f64, bf16, f16, int32, int8 -> int32 preferred") {
     CHECK(y.dtype() == dt);
     CHECK(vals(y) == kC1);
   }
-  Array y = lax::conv_general_dilated(seq({1, 2, 4, 4}, 7, 3, i8), seq({3, 2, 3, 3}, 5, 2, i8), {1, 1}, "VALID", {},
-                                      {}, {}, 1, i32);
+  Array y = lax::conv_general_dilated(seq({1, 2, 4, 4}, 7, 3, i8), seq({3, 2, 3, 3}, 5, 2, i8), {1, 1}, "VALID", {}, {},
+                                      {}, 1, i32);
   CHECK(y.dtype() == i32);
   CHECK(vals(y) == kC1);
 }
@@ -44,9 +44,9 @@ TEST_CASE("conv SAME stride 2 and explicit padding") {
   CHECK(vals(y) == std::vector<double>{-2.0, -11.0, 11.0, -10.0, -8.0, 9.0, 4.0, 10.0, 1.0, 4.0, -3.0, -10.0});
   Array z = lax::conv_general_dilated(x, w, {1, 2}, std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {2, 1}});
   CHECK(z.shape() == Shape{1, 3, 3, 3});
-  CHECK(vals(z) == std::vector<double>{5.0,  -4.0, 3.0,  3.0,   -2.0, -11.0, 3.0, 14.0, 5.0,
-                                       -10.0, 0.0,  5.0,  7.0,   -8.0, 9.0,   6.0, -11.0, -14.0,
-                                       10.0, -1.0, 2.0,  -14.0, 1.0,  4.0,   4.0, -6.0, 7.0});
+  CHECK(vals(z) == std::vector<double>{5.0,   -4.0, 3.0, 3.0,   -2.0, -11.0, 3.0, 14.0,  5.0,
+                                       -10.0, 0.0,  5.0, 7.0,   -8.0, 9.0,   6.0, -11.0, -14.0,
+                                       10.0,  -1.0, 2.0, -14.0, 1.0,  4.0,   4.0, -6.0,  7.0});
   // odd size, stride 2: pads (1, 1)
   Array s = lax::conv(seq({1, 1, 5, 5}, 7, 3), seq({1, 1, 3, 3}, 5, 2), {2, 2}, "SAME");
   CHECK(s.shape() == Shape{1, 1, 3, 3});
@@ -60,26 +60,25 @@ TEST_CASE("conv rhs dilation and lhs dilation (transposed conv)") {
   Array t = lax::conv_general_dilated(seq({1, 1, 3, 3}, 7, 3), seq({1, 1, 3, 3}, 5, 2), {1, 1},
                                       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 1}}, {2, 2});
   CHECK(t.shape() == Shape{1, 1, 5, 5});
-  CHECK(vals(t) == std::vector<double>{-6.0, 1.0,  -4.0, 0.0,  -2.0, 3.0, 7.0, 2.0,  5.0, 1.0, 0.0, -2.0, 2.0,
-                                       -3.0, 4.0,  0.0,  -6.0, -1.0, -1.0, -2.0, 6.0, 9.0, -6.0, 1.0, -4.0});
+  CHECK(vals(t) == std::vector<double>{-6.0, 1.0, -4.0, 0.0,  -2.0, 3.0,  7.0,  2.0, 5.0, 1.0,  0.0, -2.0, 2.0,
+                                       -3.0, 4.0, 0.0,  -6.0, -1.0, -1.0, -2.0, 6.0, 9.0, -6.0, 1.0, -4.0});
 }
 
 TEST_CASE("conv feature groups") {
-  Array y = lax::conv_general_dilated(seq({2, 4, 3, 3}, 7, 3), seq({6, 2, 2, 2}, 5, 2), {1, 1}, "VALID", {}, {}, {},
-                                      2);
+  Array y = lax::conv_general_dilated(seq({2, 4, 3, 3}, 7, 3), seq({6, 2, 2, 2}, 5, 2), {1, 1}, "VALID", {}, {}, {}, 2);
   CHECK(y.shape() == Shape{2, 6, 2, 2});
-  CHECK(vals(y) == std::vector<double>{5.0,  2.0,  -4.0, 7.0,  -10.0, 5.0,  0.0,  8.0,   10.0,  3.0,  -11.0, -11.0,
-                                       0.0,  -8.0, -10.0, -4.0, -4.0, 6.0,  5.0,  -6.0,  7.0,   -10.0, 5.0,  2.0,
-                                       2.0,  6.0,  7.0,  -10.0, 5.0,  -8.0, 8.0,  9.0,   3.0,   3.0,  -11.0, 3.0,
-                                       -8.0, 5.0,  -4.0, 9.0,  6.0,  2.0,  -6.0, -10.0, -10.0, -6.0, 2.0,   6.0});
+  CHECK(vals(y) == std::vector<double>{5.0,  2.0,  -4.0,  7.0,   -10.0, 5.0,  0.0,  8.0,   10.0,  3.0,   -11.0, -11.0,
+                                       0.0,  -8.0, -10.0, -4.0,  -4.0,  6.0,  5.0,  -6.0,  7.0,   -10.0, 5.0,   2.0,
+                                       2.0,  6.0,  7.0,   -10.0, 5.0,   -8.0, 8.0,  9.0,   3.0,   3.0,   -11.0, 3.0,
+                                       -8.0, 5.0,  -4.0,  9.0,   6.0,   2.0,  -6.0, -10.0, -10.0, -6.0,  2.0,   6.0});
 }
 
 TEST_CASE("conv NHWC / HWIO layout") {
-  std::vector<float> xv = {-3, -1, -2, 0, -1, 1, 0, 2, 1, 3, 2, -3, 3, -2, -3, -1,
-                           -2, 0, -1, 1, 0, 2, 1, 3, 2, -3, 3, -2, -3, -1, -2, 0};
-  std::vector<float> wv = {-2, 1, -1, 2, 0, -2, -1, 2, 0, -2, 1, -1, 0, -2, 1, -1, 2, 0,
-                           1, -1, 2, 0, -2, 1, 2, 0, -2, 1, -1, 2, -2, 1, -1, 2, 0, -2,
-                           -1, 2, 0, -2, 1, -1, 0, -2, 1, -1, 2, 0, 1, -1, 2, 0, -2, 1};
+  std::vector<float> xv = {-3, -1, -2, 0, -1, 1, 0, 2, 1, 3,  2, -3, 3,  -2, -3, -1,
+                           -2, 0,  -1, 1, 0,  2, 1, 3, 2, -3, 3, -2, -3, -1, -2, 0};
+  std::vector<float> wv = {-2, 1,  -1, 2,  0,  -2, -1, 2,  0,  -2, 1,  -1, 0,  -2, 1,  -1, 2,  0,
+                           1,  -1, 2,  0,  -2, 1,  2,  0,  -2, 1,  -1, 2,  -2, 1,  -1, 2,  0,  -2,
+                           -1, 2,  0,  -2, 1,  -1, 0,  -2, 1,  -1, 2,  0,  1,  -1, 2,  0,  -2, 1};
   Array x = jnp::array(xv, {1, 4, 4, 2}), w = jnp::array(wv, {3, 3, 2, 3});
   Array y = lax::conv_general_dilated(x, w, {1, 1}, "VALID", {}, {}, {"NHWC", "HWIO", "NHWC"});
   CHECK(y.shape() == Shape{1, 2, 2, 3});
@@ -132,8 +131,8 @@ TEST_CASE("conv misuse") {
                        doctest::Contains("\"NHWX\" must contain the characters 'N' and 'C'"), ValueError);
   CHECK_THROWS_WITH_AS(lax::conv(x, jnp::ones({3, 2, 3, 3}, f64), {1, 1}, "VALID"),
                        doctest::Contains("same dtype, got float32 and float64"), DTypeError);
-  CHECK_THROWS_WITH_AS(lax::conv(x, jnp::ones({3, 2, 3, 3}), {1, 1}, "FULL"), doctest::Contains("unknown padding \"FULL\""),
-                       ValueError);
+  CHECK_THROWS_WITH_AS(lax::conv(x, jnp::ones({3, 2, 3, 3}), {1, 1}, "FULL"),
+                       doctest::Contains("unknown padding \"FULL\""), ValueError);
   CHECK_THROWS_WITH_AS(lax::conv(x, jnp::ones({3, 2, 3, 3}), {1}, "VALID"),
                        doctest::Contains("one entry per spatial dimension (2)"), ValueError);
   CHECK_THROWS_WITH_AS(lax::conv_general_dilated(x, jnp::ones({3, 1, 3, 3}), {1, 1}, "VALID", {}, {}, {}, 2),

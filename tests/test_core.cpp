@@ -49,5 +49,6 @@ TEST_CASE("integer arithmetic wraps like XLA (no undefined behaviour)") {
   CHECK(lax::mul(big, big).to_vector<int64_t>() == std::vector<int64_t>{0});
   Array s16 = jnp::array<int16_t>({-1, 300});
   CHECK(lax::mul(s16, s16).to_vector<int16_t>() == std::vector<int16_t>{1, int16_t(90000 - 65536)});
-  CHECK(lax::integer_pow(jnp::array<int32_t>({3}), 21).to_vector<int32_t>() == std::vector<int32_t>{int32_t(10460353203LL - 2LL * 4294967296LL)});
+  CHECK(lax::integer_pow(jnp::array<int32_t>({3}), 21).to_vector<int32_t>() ==
+        std::vector<int32_t>{int32_t(10460353203LL - 2LL * 4294967296LL)});
 }

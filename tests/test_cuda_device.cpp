@@ -1,9 +1,8 @@
 // The cuda platform on a GPU: arrays on cuda devices, host reads, eager elementwise kernels
 // against the CPU kernels, and counted host fallbacks. Without a GPU the program exits with 77,
 // which ctest reports as skipped (scripts/gpu_check.sh runs it on a GPU machine).
-#include <doctest/doctest.h>
-
 #include <cjax/cjax.h>
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -41,8 +40,7 @@ bool in_domain(ScalarDomain dom, DType d) {
 Array operand(DType d, int64_t n, std::mt19937& rng, const ScalarOpInfo& info, int k) {
   std::vector<double> v(static_cast<size_t>(n));
   bool positive = info.op == ScalarOp::Log || info.op == ScalarOp::Sqrt || info.op == ScalarOp::Rsqrt ||
-                  info.op == ScalarOp::Lgamma || (info.op == ScalarOp::Pow && k == 0) ||
-                  info.op == ScalarOp::Acosh;
+                  info.op == ScalarOp::Lgamma || (info.op == ScalarOp::Pow && k == 0) || info.op == ScalarOp::Acosh;
   std::uniform_real_distribution<double> real(positive ? 0.05 : -3.0, 3.0);
   if (info.op == ScalarOp::Acosh) real = std::uniform_real_distribution<double>(1.0, 4.0);
   if (info.op == ScalarOp::Asin || info.op == ScalarOp::Acos || info.op == ScalarOp::Atanh ||
@@ -52,10 +50,14 @@ Array operand(DType d, int64_t n, std::mt19937& rng, const ScalarOpInfo& info, i
   bool is_shift = info.op == ScalarOp::ShiftLeft || info.op == ScalarOp::ShiftRightLogical ||
                   info.op == ScalarOp::ShiftRightArithmetic;
   for (size_t i = 0; i < v.size(); ++i) {
-    if (d == bf16 || d == f16 || d == f32 || d == f64) v[i] = real(rng);
-    else if (d == bool_) v[i] = coin(rng);
-    else if (is_shift && k == 1) v[i] = d == u8 || d == u32 ? std::abs(shift(rng)) : shift(rng);
-    else v[i] = (d == u8 || d == u32) ? std::abs(small(rng)) : small(rng);
+    if (d == bf16 || d == f16 || d == f32 || d == f64)
+      v[i] = real(rng);
+    else if (d == bool_)
+      v[i] = coin(rng);
+    else if (is_shift && k == 1)
+      v[i] = d == u8 || d == u32 ? std::abs(shift(rng)) : shift(rng);
+    else
+      v[i] = (d == u8 || d == u32) ? std::abs(small(rng)) : small(rng);
   }
   if (d == i32 && n >= 4) {  // INT_MIN / -1, x / 0, x % 0
     v[0] = std::numeric_limits<int32_t>::min();
@@ -181,7 +183,8 @@ TEST_CASE("a primitive without a GPU kernel runs on the host, counted, and its r
   Array dx = grad(f)(x);
   CHECK(device_of(dx) == kGpu);
   std::vector<float> d = dx.to_vector<float>();
-  for (int i = 0; i < 10; ++i) CHECK(d[size_t(i)] == doctest::Approx(std::cos(float(i)) * i + std::sin(float(i))).epsilon(1e-5));
+  for (int i = 0; i < 10; ++i)
+    CHECK(d[size_t(i)] == doctest::Approx(std::cos(float(i)) * i + std::sin(float(i))).epsilon(1e-5));
 }
 
 TEST_CASE("uncommitted CPU values follow GPU operands; committed ones on two platforms are an error") {

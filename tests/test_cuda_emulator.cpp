@@ -2,19 +2,18 @@
 // the LLVM kernels of the same KernelSpecs: every kernel of tests/cuda_jit_corpus.h on random
 // operands with edge values, threads in forward and in random order; and two planted faults (a
 // missing barrier, a tail overrun) that the emulator must catch. Needs no GPU: runs in CI.
-#include <doctest/doctest.h>
-
 #include <cjax/cjax.h>
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <cmath>
 #include <random>
 
+#include "backends/cpu/llvm_codegen.h"
+#include "core/array/visit_dtype.h"
 #include "cuda_emulated_kernels.h"
 #include "cuda_emulator.h"
 #include "cuda_jit_corpus.h"
-#include "core/array/visit_dtype.h"
-#include "backends/cpu/llvm_codegen.h"
 #include "jit/executable.h"
 
 using namespace cjax;
@@ -52,11 +51,16 @@ std::vector<unsigned char> random_buffer(DType d, int64_t n, std::mt19937& rng) 
     visit_dtype(d, [&](auto tag) {
       using T = typename decltype(tag)::type;
       T x;
-      if constexpr (std::is_same_v<T, bool>) x = iv > 0;
-      else if constexpr (is_half_v<T>) x = T(float(v));
-      else if constexpr (std::is_floating_point_v<T>) x = T(v);
-      else if constexpr (std::is_unsigned_v<T>) x = T(iv < 0 ? -iv : iv);
-      else x = T(iv);
+      if constexpr (std::is_same_v<T, bool>)
+        x = iv > 0;
+      else if constexpr (is_half_v<T>)
+        x = T(float(v));
+      else if constexpr (std::is_floating_point_v<T>)
+        x = T(v);
+      else if constexpr (std::is_unsigned_v<T>)
+        x = T(iv < 0 ? -iv : iv);
+      else
+        x = T(iv);
       std::memcpy(b.data() + size_t(i) * isz, &x, isz);
     });
   }
@@ -69,14 +73,19 @@ double element(const std::vector<unsigned char>& b, DType d, int64_t i) {
     using T = typename decltype(tag)::type;
     T x;
     std::memcpy(&x, b.data() + size_t(i) * itemsize(d), sizeof(T));
-    if constexpr (is_half_v<T>) out = double(float(x));
-    else out = double(x);
+    if constexpr (is_half_v<T>)
+      out = double(float(x));
+    else
+      out = double(x);
   });
   return out;
 }
 
 double tolerance(DType d) {
-  return d == DType::bfloat16 || d == DType::float16 ? 1e-2 : d == DType::float64 ? 1e-12 : d == DType::float32 ? 2e-5 : 0;
+  return d == DType::bfloat16 || d == DType::float16 ? 1e-2
+         : d == DType::float64                       ? 1e-12
+         : d == DType::float32                       ? 2e-5
+                                                     : 0;
 }
 
 bool same(double want, double got, double rtol) {
@@ -120,7 +129,8 @@ Outcome compare(const KernelSpec& spec, const cuda_emulated::Kernel& emulated, u
   if (spec.rows() > 0) llvm.fns[0](wp.data(), scratch.data(), 0, spec.rows(), 0, spec.cols);
   std::vector<void*> gp = pointers(got);
   std::mt19937 schedule(seed + 1);
-  cj_emu::launch(emulated.grid, emulated.block, [&] { emulated.entry(gp.data()); }, random_order ? &schedule : nullptr);
+  cj_emu::launch(
+      emulated.grid, emulated.block, [&] { emulated.entry(gp.data()); }, random_order ? &schedule : nullptr);
   Outcome r;
   for (size_t o = 0; o < spec.outputs.size(); ++o) {
     DType d = spec.outputs[o].dtype;
@@ -145,7 +155,8 @@ TEST_CASE("every fused kernel of the corpus: its CUDA source on the CPU emulator
   for (size_t k = 0; k < specs.size(); ++k) {
     CAPTURE(k);
     CAPTURE(specs[k].canonical());
-    REQUIRE(cuda_emulated::spec_hash(specs[k].canonical()) == kernels[k].spec_hash);  // the build's kernels are this planner's
+    REQUIRE(cuda_emulated::spec_hash(specs[k].canonical()) ==
+            kernels[k].spec_hash);  // the build's kernels are this planner's
     for (bool random_order : {false, true}) {
       CAPTURE(random_order);
       Outcome r = compare(specs[k], kernels[k], uint32_t(100 + k), random_order);

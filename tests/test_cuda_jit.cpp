@@ -1,8 +1,7 @@
 // jit on the GPU: the corpus's fused kernels (tests/cuda_jit_corpus.h) against the CPU's LLVM
 // kernels, bitwise repeatable; library steps on the device; donation; the disk cache; CJAX_DUMP.
-#include <doctest/doctest.h>
-
 #include <cjax/cjax.h>
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -91,7 +90,9 @@ TEST_CASE("a jit training loop on the GPU: donated parameters are updated in pla
   for (size_t k = 0; k < w.size(); ++k) CHECK(count_mismatches(w[k], gw[k], 1e-4) == 0);
 }
 
-TEST_CASE("a GPU program comes from the disk kernel cache the second time, and CJAX_DUMP writes its CUDA C++, PTX and ptxas report") {
+TEST_CASE(
+    "a GPU program comes from the disk kernel cache the second time, and CJAX_DUMP writes its CUDA C++, PTX and ptxas "
+    "report") {
   auto dir = std::filesystem::temp_directory_path() / fmt::format("cjax_cuda_jit_{}", ::getpid());
   std::filesystem::remove_all(dir);
   setenv("CJAX_CACHE_DIR", (dir / "cache").c_str(), 1);

@@ -1,8 +1,7 @@
 // Shape primitives, reductions, gathers and scatters, and whole training steps (an MLP, the
 // transformer sample's) on the GPU, against the CPU.
-#include <doctest/doctest.h>
-
 #include <cjax/cjax.h>
+#include <doctest/doctest.h>
 
 #include <random>
 
@@ -72,7 +71,8 @@ TEST_CASE("reductions over any axes on the GPU") {
       check_same(lax::reduce_sum(x, c.axes), lax::reduce_sum(g, c.axes), tol);
       check_same(lax::reduce_max(x, c.axes), lax::reduce_max(g, c.axes), 0);
       check_same(lax::reduce_min(x, c.axes), lax::reduce_min(g, c.axes), 0);
-      if (d != i32) check_same(lax::reduce_prod(x * 0.1f + 1.0f, c.axes), lax::reduce_prod(g * 0.1f + 1.0f, c.axes), tol);
+      if (d != i32)
+        check_same(lax::reduce_prod(x * 0.1f + 1.0f, c.axes), lax::reduce_prod(g * 0.1f + 1.0f, c.axes), tol);
     }
   Array b = random_array({6, 7}, f32, 5) > 0.0f;
   check_same(lax::reduce_and(b, {1}), lax::reduce_and(on_gpu(b), {1}), 0);
@@ -92,8 +92,8 @@ TEST_CASE("an MLP training step runs on the GPU with the CPU's loss and gradient
     Array out = jnp::matmul(h, p[2]) + p[3];
     return jnp::mean(jnp::square(out - y));
   };
-  std::vector<Array> params = {random_array({16, 32}, f32, 1) * 0.3f, jnp::zeros({32}), random_array({32, 4}, f32, 2) * 0.3f,
-                               jnp::zeros({4})};
+  std::vector<Array> params = {random_array({16, 32}, f32, 1) * 0.3f, jnp::zeros({32}),
+                               random_array({32, 4}, f32, 2) * 0.3f, jnp::zeros({4})};
   Array x = random_array({64, 16}, f32, 3), y = random_array({64, 4}, f32, 4);
   std::vector<Array> gparams;
   for (const Array& p : params) gparams.push_back(on_gpu(p));
@@ -122,7 +122,8 @@ TEST_CASE("select_n, integer_pow and stop_gradient on the GPU") {
     Array pred = random_array({5, 7}, f32, 23) > 0.0f;
     check_same(lax::select_n(pred, {a, b}), lax::select_n(on_gpu(pred), {on_gpu(a), on_gpu(b)}), 0);
     Array which = (random_array({5, 7}, f32, 24) * 2.0f).astype(i32);  // -5..5: clamped
-    check_same(lax::select_n(which, {a, b, a * 2}), lax::select_n(on_gpu(which), {on_gpu(a), on_gpu(b), on_gpu(a) * 2}), 0);
+    check_same(lax::select_n(which, {a, b, a * 2}), lax::select_n(on_gpu(which), {on_gpu(a), on_gpu(b), on_gpu(a) * 2}),
+               0);
     for (int y : {0, 1, 2, 3, 7})
       check_same(lax::integer_pow(a, y), lax::integer_pow(on_gpu(a), y), d == bf16 ? 1e-2 : 1e-6);
     if (d != i32) check_same(lax::integer_pow(a, -2), lax::integer_pow(on_gpu(a), -2), d == bf16 ? 1e-2 : 1e-6);
@@ -192,8 +193,10 @@ TEST_CASE("pad and scatters on the GPU: repeated indices add in the CPU's order,
   check_same(b.at(idx).add(ub), on_gpu(b).at(on_gpu(idx)).add(on_gpu(ub)), 0);
   lax::ScatterDimensionNumbers dn{{1}, {0}, {0}, {}, {}};
   Array clipped = lax::scatter_add(table, idx.reshape({9, 1}), upd, dn, lax::GatherScatterMode::clip);
-  check_same(clipped, lax::scatter_add(on_gpu(table), on_gpu(idx.reshape({9, 1})), on_gpu(upd), dn,
-                                       lax::GatherScatterMode::clip), 0);
+  check_same(clipped,
+             lax::scatter_add(on_gpu(table), on_gpu(idx.reshape({9, 1})), on_gpu(upd), dn,
+                              lax::GatherScatterMode::clip),
+             0);
   CHECK(profiler::host_fallback_count() - before == 0);
 }
 

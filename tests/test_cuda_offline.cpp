@@ -1,9 +1,8 @@
 // The cuda platform on any machine with the CUDA toolkit, GPU or not: device discovery and its
 // errors, and every generated elementwise, library and fused (jit) kernel compiled by NVRTC to SASS
 // (which needs no driver).
-#include <doctest/doctest.h>
-
 #include <cjax/cjax.h>
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <regex>
@@ -50,8 +49,7 @@ std::set<std::string> missing_cuda_kernels(const Jaxpr& j) {
     const std::string& name = e.primitive->name;
     // find_implementation: a cuda kernel, or the def's platform-independent impl (views,
     // higher-order primitives).
-    if (!find_implementation(*e.primitive, Platform::cuda) && name != "iota")
-      missing.insert(name);
+    if (!find_implementation(*e.primitive, Platform::cuda) && name != "iota") missing.insert(name);
     for (const Jaxpr* sub : jaxprs_in_params(e.params)) missing.merge(missing_cuda_kernels(*sub));
   }
   return missing;
@@ -95,7 +93,7 @@ TEST_CASE("NVRTC is found and reports its version") {
 TEST_CASE("elementwise source follows the CPU semantics in its text") {
   auto div = cuda::elementwise_source(ScalarOp::Div, i32, i32, {false, false});
   REQUIRE(div);
-  CHECK(div->find("y == 0 ? (int)-1") != std::string::npos);                // x / 0 = -1, as XLA
+  CHECK(div->find("y == 0 ? (int)-1") != std::string::npos);                   // x / 0 = -1, as XLA
   CHECK(div->find("(-2147483647 - 1) && y == -1) ? x") != std::string::npos);  // INT_MIN / -1 = INT_MIN
   auto add = cuda::elementwise_source(ScalarOp::Add, bf16, bf16, {false, true});
   REQUIRE(add);
@@ -139,7 +137,9 @@ TEST_CASE("every elementwise kernel compiles to SASS for sm_80 and sm_90 without
     std::string log;
     std::vector<char> cubin = cuda::compile_cubin(program, major, minor, &log, /*ptxas_verbose=*/true);
     CHECK(cubin.size() > 1000);
-    CHECK(std::string(cubin.data(), 4) == "\x7f" "ELF");
+    CHECK(std::string(cubin.data(), 4) ==
+          "\x7f"
+          "ELF");
     // ptxas reports each kernel: no stack frame and no spills anywhere, registers within 64.
     std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
     std::regex regs(R"(Used (\d+) registers)");
@@ -216,7 +216,8 @@ TEST_CASE("every primitive of an MLP training step (tanh, relu, softmax cross-en
     for (size_t i = 0; i < p.size(); ++i) out.push_back(p[i] - 0.1f * g[i]);
     return out;
   };
-  std::vector<Array> p = {jnp::ones({8, 16}), jnp::ones({16}), jnp::ones({16, 16}), jnp::ones({16}), jnp::ones({16, 4})};
+  std::vector<Array> p = {jnp::ones({8, 16}), jnp::ones({16}), jnp::ones({16, 16}), jnp::ones({16}),
+                          jnp::ones({16, 4})};
   ClosedJaxpr j = make_jaxpr(step)(p, jnp::ones({32, 8}), jnp::ones({32, 4}));
   std::set<std::string> missing = missing_cuda_kernels(*j);
   CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
@@ -254,7 +255,9 @@ TEST_CASE("jit's fused kernels of the corpus are emitted as CUDA C++ and compile
   for (auto [major, minor] : {std::pair{8, 0}, std::pair{9, 0}}) {
     std::string log;
     std::vector<char> cubin = cuda::compile_cubin(program, major, minor, &log, /*ptxas_verbose=*/true);
-    CHECK(std::string(cubin.data(), 4) == "\x7f" "ELF");
+    CHECK(std::string(cubin.data(), 4) ==
+          "\x7f"
+          "ELF");
     std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
     for (auto it = std::sregex_iterator(log.begin(), log.end(), spill); it != std::sregex_iterator(); ++it) {
       CHECK((*it)[1].str() == "0");

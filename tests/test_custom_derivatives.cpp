@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "cjax/cjax.h"
 #include "autodiff/check_grads.h"
+#include "cjax/cjax.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -22,24 +22,28 @@ size_t count(const std::string& s, const std::string& needle) {
 
 // JAX's example: log(1 + e^x), whose autodiff derivative is nan for large x in f32, with the
 // stable rule d/dx = 1 - 1 / (1 + e^x).
-auto log1pexp = custom_jvp(
-    [](const Array& x) { return jnp::log(1.0 + jnp::exp(x)); },
-    [](const std::tuple<Array>& primals, const std::tuple<Array>& tangents) {
-      auto [x] = primals;
-      auto [t] = tangents;
-      return std::pair{jnp::log(1.0 + jnp::exp(x)), t * (1.0 - 1.0 / (1.0 + jnp::exp(x)))};
-    },
-    {.name = "log1pexp", .jvp_name = "log1pexp_jvp"});
+auto log1pexp = custom_jvp([](const Array& x) { return jnp::log(1.0 + jnp::exp(x)); },
+                           [](const std::tuple<Array>& primals, const std::tuple<Array>& tangents) {
+                             auto [x] = primals;
+                             auto [t] = tangents;
+                             return std::pair{jnp::log(1.0 + jnp::exp(x)), t * (1.0 - 1.0 / (1.0 + jnp::exp(x)))};
+                           },
+                           {.name = "log1pexp", .jvp_name = "log1pexp_jvp"});
 
 // JAX's example: identity forward, cotangent clipped to [-1, 1] backward.
-auto clip_gradient = custom_vjp(
-    [](const Array& x) { return x; }, [](const Array& x) { return std::pair{x, std::tuple<>{}}; },
-    [](const std::tuple<>&, const Array& g) { return std::tuple{jnp::clip(g, Array(-1.0), Array(1.0))}; },
-    {.name = "clip_gradient", .fwd_name = "clip_fwd", .bwd_name = "clip_bwd"});
+auto clip_gradient =
+    custom_vjp([](const Array& x) { return x; },
+               [](const Array& x) {
+                 return std::pair{x, std::tuple<>{}};
+               },
+               [](const std::tuple<>&, const Array& g) { return std::tuple{jnp::clip(g, Array(-1.0), Array(1.0))}; },
+               {.name = "clip_gradient", .fwd_name = "clip_fwd", .bwd_name = "clip_bwd"});
 
 // sin with an exact custom vjp that saves cos(x) as its residual.
 auto vjp_sin = custom_vjp([](const Array& x) { return jnp::sin(x); },
-                          [](const Array& x) { return std::pair{jnp::sin(x), jnp::cos(x)}; },
+                          [](const Array& x) {
+                            return std::pair{jnp::sin(x), jnp::cos(x)};
+                          },
                           [](const Array& cos_x, const Array& g) { return std::tuple{g * cos_x}; },
                           {.name = "vjp_sin", .fwd_name = "vjp_sin_fwd", .bwd_name = "vjp_sin_bwd"});
 
@@ -95,8 +99,11 @@ TEST_CASE("custom_jvp: several arguments, zero tangents, check_grads, second ord
   std::vector<double> want = vals((jnp::cos(xs.T()) * y.reshape({3, 1})));
   for (size_t i = 0; i < want.size(); ++i) CHECK(vals(gb)[i] == doctest::Approx(want[i]));
   // jvp of a vmapped custom_jvp function uses the batched rule.
-  auto [vo, vt] = jvp([&](const Array& a) { return vmap(f, {0, None})(a, y); }, std::tuple{xs},
-                      std::tuple{jnp::ones({2, 3}, f64)});
+  auto [vo, vt] = jvp(
+      [&](const Array& a) {
+        return vmap(f, {0, None})(a, y);
+      },
+      std::tuple{xs}, std::tuple{jnp::ones({2, 3}, f64)});
   CHECK(vals(vt) == vals(jnp::cos(xs) * y));
 }
 
@@ -145,13 +152,18 @@ TEST_CASE("custom_vjp: clipped gradient") {
   CHECK(vals(gb) == std::vector<double>{0, 1, 1, 0, 1, 1});
   // vmap with an unbatched argument: its cotangent is summed over the batch.
   auto two = custom_vjp([](const Array& a, const Array& b) { return a * b; },
-                        [](const Array& a, const Array& b) { return std::pair{a * b, std::tuple{a, b}}; },
+                        [](const Array& a, const Array& b) {
+                          return std::pair{a * b, std::tuple{a, b}};
+                        },
                         [](const std::tuple<Array, Array>& r, const Array& g) {
                           return std::tuple{g * std::get<1>(r), g * std::get<0>(r)};
                         });
   Array b = arr<float>({2, 3, 4});
-  auto [gxs, gbb] = grad([&](const Array& a, const Array& c) { return jnp::sum(vmap(two, {0, None})(a, c)); },
-                         argnums<0, 1>)(xs, b);
+  auto [gxs, gbb] = grad(
+      [&](const Array& a, const Array& c) {
+        return jnp::sum(vmap(two, {0, None})(a, c));
+      },
+      argnums<0, 1>)(xs, b);
   CHECK(vals(gxs) == std::vector<double>{2, 3, 4, 2, 3, 4});
   CHECK(vals(gbb) == std::vector<double>{5, 7, 9});
 }
@@ -168,14 +180,14 @@ TEST_CASE("custom_vjp: exact rule, residuals, second order, staging") {
   Array x0 = make_scalar(0.9, f64);
   CHECK(grad(grad(vjp_sin))(x0).item<double>() == doctest::Approx(-std::sin(0.9)));
   // vjp with a tree argument and tree residuals.
-  auto norm2 = custom_vjp(
-      [](const std::vector<Array>& v) { return jnp::sum(v[0] * v[0]) + jnp::sum(v[1] * v[1]); },
-      [](const std::vector<Array>& v) {
-        return std::pair{jnp::sum(v[0] * v[0]) + jnp::sum(v[1] * v[1]), std::vector<Array>{v[0], v[1]}};
-      },
-      [](const std::vector<Array>& r, const Array& ct) {
-        return std::tuple{std::vector<Array>{2.0 * ct * r[0], 2.0 * ct * r[1]}};
-      });
+  auto norm2 =
+      custom_vjp([](const std::vector<Array>& v) { return jnp::sum(v[0] * v[0]) + jnp::sum(v[1] * v[1]); },
+                 [](const std::vector<Array>& v) {
+                   return std::pair{jnp::sum(v[0] * v[0]) + jnp::sum(v[1] * v[1]), std::vector<Array>{v[0], v[1]}};
+                 },
+                 [](const std::vector<Array>& r, const Array& ct) {
+                   return std::tuple{std::vector<Array>{2.0 * ct * r[0], 2.0 * ct * r[1]}};
+                 });
   std::vector<Array> v{arr<double>({1, 2}), arr<double>({3})};
   auto gv = grad(norm2)(v);
   CHECK(vals(gv[0]) == std::vector<double>{2, 4});
@@ -203,13 +215,19 @@ TEST_CASE("custom rules: misuse errors") {
             "can't apply forward-mode autodiff (jvp) to a custom_vjp function");
   CHECK_ERR(jacfwd(vjp_sin)(arr<float>({1, 2})), ValueError, "forward-mode");
   auto bad_bwd = custom_vjp([](const Array& x) { return x * 2.0; },
-                            [](const Array& x) { return std::pair{x * 2.0, std::tuple<>{}}; },
-                            [](const std::tuple<>&, const Array& g) { return std::tuple{g, g}; },
+                            [](const Array& x) {
+                              return std::pair{x * 2.0, std::tuple<>{}};
+                            },
+                            [](const std::tuple<>&, const Array& g) {
+                              return std::tuple{g, g};
+                            },
                             {.name = "double", .bwd_name = "double_bwd"});
   CHECK_ERR(grad(bad_bwd)(make_scalar(1.0, f32)), ValueError, "double_bwd", "'double'", "PyTreeDef((*, *))",
             "PyTreeDef((*,))");
   auto bad_shape = custom_vjp([](const Array& x) { return jnp::sum(x); },
-                              [](const Array& x) { return std::pair{jnp::sum(x), std::tuple<>{}}; },
+                              [](const Array& x) {
+                                return std::pair{jnp::sum(x), std::tuple<>{}};
+                              },
                               [](const std::tuple<>&, const Array& g) { return std::tuple{g}; },
                               {.name = "total", .bwd_name = "total_bwd"});
   CHECK_ERR(grad(bad_shape)(arr<float>({1, 2})), ValueError, "total_bwd", "f32[]", "f32[2]");
@@ -232,7 +250,9 @@ TEST_CASE("custom rules: misuse errors") {
             ValueError, "custom_jvp function ('scale')", "closed-over value");
   CHECK_ERR(grad([](const Array& y) {
               auto g = custom_vjp([&](const Array& x) { return x * y; },
-                                  [&](const Array& x) { return std::pair{x * y, std::tuple<>{}}; },
+                                  [&](const Array& x) {
+                                    return std::pair{x * y, std::tuple<>{}};
+                                  },
                                   [&](const std::tuple<>&, const Array& c) { return std::tuple{c}; });
               return g(make_scalar(2.0, f32));
             })(make_scalar(3.0, f32)),
@@ -298,28 +318,27 @@ TEST_CASE("checkpoint: the policy decides what the backward pass recomputes") {
   CHECK(count(bwd0, "= cos ") == 2);
   CHECK(bwd0.find("differentiated=True") != std::string::npos);
   // everything_saveable: nothing is recomputed.
-  auto [fwd1, bwd1] =
-      split(text(make_jaxpr(grad(checkpoint(sin_sin, checkpoint_policies::everything_saveable)))(x)));
+  auto [fwd1, bwd1] = split(text(make_jaxpr(grad(checkpoint(sin_sin, checkpoint_policies::everything_saveable)))(x)));
   CHECK(count(fwd1, "= cos ") == 2);
   CHECK(count(bwd1, "= sin ") == 0);
   CHECK(count(bwd1, "= cos ") == 0);
   CHECK(bwd1.find("policy=everything_saveable") != std::string::npos);
   // save everything except cos: cos(x) and cos(sin x) are recomputed from the saved x and sin x.
-  auto [fwd2, bwd2] = split(
-      text(make_jaxpr(grad(checkpoint(sin_sin, checkpoint_policies::save_everything_except({"cos"}))))(x)));
+  auto [fwd2, bwd2] =
+      split(text(make_jaxpr(grad(checkpoint(sin_sin, checkpoint_policies::save_everything_except({"cos"}))))(x)));
   CHECK(count(fwd2, "= cos ") == 0);
   CHECK(count(bwd2, "= cos ") == 2);
   CHECK(count(bwd2, "= sin ") == 0);
   CHECK(bwd2.find("policy=save_everything_except('cos')") != std::string::npos);
   // save everything except sin: the cos values are saved, so nothing needs sin again.
-  auto [fwd3, bwd3] = split(
-      text(make_jaxpr(grad(checkpoint(sin_sin, checkpoint_policies::save_everything_except({"sin"}))))(x)));
+  auto [fwd3, bwd3] =
+      split(text(make_jaxpr(grad(checkpoint(sin_sin, checkpoint_policies::save_everything_except({"sin"}))))(x)));
   CHECK(count(fwd3, "= cos ") == 2);
   CHECK(count(bwd3, "= sin ") + count(bwd3, "= cos ") == 0);
   // Gradients agree under every policy.
-  for (const CheckpointPolicy& p : {checkpoint_policies::nothing_saveable, checkpoint_policies::everything_saveable,
-                                    checkpoint_policies::dots_saveable,
-                                    checkpoint_policies::save_everything_except({"sin"})})
+  for (const CheckpointPolicy& p :
+       {checkpoint_policies::nothing_saveable, checkpoint_policies::everything_saveable,
+        checkpoint_policies::dots_saveable, checkpoint_policies::save_everything_except({"sin"})})
     CHECK(grad(checkpoint(sin_sin, p))(x).item<float>() == doctest::Approx(grad(sin_sin)(x).item<float>()));
 }
 

@@ -60,10 +60,13 @@ TEST_CASE("under vmap, grad and control flow") {
   CHECK(vals(g) == std::vector<double>{2, 4});
   CHECK(c.str() == "primal [1. 2.]\n");
   c.os.str("");
-  lax::fori_loop(0, 3, [](const Array& i, const Array& acc) {
-    debug::print("i={}", i);
-    return acc + i;
-  }, Array(0));
+  lax::fori_loop(
+      0, 3,
+      [](const Array& i, const Array& acc) {
+        debug::print("i={}", i);
+        return acc + i;
+      },
+      Array(0));
   CHECK(c.str() == "i=0\ni=1\ni=2\n");
 }
 

@@ -10,8 +10,7 @@ using namespace cjax;
 namespace jnp = cjax::numpy;
 
 using namespace cjax::testing;
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("einsum bsd,dh->bsh and bhqd,bhkd->bhqk") {
   Array r = jnp::einsum("bsd,dh->bsh", seq({2, 3, 4}, 7, 3), seq({4, 5}, 5, 2));
@@ -21,8 +20,8 @@ TEST_CASE("einsum bsd,dh->bsh and bhqd,bhkd->bhqk") {
                                        -4.0, -2.0, 0.0, 2.0,  4.0,   6.0,  3.0,  0.0, -3.0, -6.0});
   Array s = jnp::einsum("bhqd,bhkd->bhqk", seq({2, 2, 3, 4}, 7, 3), seq({2, 2, 5, 4}, 5, 2));
   CHECK(s.shape() == Shape{2, 2, 3, 5});
-  std::vector<double> half = {8.0, -1.0, -5.0, -4.0, 2.0, -7.0, -5.0, 2.0,  14.0, -4.0, 6.0, -2.0, -5.0, -3.0, 4.0,
-                              -9.0, 1.0, 16.0, 1.0, -9.0, 4.0, -3.0, -5.0, -2.0, 6.0, -4.0, 14.0, 2.0, -5.0, -7.0};
+  std::vector<double> half = {8.0,  -1.0, -5.0, -4.0, 2.0,  -7.0, -5.0, 2.0,  14.0, -4.0, 6.0,  -2.0, -5.0, -3.0, 4.0,
+                              -9.0, 1.0,  16.0, 1.0,  -9.0, 4.0,  -3.0, -5.0, -2.0, 6.0,  -4.0, 14.0, 2.0,  -5.0, -7.0};
   auto v = vals(s);
   CHECK(std::vector<double>(v.begin(), v.begin() + 30) == half);
   CHECK(v[30] == 2.0);
@@ -73,7 +72,7 @@ TEST_CASE("einsum vector products, implicit output, three operands") {
 TEST_CASE("einsum ellipsis broadcasting") {
   Array r = jnp::einsum("...ij,...jk->...ik", seq({2, 1, 2, 3}, 7, 3), seq({3, 3, 2}, 5, 2));
   CHECK(r.shape() == Shape{2, 3, 2, 2});
-  CHECK(vals(r) == std::vector<double>{4.0,   3.0,  4.0, -3.0, 3.0,  -3.0, -3.0, 0.0,  -3.0, 1.0,  0.0,  -2.0,
+  CHECK(vals(r) == std::vector<double>{4.0,   3.0,  4.0, -3.0, 3.0,  -3.0, -3.0, 0.0,  -3.0, 1.0, 0.0,  -2.0,
                                        -10.0, -2.0, 4.0, -1.0, -2.0, -4.0, -1.0, -1.0, -4.0, 9.0, -1.0, -1.0});
   Array imp = jnp::einsum("...j,j", seq({2, 3}, 7, 3), jnp::ones({3}));
   CHECK(imp.shape() == Shape{2});
@@ -104,11 +103,11 @@ TEST_CASE("einsum misuse") {
   CHECK_THROWS_WITH_AS(jnp::einsum("ij,jk->ik", a, b),
                        doctest::Contains("size of label 'j' for operand 1 (4) does not match previous terms (3)"),
                        ShapeError);
-  CHECK_THROWS_WITH_AS(jnp::einsum("ijk->i", a), doctest::Contains("operand 0 has shape (2, 3) (rank 2)"),
-                       ShapeError);
+  CHECK_THROWS_WITH_AS(jnp::einsum("ijk->i", a), doctest::Contains("operand 0 has shape (2, 3) (rank 2)"), ShapeError);
   CHECK_THROWS_WITH_AS(jnp::einsum("ij->iz", a), doctest::Contains("output subscript 'z'"), ValueError);
   CHECK_THROWS_WITH_AS(jnp::einsum("i1->i", a), doctest::Contains("invalid character '1'"), ValueError);
-  CHECK_THROWS_WITH_AS(jnp::einsum("ii->i", a), doctest::Contains("size of label 'i' for operand 0 (3) does not "
-                                                                  "match previous terms (2)"),
+  CHECK_THROWS_WITH_AS(jnp::einsum("ii->i", a),
+                       doctest::Contains("size of label 'i' for operand 0 (3) does not "
+                                         "match previous terms (2)"),
                        ShapeError);
 }

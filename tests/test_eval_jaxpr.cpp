@@ -18,11 +18,15 @@ namespace {
 
 // For a function `f` of flat Array leaves `args`: eval_jaxpr(make_jaxpr(f)(args)) == f(args)
 // eagerly; make_jaxpr of eval_jaxpr prints the same text; check_jaxpr passes.
-template <class F, class... A> void round_trip(F f, const A&... args) {
+template <class F, class... A>
+void round_trip(F f, const A&... args) {
   ClosedJaxpr cj = make_jaxpr(f)(args...);
   check_jaxpr(cj);
   std::vector<Array> flat;
-  (([&] { for (const Array& l : tree::leaves(args)) flat.push_back(l); })(), ...);
+  (([&] {
+     for (const Array& l : tree::leaves(args)) flat.push_back(l);
+   })(),
+   ...);
   std::vector<Array> got = eval_jaxpr(cj, flat);
   std::vector<Array> want = tree::leaves(f(args...));
   REQUIRE(got.size() == want.size());
@@ -33,7 +37,10 @@ template <class F, class... A> void round_trip(F f, const A&... args) {
   }
   auto restaged = make_jaxpr([&](const A&... xs) {
     std::vector<Array> in;
-    (([&] { for (const Array& l : tree::leaves(xs)) in.push_back(l); })(), ...);
+    (([&] {
+       for (const Array& l : tree::leaves(xs)) in.push_back(l);
+     })(),
+     ...);
     return eval_jaxpr(cj, in);
   })(args...);
   CHECK(text(restaged) == text(cj));
@@ -167,13 +174,13 @@ TEST_CASE("check_jaxpr catches hand-broken jaxprs") {
     eqns = j.eqns();
     eqns[0].outputs[0] = wrong_dt;
     eqns[1].inputs[0] = wrong_dt;
-    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), j.invars(), eqns, j.outvars())), Error, "equation 0", "mul",
-              "i32[3]", "gives f32[3]");
+    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), j.invars(), eqns, j.outvars())), Error, "equation 0", "mul", "i32[3]",
+              "gives f32[3]");
   }
   SUBCASE("use before define") {
     std::vector<JaxprEqn> eqns{j.eqns()[1], j.eqns()[0]};
-    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), j.invars(), eqns, j.outvars())), Error, "equation 0", "sin",
-              "input 0", "used before it is defined");
+    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), j.invars(), eqns, j.outvars())), Error, "equation 0", "sin", "input 0",
+              "used before it is defined");
   }
   SUBCASE("defined twice") {
     std::vector<JaxprEqn> eqns{j.eqns()[0], j.eqns()[0], j.eqns()[1]};
@@ -182,15 +189,14 @@ TEST_CASE("check_jaxpr catches hand-broken jaxprs") {
   }
   SUBCASE("undefined outvar") {
     Var stray(AbstractValue{{3}, f32, false, {}});
-    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), j.invars(), j.eqns(), {stray})), Error, "outvar 0",
-              "not defined");
+    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), j.invars(), j.eqns(), {stray})), Error, "outvar 0", "not defined");
   }
   SUBCASE("abstract_eval rejects the inputs") {
     std::vector<JaxprEqn> eqns = j.eqns();
     Var i(AbstractValue{{2}, f32, false, {}});
     eqns[0].inputs[1] = i;  // mul f32[3] f32[2]: lax does not broadcast
-    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), {j.invars()[0], i}, eqns, j.outvars())), Error, "equation 0",
-              "mul", "abstract evaluation", "(3,) and (2,)");
+    CHECK_ERR(check_jaxpr(Jaxpr(j.constvars(), {j.invars()[0], i}, eqns, j.outvars())), Error, "equation 0", "mul",
+              "abstract evaluation", "(3,) and (2,)");
   }
   SUBCASE("sub-jaxprs in JaxprParam params are checked") {
     std::vector<JaxprEqn> inner_eqns{j.eqns()[1], j.eqns()[0]};
@@ -203,6 +209,5 @@ TEST_CASE("check_jaxpr catches hand-broken jaxprs") {
   // And eval_jaxpr on a use-before-define jaxpr raises instead of crashing.
   std::vector<JaxprEqn> eqns{j.eqns()[1], j.eqns()[0]};
   std::vector<Array> x{jnp::ones({3})};
-  CHECK_ERR(eval_jaxpr(Jaxpr(j.constvars(), j.invars(), eqns, j.outvars()), {}, x), Error, "sin",
-            "not defined");
+  CHECK_ERR(eval_jaxpr(Jaxpr(j.constvars(), j.invars(), eqns, j.outvars()), {}, x), Error, "sin", "not defined");
 }

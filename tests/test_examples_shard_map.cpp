@@ -46,9 +46,13 @@ TEST_CASE("§2 collectives") {
         std::vector<float>{22, 20, 12, 17});
   Mesh m2 = make_mesh({2, 2}, {"i", "j"});
   Array x = arange_f(16).reshape({4, 4});
-  CHECK(shard_map([](const Array& b) { return lax::psum(b, "i"); }, m2, P("i", "j"), P(None, "j"))(x).to_vector<float>() ==
-        std::vector<float>{8, 10, 12, 14, 16, 18, 20, 22});
-  CHECK(shard_map([](const Array& b) { return lax::psum(b, {"i", "j"}); }, m2, P("i", "j"), P(None, None))(x)
+  CHECK(shard_map([](const Array& b) { return lax::psum(b, "i"); }, m2, P("i", "j"), P(None, "j"))(x)
+            .to_vector<float>() == std::vector<float>{8, 10, 12, 14, 16, 18, 20, 22});
+  CHECK(shard_map(
+            [](const Array& b) {
+              return lax::psum(b, {"i", "j"});
+            },
+            m2, P("i", "j"), P(None, None))(x)
             .to_vector<float>() == std::vector<float>{20, 24, 36, 40});
   Array g = jnp::array(std::vector<float>{3, 9, 5, 2});
   std::vector<float> rep;
@@ -61,8 +65,11 @@ TEST_CASE("§2 collectives") {
   CHECK(shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.tiled = true}); }, m, P("i"), P("i"))(v)
             .to_vector<float>() == std::vector<float>{22, 20, 12, 17});
   CHECK(ring_psum_scatter(v).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
-  CHECK(shard_map([](const Array& b) { return lax::ppermute(b, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, m, P("i"),
-                  P("i"))(jnp::arange(8))
+  CHECK(shard_map(
+            [](const Array& b) {
+              return lax::ppermute(b, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+            },
+            m, P("i"), P("i"))(jnp::arange(8))
             .to_vector<int>() == std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5});
   CHECK(shard_map([](const Array& b) { return lax::all_to_all(b, "i", 0, 0, {.tiled = true}); }, m, P("i"), P("i"))(v)
             .to_vector<float>() == std::vector<float>{3, 5, 5, 9, 1, 9, 3, 7, 4, 2, 5, 1, 1, 6, 8, 2});
@@ -74,8 +81,8 @@ TEST_CASE("§3 the six distributed matmuls, eager and under jit") {
   for (MatmulVariant var : kMatmulVariants) {
     CAPTURE(variant_name(var));
     check_all_close(distributed_matmul(var, lhs, rhs), want, 1e-3);
-    check_all_close(jit([var](const Array& l, const Array& r) { return distributed_matmul(var, l, r); })(lhs, rhs), want,
-                    1e-3);
+    check_all_close(jit([var](const Array& l, const Array& r) { return distributed_matmul(var, l, r); })(lhs, rhs),
+                    want, 1e-3);
   }
 }
 

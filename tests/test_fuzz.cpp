@@ -93,9 +93,7 @@ Batch stack_examples(const Generated& g) {
   b.in_axes = AxisSpec(std::vector<AxisSpec>{AxisSpec(leaf_axes)});  // one argument: the input list
   return b;
 }
-AxisSpec out_axes_of(const Program& p) {
-  return AxisSpec(std::vector<AxisSpec>(p.out_axis.begin(), p.out_axis.end()));
-}
+AxisSpec out_axes_of(const Program& p) { return AxisSpec(std::vector<AxisSpec>(p.out_axis.begin(), p.out_axis.end())); }
 // Example `e` of a batched output whose examples lie along `axis`.
 Array example(const Array& batched, int axis, int64_t e) { return jnp::moveaxis(batched, axis, 0)[e]; }
 
@@ -206,8 +204,8 @@ TEST_CASE("differential fuzz: eager == jit == vmap(jit), grad(eager) == grad(jit
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::ostringstream coverage;
   for (const auto& [name, n] : kind_counts) coverage << " " << name << "=" << n;
-  MESSAGE(programs << " programs (" << gradient_checked << " with check_grads), " << failed << " failed, "
-                   << seconds << " s; ops:" << coverage.str());
+  MESSAGE(programs << " programs (" << gradient_checked << " with check_grads), " << failed << " failed, " << seconds
+                   << " s; ops:" << coverage.str());
   if (only) return;
   CHECK(programs >= 300);
   CHECK(gradient_checked >= 50);

@@ -137,8 +137,8 @@ TEST_CASE("gather: other index dtypes, zero-size indices and operands") {
                          GatherScatterMode::fill_or_drop);
   CHECK(zr.shape() == Shape{3, 0});
   // an empty index vector: the whole operand is one slice
-  Array whole = lax::gather(x, jnp::array<int32_t>(std::vector<int32_t>{}, {0}), GatherDimensionNumbers{{0}, {}, {}, {}, {}},
-                            {3}, GatherScatterMode::fill_or_drop);
+  Array whole = lax::gather(x, jnp::array<int32_t>(std::vector<int32_t>{}, {0}),
+                            GatherDimensionNumbers{{0}, {}, {}, {}, {}}, {3}, GatherScatterMode::fill_or_drop);
   CHECK(whole.to_vector<float>() == std::vector<float>{5, 6, 7});
   // 0-d operand index into rank-2 operand with many batch dims
   Array x2 = af({1, 2, 3, 4}, {2, 2});
@@ -184,8 +184,9 @@ TEST_CASE("scatter family: duplicates accumulate in index order") {
   auto mn = lax::scatter_min(x, ai({2}, {1, 1}), af({NAN}), scatter1_dn()).to_vector<double>();
   CHECK(std::isnan(mn[2]));
   // element scatters: clip clamps, fill_or_drop drops
-  CHECK(lax::scatter_add(x, ai({-1, 7}, {2, 1}), af({1, 2}), scatter1_dn(), GatherScatterMode::clip)
-            .to_vector<float>() == std::vector<float>{1, 1, 2, 3, 6});
+  CHECK(
+      lax::scatter_add(x, ai({-1, 7}, {2, 1}), af({1, 2}), scatter1_dn(), GatherScatterMode::clip).to_vector<float>() ==
+      std::vector<float>{1, 1, 2, 3, 6});
   CHECK(lax::scatter_add(x, ai({-1, 7}, {2, 1}), af({1, 2}), scatter1_dn()).to_vector<float>() ==
         std::vector<float>{0, 1, 2, 3, 4});
   // the input is not modified
@@ -196,8 +197,7 @@ TEST_CASE("scatter: row windows, out-of-bounds drop vs clip") {
   Array z = jnp::array<float>(std::vector<float>(6, 0.f), {3, 2});
   Array upd = af({1, 2, 3, 4, 5, 6}, {3, 2});
   ScatterDimensionNumbers dn{{1}, {0}, {0}, {}, {}};
-  CHECK(lax::scatter_add(z, ai({0, 2, 0}, {3, 1}), upd, dn).to_vector<float>() ==
-        std::vector<float>{6, 8, 0, 0, 3, 4});
+  CHECK(lax::scatter_add(z, ai({0, 2, 0}, {3, 1}), upd, dn).to_vector<float>() == std::vector<float>{6, 8, 0, 0, 3, 4});
   CHECK(lax::scatter(z, ai({0, 2, 0}, {3, 1}), upd, dn).to_vector<float>() == std::vector<float>{5, 6, 0, 0, 3, 4});
   Array oob = ai({0, 3, -1}, {3, 1});
   CHECK(lax::scatter_add(z, oob, upd, dn, GatherScatterMode::fill_or_drop).to_vector<float>() ==
@@ -230,8 +230,10 @@ TEST_CASE("scatter: every dtype, zero-size updates") {
     Array u = ai({1, 1, 1}).astype(d);
     Array r = lax::scatter_add(x, ai({1, 1, 9}, {3, 1}), u, scatter1_dn());
     CHECK(r.dtype() == d);
-    if (d == bool_) CHECK(r.to_vector<double>() == std::vector<double>{0, 1, 1, 1, 1});  // add on bool is or
-    else CHECK(r.to_vector<double>() == std::vector<double>{0, 3, 2, 3, 4});
+    if (d == bool_)
+      CHECK(r.to_vector<double>() == std::vector<double>{0, 1, 1, 1, 1});  // add on bool is or
+    else
+      CHECK(r.to_vector<double>() == std::vector<double>{0, 3, 2, 3, 4});
     Array m = lax::scatter_max(x, ai({0, 0}, {2, 1}), ai({1, 3}).astype(d), scatter1_dn());
     CHECK(m.to_vector<double>()[0] == (d == bool_ ? 1 : 3));
   }
@@ -276,8 +278,9 @@ TEST_CASE("gather/scatter params print as JAX prints them") {
   CHECK(param_value_str(s.at("mode")) == "GatherScatterMode.FILL_OR_DROP");
   CHECK(param_value_str(s.at("update_consts")) == "()");
   CHECK(param_value_str(s.at("update_jaxpr")) == "None");
-  CHECK(param_value_str(gather_params(GatherDimensionNumbers{{}, {0}, {0}, {}, {}}, {1}, GatherScatterMode::clip)
-                            .at("mode")) == "GatherScatterMode.CLIP");
+  CHECK(param_value_str(
+            gather_params(GatherDimensionNumbers{{}, {0}, {0}, {}, {}}, {1}, GatherScatterMode::clip).at("mode")) ==
+        "GatherScatterMode.CLIP");
   CHECK(prims::gather().name == "gather");
   CHECK(prims::scatter_add().name == "scatter-add");
   CHECK(prims::scatter().name == "scatter");
@@ -285,7 +288,8 @@ TEST_CASE("gather/scatter params print as JAX prints them") {
   CHECK(prims::scatter_min().name == "scatter-min");
   CHECK(prims::scatter_max().name == "scatter-max");
   // params compare and hash structurally
-  Params p2 = gather_params(GatherDimensionNumbers{{2}, {0}, {0}, {}, {}}, {1, 8}, GatherScatterMode::promise_in_bounds);
+  Params p2 =
+      gather_params(GatherDimensionNumbers{{2}, {0}, {0}, {}, {}}, {1, 8}, GatherScatterMode::promise_in_bounds);
   CHECK(p == p2);
   CHECK(p.hash() == p2.hash());
 }
@@ -296,8 +300,8 @@ TEST_CASE("gather/scatter misuse") {
   CHECK_THROWS_WITH_AS(lax::gather(x, ai({1}, {1, 1}), take_dn(), {1, 1}), doctest::Contains("slice_sizes=(1, 1)"),
                        ShapeError);
   CHECK_THROWS_WITH_AS(lax::gather(x, ai({1}, {1, 1}), take_dn(), {4}), doctest::Contains("[0, 3]"), ShapeError);
-  CHECK_THROWS_WITH_AS(lax::gather(x, ai({1, 0}, {1, 2}), take_dn(), {1}),
-                       doctest::Contains("index vector"), ShapeError);
+  CHECK_THROWS_WITH_AS(lax::gather(x, ai({1, 0}, {1, 2}), take_dn(), {1}), doctest::Contains("index vector"),
+                       ShapeError);
   CHECK_THROWS_WITH_AS(lax::gather(x, ai({1}, {1, 1}), GatherDimensionNumbers{{0, 1}, {0}, {0}, {}, {}}, {1}),
                        doctest::Contains("offset_dims=(0, 1)"), ShapeError);
   CHECK_THROWS_WITH_AS(lax::gather(x, Array(1), take_dn(), {1}), doctest::Contains("rank >= 1"), ShapeError);
@@ -308,7 +312,7 @@ TEST_CASE("gather/scatter misuse") {
   CHECK_THROWS_WITH_AS(lax::scatter(x, ai({0}, {1, 1}), af({1, 2, 3, 4}, {1, 4}),
                                     ScatterDimensionNumbers{{1}, {}, {0}, {}, {}}),
                        doctest::Contains("exceeds operand dimension"), ShapeError);
-  CHECK_THROWS_WITH_AS(lax::gather(af({1, 2, 3, 4}, {2, 2}), ai({1, 0}, {2, 1}), GatherDimensionNumbers{{}, {1}, {1}, {0}, {0}},
-                                   {1, 2}),
+  CHECK_THROWS_WITH_AS(lax::gather(af({1, 2, 3, 4}, {2, 2}), ai({1, 0}, {2, 1}),
+                                   GatherDimensionNumbers{{}, {1}, {1}, {0}, {0}}, {1, 2}),
                        doctest::Contains("collapsed dimension 1"), ShapeError);
 }

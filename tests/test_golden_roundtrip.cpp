@@ -41,8 +41,10 @@ std::string read_literals(const std::string& s, size_t& i) {
     ++i;  // closing quote
     size_t j = i;
     while (j < s.size() && std::isspace(static_cast<unsigned char>(s[j]))) ++j;
-    if (j < s.size() && s[j] == '"') i = j;
-    else break;
+    if (j < s.size() && s[j] == '"')
+      i = j;
+    else
+      break;
   }
   return out;
 }

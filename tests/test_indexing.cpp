@@ -6,8 +6,8 @@
 
 #include "cjax/cjax.h"
 #include "core/array/array_impl.h"
-#include "core/lax/gather_scatter.h"
 #include "core/array/trace.h"
+#include "core/lax/gather_scatter.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
@@ -78,8 +78,8 @@ TEST_CASE("basic indexing: Ellipsis and NewAxis") {
   CHECK(vals(a) == std::vector<int32_t>{12, 16, 20});
   Array b = x[{NewAxis, Slice(None, None, -1)}];
   CHECK(b.shape() == Shape{1, 2, 3, 4});
-  CHECK(vals(b) == std::vector<int32_t>{12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
-                                        0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11});
+  CHECK(vals(b) ==
+        std::vector<int32_t>{12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
   Array c = x[{Slice(), NewAxis, 1, Slice(None, None, 2)}];
   CHECK(c.shape() == Shape{2, 1, 2});
   CHECK(vals(c) == std::vector<int32_t>{4, 6, 16, 18});
@@ -109,8 +109,8 @@ TEST_CASE("advanced indexing: placement of the broadcast dims (numpy rules)") {
   Array idx = ai({2, 0, 2});
   Array a = x[{Slice(), idx}];
   CHECK(a.shape() == Shape{2, 3, 4});
-  CHECK(vals(a) == std::vector<int32_t>{8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11,
-                                        20, 21, 22, 23, 12, 13, 14, 15, 20, 21, 22, 23});
+  CHECK(vals(a) ==
+        std::vector<int32_t>{8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11, 20, 21, 22, 23, 12, 13, 14, 15, 20, 21, 22, 23});
   Array i1 = ai({1, 0}), i2 = ai({3, -1});
   // separated by a slice: the advanced dims go first
   Array b = x[{i1, Slice(), i2}];
@@ -244,8 +244,7 @@ TEST_CASE(".at[] updates: set/add/multiply/min/max with duplicates") {
   CHECK(x.at(2).set(Array(9.f)).to_vector<float>() == std::vector<float>{0, 1, 9, 3, 4});
   CHECK(x.at(-1).add(Array(10)).to_vector<float>() == std::vector<float>{0, 1, 2, 3, 14});
   CHECK(x.at(Slice(1, None, 2)).set(Array(0.5)).to_vector<float>() == std::vector<float>{0, 0.5f, 2, 0.5f, 4});
-  CHECK(x.at(Slice(None, None, -1)).set(af({5, 6, 7, 8, 9})).to_vector<float>() ==
-        std::vector<float>{9, 8, 7, 6, 5});
+  CHECK(x.at(Slice(None, None, -1)).set(af({5, 6, 7, 8, 9})).to_vector<float>() == std::vector<float>{9, 8, 7, 6, 5});
   CHECK(x.at(ai({-1, -5})).set(Array(7.f)).to_vector<float>() == std::vector<float>{7, 1, 2, 3, 7});
   // out-of-range array entries are dropped (FILL_OR_DROP), unlike gets
   CHECK(x.at(ai({5, 1, -6})).set(Array(-1.f)).to_vector<float>() == std::vector<float>{0, -1, 2, 3, 4});
@@ -299,8 +298,7 @@ TEST_CASE("take") {
   CHECK(f[0] == 3);
   CHECK(std::isnan(f[1]));
   CHECK(std::isnan(f[2]));
-  CHECK(jnp::take(ai({1, 2, 3}), ai({3}))
-            .item<int32_t>() == std::numeric_limits<int32_t>::min());
+  CHECK(jnp::take(ai({1, 2, 3}), ai({3})).item<int32_t>() == std::numeric_limits<int32_t>::min());
   // indices with several dims, negative axis
   Array r2 = jnp::take(a, ai({0, 1, 1, 0}, {2, 2}), -1);
   CHECK(r2.shape() == Shape{2, 2, 2});
@@ -326,8 +324,7 @@ TEST_CASE("take_along_axis") {
   CHECK(bc.shape() == Shape{2, 3, 2});
   CHECK(vals(bc) == std::vector<int32_t>{1, 0, 5, 4, 9, 8, 13, 12, 17, 16, 21, 20});
   Array s = ai({5, 3, 4, 2, 7, 6}, {2, 3});
-  CHECK(vals(jnp::take_along_axis(s, ai({1, 2, 0, 0, 2, 1}, {2, 3}), 1)) ==
-        std::vector<int32_t>{3, 4, 5, 2, 6, 7});
+  CHECK(vals(jnp::take_along_axis(s, ai({1, 2, 0, 0, 2, 1}, {2, 3}), 1)) == std::vector<int32_t>{3, 4, 5, 2, 6, 7});
   // negative indices wrap once, out of range fills
   auto f = jnp::take_along_axis(a, ai({-1, 5}, {1, 2}), 1).to_vector<float>();
   CHECK(f.size() == 4);  // indices (1, 2) broadcast against arr (2, 3) outside the axis -> (2, 2)
@@ -339,8 +336,7 @@ TEST_CASE("take_along_axis") {
   Array col = af({10, 20, 30}, {1, 3});
   CHECK(jnp::take_along_axis(col, ai({2, 0, 1, 1}, {2, 2}), 1).to_vector<float>() ==
         std::vector<float>{30, 10, 20, 20});
-  CHECK(jnp::take_along_axis(jnp::zeros({2, 0}), ai({0, 0}, {2, 1}), 1).to_vector<float>() ==
-        std::vector<float>{0, 0});
+  CHECK(jnp::take_along_axis(jnp::zeros({2, 0}), ai({0, 0}, {2, 1}), 1).to_vector<float>() == std::vector<float>{0, 0});
 }
 
 TEST_CASE("indexing misuse: typed errors naming what is wrong") {

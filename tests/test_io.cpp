@@ -1,9 +1,9 @@
 // cjax::io: safetensors and .npy round trips, numpy-written fixtures, atomic writes, corrupt files.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -73,9 +73,11 @@ std::vector<std::pair<std::string, Array>> all_dtypes() {
   v.emplace_back("bool", jnp::array<bool>({true, false, true, true}, {2, 2}));
   v.emplace_back("i8", jnp::array<int8_t>({-128, 127, 0, -1}));
   v.emplace_back("i16", jnp::array<int16_t>({-32768, 32767, 1}));
-  v.emplace_back("i32", jnp::array<int32_t>({std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()}));
-  v.emplace_back("i64", jnp::array<int64_t>({std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 3},
-                                            {3, 1}));
+  v.emplace_back("i32",
+                 jnp::array<int32_t>({std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()}));
+  v.emplace_back("i64",
+                 jnp::array<int64_t>({std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 3},
+                                     {3, 1}));
   v.emplace_back("u8", jnp::array<uint8_t>({0, 255, 17}));
   v.emplace_back("u32", jnp::array<uint32_t>({0, 4294967295u, 123456789u}));
   v.emplace_back("bf16", jnp::array<bfloat16_t>({bfloat16_t(1.f), bfloat16_t(-3.f), bfloat16_t(1e30f),
@@ -239,9 +241,10 @@ CJAX_TREE(Block, w, bs)
 
 TEST_CASE("safetensors of typed trees uses '.'-joined key paths") {
   TmpDir tmp;
-  std::tuple<iotest::Block, std::map<std::string, Array>> t{
-      iotest::Block{jnp::array<float>({1}), {jnp::array<int32_t>({2}), jnp::array<int32_t>({3})}},
-      {{"emb", jnp::array<float>({4})}}};
+  std::tuple<iotest::Block, std::map<std::string, Array>> t{iotest::Block{jnp::array<float>({1}),
+                                                                          {jnp::array<int32_t>({2}),
+                                                                           jnp::array<int32_t>({3})}},
+                                                            {{"emb", jnp::array<float>({4})}}};
   io::save_safetensors(tmp / "t.safetensors", t);
   auto entries = io::load_safetensors_entries(tmp / "t.safetensors");
   std::vector<std::string> names;
@@ -407,8 +410,11 @@ TEST_CASE("corrupt safetensors files raise IoError naming the file and the probl
     REQUIRE(at != std::string::npos);
     h.replace(at, 5, "\"Q32\"");
     expect_error(st_file(h, data), "unknown or unsupported dtype 'Q32'");
-    expect_error(st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"U16","shape":[4],"data_offsets":[16,24]}})", data),
-                 "tensor 'b': unknown or unsupported dtype 'U16'");
+    expect_error(
+        st_file(
+            R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"U16","shape":[4],"data_offsets":[16,24]}})",
+            data),
+        "tensor 'b': unknown or unsupported dtype 'U16'");
     expect_error(st_file(R"({"a":{"dtype":"F32","shape":[4]}})", data), "needs 'dtype', 'shape' and 'data_offsets'");
     expect_error(st_file(R"({"a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", data),
                  "not a non-negative integer");
@@ -421,10 +427,16 @@ TEST_CASE("corrupt safetensors files raise IoError naming the file and the probl
     expect_error(st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,9999]}})", data),
                  "tensor 'a': data_offsets [0, 9999] are out of range");
     expect_error(st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", data), "end before they begin");
-    expect_error(st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[12,20]}})", data),
-                 "tensors 'a' [0, 16] and 'b' [12, 20] overlap");
-    expect_error(st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"I16","shape":[2],"data_offsets":[20,24]}})", data),
-                 "bytes [16, 20) of the data section belong to no tensor");
+    expect_error(
+        st_file(
+            R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[12,20]}})",
+            data),
+        "tensors 'a' [0, 16] and 'b' [12, 20] overlap");
+    expect_error(
+        st_file(
+            R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"I16","shape":[2],"data_offsets":[20,24]}})",
+            data),
+        "bytes [16, 20) of the data section belong to no tensor");
     expect_error(st_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,24]}})", data),
                  "shape (3,) of F32 needs 12 bytes but data_offsets [0, 24] span 24");
     expect_error(st_file(R"({"a":{"dtype":"F64","shape":[4611686018427387904, 4],"data_offsets":[0,24]}})", data),
@@ -433,10 +445,16 @@ TEST_CASE("corrupt safetensors files raise IoError naming the file and the probl
   // Names that cannot be nested.
   {
     std::string data(8, '\0');
-    expect_error(st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a.b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data),
-                 "tensor 'a.b' needs 'a' to be a dict, but 'a' is itself a tensor");
-    expect_error(st_file(R"({"x.0":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x.y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data),
-                 "mix integer and string keys under 'x'");
+    expect_error(
+        st_file(
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a.b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            data),
+        "tensor 'a.b' needs 'a' to be a dict, but 'a' is itself a tensor");
+    expect_error(
+        st_file(
+            R"({"x.0":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x.y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            data),
+        "mix integer and string keys under 'x'");
     expect_error(st_file(R"({"a..b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data), "empty segment");
   }
   // A missing file.
@@ -462,7 +480,8 @@ TEST_CASE("corrupt npy files raise IoError naming the file and the problem") {
   expect_error("", "too few for an .npy header");
   expect_error(file.substr(0, 9), "too few for an .npy header");
   expect_error(file.substr(0, 60), "goes beyond the end of the file");
-  expect_error(file.substr(0, 128), "truncated data: shape (2, 3) of <f4 needs 24 bytes after the header, the file has 0");
+  expect_error(file.substr(0, 128),
+               "truncated data: shape (2, 3) of <f4 needs 24 bytes after the header, the file has 0");
   expect_error(file.substr(0, 150), "truncated data");
   expect_error(file + "zz", "shape/size mismatch");
   std::string f = file;
@@ -558,8 +577,8 @@ TEST_CASE("safetensors checksums: stored per tensor, verified on load; files wit
     write_all(q, with_sums(R"({"a":"a82f522ec4510db5"})"));
     CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("checksum mismatch in tensor 'a'"), IoError);
     write_all(q, with_sums(R"({"b":"a82f522ec4510db4"})"));
-    CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("checksum for tensor 'b', which the file does not have"),
-                         IoError);
+    CHECK_THROWS_WITH_AS(io::load_safetensors(q),
+                         doctest::Contains("checksum for tensor 'b', which the file does not have"), IoError);
     write_all(q, with_sums(R"({"a":"xyz"})"));
     CHECK_THROWS_WITH_AS(io::load_safetensors(q), doctest::Contains("not 16 hex digits"), IoError);
     write_all(q, with_sums("[1]"));
@@ -602,9 +621,9 @@ TEST_CASE("temporaries: named .<name>.cjax-tmp.<pid>.<n>; those of dead processe
   REQUIRE(::waitpid(dead, nullptr, 0) == dead);
   std::string stale = ".ckpt.safetensors.cjax-tmp." + std::to_string(dead) + ".0";
   std::string live = ".ckpt.safetensors.cjax-tmp." + std::to_string(::getppid()) + ".0";  // a live process's
-  std::string own = ".ckpt.safetensors.cjax-tmp." + std::to_string(::getpid()) + ".5";   // maybe in progress
-  std::string other = ".other.safetensors.cjax-tmp." + std::to_string(dead) + ".0";      // another target's
-  std::string unlike = ".ckpt.safetensors.cjax-tmp." + std::to_string(dead) + ".0.bak";  // not the pattern
+  std::string own = ".ckpt.safetensors.cjax-tmp." + std::to_string(::getpid()) + ".5";    // maybe in progress
+  std::string other = ".other.safetensors.cjax-tmp." + std::to_string(dead) + ".0";       // another target's
+  std::string unlike = ".ckpt.safetensors.cjax-tmp." + std::to_string(dead) + ".0.bak";   // not the pattern
   for (const std::string& f : {stale, live, own, other, unlike}) write_all(tmp / f, "partial");
   CHECK(io::remove_stale_temporaries(p) == 1);
   CHECK(!fs::exists(tmp / stale));

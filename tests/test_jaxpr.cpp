@@ -2,9 +2,9 @@
 // Python program in the comment beside it (JAX's printer: jax/_src/core.py pp_jaxpr, laid out by
 // jaxlib/_pretty_printer.cc at width 80).
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
-#include <fmt/format.h>
 #include <map>
 #include <sstream>
 
@@ -69,7 +69,8 @@ TEST_CASE("reduce_sum via numpy sum") {
         "    b:f32[] = reduce_sum[axes=(0, 1) out_sharding=None] a\n"
         "  in (b,) }");
   // jax.make_jaxpr(lambda x: jnp.sum(x, 0))(jnp.ones((1234, 1000, 100)))
-  CHECK(text(make_jaxpr([](const Array& x) { return jnp::sum(x, 0); })(make_abstract(AbstractValue{{1234, 1000, 100}, f32, false, {}}))) ==
+  CHECK(text(make_jaxpr([](const Array& x) { return jnp::sum(x, 0); })(
+            make_abstract(AbstractValue{{1234, 1000, 100}, f32, false, {}}))) ==
         "{ lambda ; a:f32[1234,1000,100]. let\n"
         "    b:f32[1000,100] = reduce_sum[axes=(0,) out_sharding=None] a\n"
         "  in (b,) }");
@@ -198,8 +199,8 @@ TEST_CASE("long jaxprs: one equation per line, names past z") {
     return y;
   };
   std::string expect = "{ lambda ; a:f32[2]. let\n";
-  const char* names[] = {"b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o",
-                         "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z", "ba", "bb", "bc", "bd"};
+  const char* names[] = {"b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l",  "m",  "n",  "o", "p",
+                         "q", "r", "s", "t", "u", "v", "w", "x", "y", "z", "ba", "bb", "bc", "bd"};
   for (int i = 0; i < 14; ++i) {
     std::string prev = i == 0 ? "a" : names[2 * i - 1];
     expect += fmt::format("    {}:f32[2] = sin {}\n", names[2 * i], prev);
@@ -255,8 +256,7 @@ TEST_CASE("escaped tracers raise EscapedTracerError naming the primitive") {
   CHECK_ERR(make_jaxpr([&](const Array& x) { return x + leaked; })(jnp::ones({3})), EscapedTracerError, "'add'",
             "f32[3]");
   // Returned from another trace.
-  CHECK_ERR(make_jaxpr([&](const Array&) { return leaked; })(jnp::ones({3})), EscapedTracerError, "output 0",
-            "f32[3]");
+  CHECK_ERR(make_jaxpr([&](const Array&) { return leaked; })(jnp::ones({3})), EscapedTracerError, "output 0", "f32[3]");
   // Reading it needs a value.
   CHECK_ERR(leaked.to_vector<float>(), ConcretizationError, "f32[3]");
   CHECK(current_trace() == eval_trace());
@@ -288,11 +288,13 @@ TEST_CASE("concrete values stay usable inside a trace; tracers are abstract") {
 TEST_CASE("misuse") {
   CHECK_ERR(make_jaxpr([](const Array& x) { return x; })(Array()), ValueError, "empty Array");
   CHECK_ERR(make_jaxpr([](const Array& x) { return x + Array(); })(jnp::ones({2})), ValueError, "empty Array handle");
-  CHECK_ERR(make_jaxpr([](const Array& x) { return std::vector<Array>{x, Array()}; })(jnp::ones({2})), ValueError,
-            "output 1");
+  CHECK_ERR(make_jaxpr([](const Array& x) {
+              return std::vector<Array>{x, Array()};
+            })(jnp::ones({2})),
+            ValueError, "output 1");
   // The shape error of the traced op propagates, and the trace stack is restored.
   CHECK_THROWS_AS(make_jaxpr([](const Array& x, const Array& y) { return jnp::matmul(x, y); })(jnp::ones({2, 3}),
-                                                                                              jnp::ones({4, 5})),
+                                                                                               jnp::ones({4, 5})),
                   ShapeError);
   CHECK(current_trace() == eval_trace());
   ClosedJaxpr empty;
@@ -304,10 +306,16 @@ TEST_CASE("misuse") {
 namespace {
 // A call-like primitive holding a sub-jaxpr, registered by this test only.
 const PrimitiveDef& test_call() {
-  static const PrimitiveDef& def = register_primitive(PrimitiveDef{
-      "test_call", PrimKind::HigherOrder, Arity::any(),
-      [](std::span<const Array>, const Params& p) { return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals(); },
-      nullptr, std::nullopt, {}});
+  static const PrimitiveDef& def =
+      register_primitive(PrimitiveDef{"test_call",
+                                      PrimKind::HigherOrder,
+                                      Arity::any(),
+                                      [](std::span<const Array>, const Params& p) {
+                                        return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals();
+                                      },
+                                      nullptr,
+                                      std::nullopt,
+                                      {}});
   return def;
 }
 }  // namespace
@@ -315,7 +323,8 @@ const PrimitiveDef& test_call() {
 TEST_CASE("sub-jaxprs print inline with shared names; big or repeated ones are hoisted") {
   auto body = make_jaxpr([](const Array& x) { return jnp::sin(x); })(jnp::ones({3}));
   auto call = [&](const Array& x, std::shared_ptr<const Jaxpr> j) {
-    return bind1(test_call(), {x}, Params{{"jaxpr", std::shared_ptr<const ParamObject>(std::make_shared<JaxprParam>(j))}});
+    return bind1(test_call(), {x},
+                 Params{{"jaxpr", std::shared_ptr<const ParamObject>(std::make_shared<JaxprParam>(j))}});
   };
   auto once = make_jaxpr([&](const Array& x) { return call(x, body.jaxpr); })(jnp::ones({3}));
   // The layout of JAX's pp_kv_pair for a Jaxpr-valued param (as pjit's jaxpr=... prints):

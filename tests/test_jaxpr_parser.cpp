@@ -2,9 +2,9 @@
 // test_eval_jaxpr.cpp check is traced again here and its text parsed back: the parsed jaxpr prints
 // the same text, passes check_jaxpr and evaluates to the same values.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
-#include <fmt/format.h>
 
 #include "cjax/cjax.h"
 #include "core/array/array_impl.h"
@@ -31,7 +31,8 @@ std::shared_ptr<const Jaxpr> check_round_trip(const ClosedJaxpr& cj) {
 
 // For `f` of flat Array arguments: the parsed jaxpr (with the traced consts) evaluates to what the
 // traced jaxpr evaluates to, and both to f's eager values.
-template <class F, class... A> void check_same_values(F f, const A&... args) {
+template <class F, class... A>
+void check_same_values(F f, const A&... args) {
   ClosedJaxpr cj = make_jaxpr(f)(args...);
   check_round_trip(cj);
   ClosedJaxpr parsed = parse_closed_jaxpr(text(cj), cj.consts);
@@ -50,13 +51,18 @@ template <class F, class... A> void check_same_values(F f, const A&... args) {
 
 // A call-like primitive holding a sub-jaxpr, registered by this test only.
 const PrimitiveDef& parser_test_call() {
-  static const PrimitiveDef& def = register_primitive(PrimitiveDef{
-      "parser_test_call", PrimKind::HigherOrder, Arity::any(),
-      [](std::span<const Array>, const Params& p) { return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals(); },
-      [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
-        return eval_jaxpr(*p.object<JaxprParam>("jaxpr")->jaxpr, {}, in);
-      },
-      std::nullopt, {}});
+  static const PrimitiveDef& def =
+      register_primitive(PrimitiveDef{"parser_test_call",
+                                      PrimKind::HigherOrder,
+                                      Arity::any(),
+                                      [](std::span<const Array>, const Params& p) {
+                                        return p.object<JaxprParam>("jaxpr")->jaxpr->out_avals();
+                                      },
+                                      [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+                                        return eval_jaxpr(*p.object<JaxprParam>("jaxpr")->jaxpr, {}, in);
+                                      },
+                                      std::nullopt,
+                                      {}});
   return def;
 }
 Array call(const Array& x, std::shared_ptr<const Jaxpr> j, const char* name = nullptr) {
@@ -85,12 +91,13 @@ TEST_CASE("golden texts of test_jaxpr round-trip") {
   check_round_trip(make_jaxpr([](const Array& x) { return x + 2; })(jnp::arange(4)));
   check_round_trip(make_jaxpr([](const Array& x) { return x * 0.1; })(jnp::ones({2}, f64)));
   check_round_trip(make_jaxpr([](const Array& a, const Array& b) { return jnp::matmul(a, b); })(jnp::ones({8, 16}),
-                                                                                                 jnp::ones({16, 4})));
+                                                                                                jnp::ones({16, 4})));
   check_round_trip(make_jaxpr([](const Array& x) { return jnp::sum(x); })(jnp::ones({2, 3})));
   check_round_trip(make_jaxpr([](const Array& x) { return jnp::sum(x, 0); })(
       make_abstract(AbstractValue{{1234, 1000, 100}, f32, false, {}})));
-  check_round_trip(make_jaxpr([](const Array& a, const Array& b) { return a + jnp::broadcast_to(b, {2, 3}); })(
-      jnp::ones({2, 3}), jnp::ones({3})));
+  check_round_trip(make_jaxpr([](const Array& a, const Array& b) {
+    return a + jnp::broadcast_to(b, {2, 3});
+  })(jnp::ones({2, 3}), jnp::ones({3})));
   Array c = jnp::array<float>({1, 2, 3});
   check_round_trip(make_jaxpr([&](const Array& x) { return x + c; })(jnp::ones({3})));
   check_round_trip(make_jaxpr([&](const Array& x) { return x * c + c; })(jnp::ones({3})));
@@ -115,10 +122,12 @@ TEST_CASE("golden texts of test_jaxpr round-trip") {
     return out;
   };
   check_round_trip(make_jaxpr(g)(std::vector<Array>{jnp::ones({2}), jnp::ones({2})}, 3));
-  check_round_trip(make_jaxpr([](const Array& x, const Array& y) { return std::tuple{x + y, x * y}; })(
-      jnp::ones({3}), jnp::ones({3})));
-  auto lit_out = make_jaxpr([](const Array& x) { return std::vector<Array>{x, x, make_scalar(2.0, f32)}; })(
-      jnp::ones({3}));
+  check_round_trip(make_jaxpr([](const Array& x, const Array& y) {
+    return std::tuple{x + y, x * y};
+  })(jnp::ones({3}), jnp::ones({3})));
+  auto lit_out = make_jaxpr([](const Array& x) {
+    return std::vector<Array>{x, x, make_scalar(2.0, f32)};
+  })(jnp::ones({3}));
   CHECK(text(lit_out) == "{ lambda ; a:f32[3]. let  in (a, a, 2.0:f32[]) }");
   auto lit_parsed = check_round_trip(lit_out);
   CHECK(lit_parsed->eqns().empty());
@@ -153,11 +162,17 @@ TEST_CASE("golden texts of test_eval_jaxpr round-trip and evaluate to the same v
   check_same_values([](const Array& x) { return jnp::sum(x, 0); }, seq({4, 3}, 5, 2));
   check_same_values([](const Array& x) { return jnp::max(x); }, seq({2, 3, 2}, 7, 3, i32));
   check_same_values([](const Array& x) { return jnp::mean(x, -1); }, seq({2, 5}, 9, 4));
-  check_same_values([](const Array& x, const Array& y) { return x.reshape({3, 1}) + y; }, seq({3}, 3, 1),
-                    seq({4}, 4, 0));
+  check_same_values(
+      [](const Array& x, const Array& y) {
+        return x.reshape({3, 1}) + y;
+      },
+      seq({3}, 3, 1), seq({4}, 4, 0));
   check_same_values([](const Array& x) { return jnp::broadcast_to(x, {2, 3}); }, seq({3}, 5, 2));
-  check_same_values([](const Array& x, const Array& y) { return std::tuple{x + y, x * y}; }, seq({3}, 4, 1),
-                    seq({3}, 3, 0));
+  check_same_values(
+      [](const Array& x, const Array& y) {
+        return std::tuple{x + y, x * y};
+      },
+      seq({3}, 4, 1), seq({3}, 3, 0));
   check_same_values([](const Array& x) { return std::vector<Array>{x, x, make_scalar(2.0, f32)}; }, seq({2}, 3, 1));
   Array c = jnp::ones({4});
   check_same_values([&](const Array& x) { return std::vector<Array>{c, x}; }, seq({3}, 3, 1));
@@ -212,11 +227,12 @@ TEST_CASE("structured params: dot_general, conv, gather, scatter, reductions, so
   auto sj = make_jaxpr(scatter_add)(seq({3, 4}, 7, 3), seq({4, 4}, 5, 2));
   CHECK(text(sj).find("scatter-add[") != std::string::npos);
   check_same_values(scatter_add, seq({3, 4}, 7, 3), seq({4, 4}, 5, 2));
-  check_same_values([](const Array& x, const Array& u) { return x.at(1).set(u); }, seq({3, 4}, 7, 3),
-                    seq({4}, 5, 2));
+  check_same_values([](const Array& x, const Array& u) { return x.at(1).set(u); }, seq({3, 4}, 7, 3), seq({4}, 5, 2));
   // Convolutions: NCHW default and a permuted layout with explicit padding.
   check_same_values(
-      [](const Array& x, const Array& w) { return lax::conv_general_dilated(x, w, {1, 1}, "SAME"); },
+      [](const Array& x, const Array& w) {
+        return lax::conv_general_dilated(x, w, {1, 1}, "SAME");
+      },
       seq({1, 2, 5, 5}, 7, 3), seq({3, 2, 3, 3}, 5, 2));
   check_same_values(
       [](const Array& x, const Array& w) {
@@ -225,8 +241,11 @@ TEST_CASE("structured params: dot_general, conv, gather, scatter, reductions, so
       },
       seq({2, 9, 3}, 7, 3), seq({2, 3, 4}, 5, 2));
   // Reductions, cumulative sums, sort, argsort, top_k, pad.
-  check_same_values([](const Array& x) { return std::tuple{jnp::max(x, 1), jnp::min(x, 0), jnp::prod(x, 1)}; },
-                    seq({3, 4}, 5, 2));
+  check_same_values(
+      [](const Array& x) {
+        return std::tuple{jnp::max(x, 1), jnp::min(x, 0), jnp::prod(x, 1)};
+      },
+      seq({3, 4}, 5, 2));
   check_same_values([](const Array& x) { return jnp::cumsum(x, 1); }, seq({3, 4}, 5, 2));
   check_same_values([](const Array& x) { return std::tuple{jnp::sort(x), jnp::argsort(x)}; }, seq({2, 5}, 7, 3));
   check_same_values(
@@ -268,10 +287,10 @@ TEST_CASE("sub-jaxprs: inline, hoisted with let, named, and in fresh scopes") {
 
   // Named calls hoist under their name (`name=f` stays text); a hoisted jaxpr refers to another.
   auto named = make_jaxpr([&](const Array& x) { return call(x, body.jaxpr, "<f>"); })(jnp::ones({3}));
-  auto inner2 = make_jaxpr([&](const Array& x) { return call(call(x, named.jaxpr, "g"), named.jaxpr, "g"); })(
-      jnp::ones({3}));
-  auto nested = make_jaxpr([&](const Array& x) { return call(call(x, inner2.jaxpr, "h"), inner2.jaxpr, "h"); })(
-      jnp::ones({3}));
+  auto inner2 =
+      make_jaxpr([&](const Array& x) { return call(call(x, named.jaxpr, "g"), named.jaxpr, "g"); })(jnp::ones({3}));
+  auto nested =
+      make_jaxpr([&](const Array& x) { return call(call(x, inner2.jaxpr, "h"), inner2.jaxpr, "h"); })(jnp::ones({3}));
   std::string nt = text(nested);
   CHECK(nt.find("let h = ") == 0);
   CHECK(nt.find("let g = ") != std::string::npos);
@@ -324,8 +343,8 @@ TEST_CASE("literals of every printed kind") {
   };
   for (const Case& c : cases) {
     CAPTURE(c.literal);
-    std::string t = fmt::format("{{ lambda ; a:{0}[]. let b:{0}[] = max a {1} in (b,) }}", dtype_short_name(c.dtype),
-                                c.literal);
+    std::string t =
+        fmt::format("{{ lambda ; a:{0}[]. let b:{0}[] = max a {1} in (b,) }}", dtype_short_name(c.dtype), c.literal);
     if (c.dtype == bool_) t = fmt::format("{{ lambda ; a:bool[]. let b:bool[] = and a {} in (b,) }}", c.literal);
     auto j = parse_jaxpr(t);
     CHECK(j->pretty_print() == t);
@@ -396,8 +415,7 @@ TEST_CASE("generic param values by their text") {
   CHECK(vals(out[0]) == std::vector<double>{0, 3, 1, 4, 2, 5});
   CHECK(vals(out[1]) == std::vector<double>{15});
   // Nested int tuples, integers, unknown text kept as strings.
-  auto pad = parse_jaxpr(
-      "{ lambda ; a:f32[3]. let b:f32[6] = pad[padding_config=((1, 2, 0),)] a 0.0:f32[] in (b,) }");
+  auto pad = parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[6] = pad[padding_config=((1, 2, 0),)] a 0.0:f32[] in (b,) }");
   CHECK(pad->eqns()[0].params.get<std::vector<std::vector<int64_t>>>("padding_config") ==
         std::vector<std::vector<int64_t>>{{1, 2, 0}});
   check_jaxpr(*pad);
@@ -410,17 +428,16 @@ TEST_CASE("malformed texts name the line, the column and what was expected") {
             ValueError, "line 3, column 7", "expected ':' after variable 'c'");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3] b. let  in (a,) }"), ValueError, "line 1, column 22",
             "expected ':' after variable 'b'");
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = frobnicate a in (b,) }"), ValueError,
-            "column 37", "unknown primitive 'frobnicate'");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = frobnicate a in (b,) }"), ValueError, "column 37",
+            "unknown primitive 'frobnicate'");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = add a q in (b,) }"), ValueError, "column 43",
             "undefined variable 'q'");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let  in (z,) }"), ValueError, "undefined variable 'z'");
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:q32[3]. let  in (a,) }"), ValueError, "column 14",
-            "expected a type like f32[3]", "'q32'");
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3,x]. let  in (a,) }"), ValueError, "column 20",
-            "a dimension size");
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = mul a 2.0:f32[3] in (b,) }"), ValueError,
-            "rank-0 type", "f32[3]");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:q32[3]. let  in (a,) }"), ValueError, "column 14", "expected a type like f32[3]",
+            "'q32'");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3,x]. let  in (a,) }"), ValueError, "column 20", "a dimension size");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = mul a 2.0:f32[3] in (b,) }"), ValueError, "rank-0 type",
+            "f32[3]");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:i32[3]. let b:i32[3] = mul a 2.5:i32[] in (b,) }"), ValueError,
             "'2.5' is not a int32 literal");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:u8[3]. let b:u8[3] = mul a 256:u8[] in (b,) }"), ValueError,
@@ -430,12 +447,11 @@ TEST_CASE("malformed texts name the line, the column and what was expected") {
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = sin a }"), ValueError,
             "expected an equation or 'in (...)'");
   CHECK_ERR(parse_jaxpr("lambda ; a:f32[3]. let  in (a,)"), ValueError, "line 1, column 1", "expected '{'");
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let  in (a,) } extra"), ValueError, "the end of the text",
-            "'extra'");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let  in (a,) } extra"), ValueError, "the end of the text", "'extra'");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = sin a; b:f32[3] = cos a in (b,) }"), ValueError,
             "variable 'b' is defined twice");
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = reduce_sum[axes=(0,) axes=(0,)] a in (b,) }"),
-            ValueError, "parameter 'axes' is given twice");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = reduce_sum[axes=(0,) axes=(0,)] a in (b,) }"), ValueError,
+            "parameter 'axes' is given twice");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = reduce_sum[axes] a in (b,) }"), ValueError,
             "'=' after parameter 'axes'");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = reduce_sum[axes=(0,] a in (b,) }"), ValueError,
@@ -451,7 +467,8 @@ TEST_CASE("malformed texts name the line, the column and what was expected") {
                         "    c:f32[1] = gather[mode=GatherScatterMode.SOMETIMES] a b\n"
                         "  in (c,) }"),
             ValueError, "line 2", "gather's mode like GatherScatterMode.FILL_OR_DROP");
-  CHECK_ERR(parse_jaxpr("let j = { lambda ; a:f32[3]. let b:f32[3] = sin a in (b,) \n{ lambda ; c:f32[3]. let  in (c,) }"),
+  CHECK_ERR(parse_jaxpr(
+                "let j = { lambda ; a:f32[3]. let b:f32[3] = sin a in (b,) \n{ lambda ; c:f32[3]. let  in (c,) }"),
             ValueError, "line 1, column 9", "no matching '}'");
   CHECK_ERR(parse_jaxpr("let j = { lambda ; a:f32[3]. let  in (a,) } in\n"
                         "let j = { lambda ; a:f32[3]. let  in (a,) } in\n"
@@ -466,8 +483,8 @@ TEST_CASE("malformed texts name the line, the column and what was expected") {
 // abstract_eval runs, so an equation with too few (or too many) operands is an error, never a read
 // past the operand list.
 TEST_CASE("an equation with the wrong number of operands is an error for every primitive") {
-  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = stop_gradient in (b,) }"), ValueError,
-            "line 1, column 37", "stop_gradient takes 1 operand, got 0");
+  CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = stop_gradient in (b,) }"), ValueError, "line 1, column 37",
+            "stop_gradient takes 1 operand, got 0");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = add_any a in (b,) }"), ValueError,
             "add_any takes 2 operands, got 1");
   CHECK_ERR(parse_jaxpr("{ lambda ; a:f32[3]. let b:f32[3] = sin a a in (b,) }"), ValueError,

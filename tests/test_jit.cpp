@@ -6,8 +6,8 @@
 
 #include "cjax/cjax.h"
 #include "jit/passes/passes.h"
-#include "trace/eval_jaxpr.h"
 #include "test_util.h"
+#include "trace/eval_jaxpr.h"
 
 using namespace cjax;
 using namespace cjax::testing;
@@ -153,18 +153,18 @@ TEST_CASE("passes: identity transposes vanish and weight-gradient transposes fol
   auto bj = make_jaxpr(bf)(a, b);
   auto bopt = optimize(*bj);
   CHECK(count(*bopt, "transpose") == 0);
-  CHECK(eval_jaxpr(*bopt, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>() == eval_jaxpr(*bj, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>());
+  CHECK(eval_jaxpr(*bopt, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>() ==
+        eval_jaxpr(*bj, bj.consts, std::vector<Array>{a, b})[0].to_vector<float>());
 }
 
 TEST_CASE("passes: remat and custom_jvp calls are inlined so their bodies fuse") {
   namespace jnp = cjax::numpy;
-  auto log1pexp = custom_jvp(
-      [](const Array& x) { return jnp::log1p(jnp::exp(x)); },
-      [](const std::tuple<Array>& p, const std::tuple<Array>& t) {
-        auto [x] = p;
-        auto [dx] = t;
-        return std::pair{jnp::log1p(jnp::exp(x)), dx * lax::logistic(x)};
-      });
+  auto log1pexp = custom_jvp([](const Array& x) { return jnp::log1p(jnp::exp(x)); },
+                             [](const std::tuple<Array>& p, const std::tuple<Array>& t) {
+                               auto [x] = p;
+                               auto [dx] = t;
+                               return std::pair{jnp::log1p(jnp::exp(x)), dx * lax::logistic(x)};
+                             });
   auto layer = checkpoint([&](const Array& x) { return jnp::sin(log1pexp(x)) * 2.0f; });
   auto loss = [&](const Array& x) { return jnp::sum(layer(x)); };
   Array x = jnp::linspace(-2.0, 2.0, 7);
@@ -172,13 +172,13 @@ TEST_CASE("passes: remat and custom_jvp calls are inlined so their bodies fuse")
   auto opt = optimize(*cj);
   std::function<int(const Jaxpr&)> calls = [&](const Jaxpr& j) {
     int n = 0;
-    for (const JaxprEqn& e : j.eqns())
-      n += e.primitive->name == "remat2" || e.primitive->name == "custom_jvp_call";
+    for (const JaxprEqn& e : j.eqns()) n += e.primitive->name == "remat2" || e.primitive->name == "custom_jvp_call";
     return n;
   };
   CHECK(calls(*cj) > 0);
   CHECK(calls(*opt) == 0);
-  auto want = eval_jaxpr(*cj, cj.consts, std::vector<Array>{x}), got = eval_jaxpr(*opt, cj.consts, std::vector<Array>{x});
+  auto want = eval_jaxpr(*cj, cj.consts, std::vector<Array>{x}),
+       got = eval_jaxpr(*opt, cj.consts, std::vector<Array>{x});
   REQUIRE(want.size() == got.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].to_vector<float>() == want[i].to_vector<float>());
 }
@@ -244,7 +244,7 @@ TEST_CASE("a jitted function keeps at most jit_cache_capacity() signatures, drop
   CHECK(f.trace_count() == 4);
   call(1);
   call(3);
-  CHECK(f.trace_count() == 4);  // 1 and 3 stayed
+  CHECK(f.trace_count() == 4);                  // 1 and 3 stayed
   CHECK(call(2) == std::vector<double>{2, 2});  // 2 was dropped: traced again
   CHECK(f.trace_count() == 5);
   CHECK(f.cache_size() == 3);

@@ -1,16 +1,15 @@
 // dot_general and the numpy linear-algebra functions. Expected values from numpy (offline).
-#include <doctest/doctest.h>
-
 #include <cblas.h>
+#include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "cjax/cjax.h"
-#include "test_util.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
-#include "core/lax/linalg.h"
+#include "cjax/cjax.h"
 #include "core/array/primitive.h"
+#include "core/lax/linalg.h"
+#include "test_util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
@@ -20,8 +19,8 @@ using namespace cjax::testing;
 namespace {
 DN mm() { return DN{{{1}, {0}}, {{}, {}}}; }
 // Naive reference for C[b] = A[b] @ B[b] on row-major data.
-std::vector<double> ref_bmm(const std::vector<double>& a, const std::vector<double>& b, int64_t B, int64_t M,
-                            int64_t K, int64_t N) {
+std::vector<double> ref_bmm(const std::vector<double>& a, const std::vector<double>& b, int64_t B, int64_t M, int64_t K,
+                            int64_t N) {
   std::vector<double> c(size_t(B * M * N), 0.0);
   for (int64_t z = 0; z < B; ++z)
     for (int64_t i = 0; i < M; ++i)
@@ -57,9 +56,9 @@ TEST_CASE("dot_general batch dims in non-leading positions on both sides") {
   Array a = seq({3, 2, 4}, 7, 3), b = seq({4, 5, 2}, 5, 2);
   Array c = lax::dot_general(a, b, DN{{{2}, {0}}, {{1}, {2}}});
   CHECK(c.shape() == Shape{2, 3, 5});
-  CHECK(vals(c) == std::vector<double>{12.0, 0.0,  -12.0, 6.0, -6.0, 4.0, 0.0, -4.0, 2.0, -2.0,
-                                       -4.0, 0.0,  4.0,   -2.0, 2.0, -3.0, 3.0, -6.0, 0.0, 6.0,
-                                       0.0,  0.0,  0.0,   0.0, 0.0, 3.0, -3.0, 6.0, 0.0, -6.0});
+  CHECK(vals(c) == std::vector<double>{12.0, 0.0, -12.0, 6.0,  -6.0, 4.0,  0.0,  -4.0, 2.0, -2.0,
+                                       -4.0, 0.0, 4.0,   -2.0, 2.0,  -3.0, 3.0,  -6.0, 0.0, 6.0,
+                                       0.0,  0.0, 0.0,   0.0,  0.0,  3.0,  -3.0, 6.0,  0.0, -6.0});
 }
 
 TEST_CASE("dot_general contracting several dims (copy path)") {
@@ -206,12 +205,12 @@ TEST_CASE("jnp.matmul: 2-D, broadcasting batch dims, 1-D promotion, dtype promot
   CHECK(vals(jnp::matmul(a, b)) == std::vector<double>{1.0, 5.0, 4.0, -2.0, 4.0, 2.0, -5.0, -2.0});
   Array mb = jnp::matmul(seq({2, 1, 2, 3}, 7, 3), seq({3, 3, 2}, 5, 2));
   CHECK(mb.shape() == Shape{2, 3, 2, 2});
-  CHECK(vals(mb) == std::vector<double>{4.0,  3.0,  4.0,  -3.0, 3.0,  -3.0, -3.0, 0.0,  -3.0, 1.0,  0.0,  -2.0,
+  CHECK(vals(mb) == std::vector<double>{4.0,   3.0,  4.0, -3.0, 3.0,  -3.0, -3.0, 0.0,  -3.0, 1.0, 0.0,  -2.0,
                                         -10.0, -2.0, 4.0, -1.0, -2.0, -4.0, -1.0, -1.0, -4.0, 9.0, -1.0, -1.0});
   Array mb2 = jnp::matmul(seq({2, 3}, 7, 3), seq({4, 3, 2}, 5, 2));
   CHECK(mb2.shape() == Shape{4, 2, 2});
-  CHECK(vals(mb2) == std::vector<double>{4.0, 3.0, 4.0, -3.0, 3.0, -3.0, -3.0, 0.0, -3.0, 1.0, 0.0, -2.0, 1.0, -5.0,
-                                         -2.0, 1.0});
+  CHECK(vals(mb2) ==
+        std::vector<double>{4.0, 3.0, 4.0, -3.0, 3.0, -3.0, -3.0, 0.0, -3.0, 1.0, 0.0, -2.0, 1.0, -5.0, -2.0, 1.0});
   Array A = seq({3, 4}, 7, 3);
   Array mv = jnp::matmul(A, seq({4}, 5, 2));
   CHECK(mv.shape() == Shape{3});
@@ -239,8 +238,8 @@ TEST_CASE("jnp.dot, vdot, inner, outer, tensordot") {
   CHECK(vals(dv) == std::vector<double>{8.0, -7.0, 6.0, -9.0, 4.0, -4.0});
   Array dn = jnp::dot(seq({2, 3}, 7, 3), seq({4, 3, 2}, 5, 2));
   CHECK(dn.shape() == Shape{2, 4, 2});
-  CHECK(vals(dn) == std::vector<double>{4.0, 3.0, 3.0, -3.0, -3.0, 1.0, 1.0, -5.0, 4.0, -3.0, -3.0, 0.0, 0.0, -2.0,
-                                        -2.0, 1.0});
+  CHECK(vals(dn) ==
+        std::vector<double>{4.0, 3.0, 3.0, -3.0, -3.0, 1.0, 1.0, -5.0, 4.0, -3.0, -3.0, 0.0, 0.0, -2.0, -2.0, 1.0});
   Array ds = jnp::dot(Array(2), jnp::array<int32_t>({1, 2, 3}));
   CHECK(ds.dtype() == i32);
   CHECK(ds.to_vector<int>() == std::vector<int>{2, 4, 6});
@@ -266,8 +265,9 @@ TEST_CASE("jnp.dot, vdot, inner, outer, tensordot") {
   CHECK(t0.shape() == Shape{2, 2});
   CHECK_THROWS_WITH_AS(jnp::tensordot(seq({2, 3}, 7, 3), seq({4, 3}, 5, 2), 1),
                        doctest::Contains("axis 1 of a (size 3) != axis 0 of b (size 4)"), ShapeError);
-  CHECK_THROWS_WITH_AS(jnp::dot(seq({2, 3}, 7, 3), seq({2, 3}, 5, 2)), doctest::Contains("dot: shapes (2, 3) and (2, 3) "
-                                                                                        "are not aligned"),
+  CHECK_THROWS_WITH_AS(jnp::dot(seq({2, 3}, 7, 3), seq({2, 3}, 5, 2)),
+                       doctest::Contains("dot: shapes (2, 3) and (2, 3) "
+                                         "are not aligned"),
                        ShapeError);
 }
 
@@ -291,7 +291,8 @@ std::vector<double> naive_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, c
         for (int64_t k = 0; k < K; ++k) {
           const T* ab = a + A.batch_offset(bi);
           const T* bb = b + B.batch_offset(bi);
-          acc += double(A.trans ? ab[k * A.ld + i] : ab[i * A.ld + k]) * double(B.trans ? bb[j * B.ld + k] : bb[k * B.ld + j]);
+          acc += double(A.trans ? ab[k * A.ld + i] : ab[i * A.ld + k]) *
+                 double(B.trans ? bb[j * B.ld + k] : bb[k * B.ld + j]);
         }
         size_t c = size_t((bi * M + i) * N + j);
         out[c] = alpha * acc + beta * double(C0[c]);
@@ -299,7 +300,8 @@ std::vector<double> naive_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, c
   return out;
 }
 
-TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles and strided batches", T, float, double) {
+TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles and strided batches", T, float,
+                   double) {
   if (!xsmm_gemm_enabled()) {
     MESSAGE("CJAX_GEMM=blas: LIBXSMM is off, nothing to test here");
     return;
@@ -331,7 +333,7 @@ TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles 
         }
   // beta outside {0, 1} is left to BLAS.
   std::vector<T> a(4, T(1)), b(4, T(1)), c(4, T(1));
-  CHECK_FALSE(xsmm_gemm<T>(1, 2, 2, 2, GemmOperand{a.data(), false, 2}, GemmOperand{b.data(), false, 2}, c.data(),
-                           T(1), T(0.5)));
+  CHECK_FALSE(xsmm_gemm<T>(1, 2, 2, 2, GemmOperand{a.data(), false, 2}, GemmOperand{b.data(), false, 2}, c.data(), T(1),
+                           T(0.5)));
   CHECK(c == std::vector<T>(4, T(1)));
 }

@@ -149,12 +149,13 @@ const OpSpec kOps[] = {
 
 // Inputs worth a dense sweep for every op: switch points of the approximations, overflow and
 // underflow thresholds, the edges of the domains.
-const double kInteresting[] = {
-    0,         1,          -1,        0.25,       -0.25,     0.5,      -0.5,      0.55,      -0.55,    0.75,  -0.75,
-    0.3465736, -0.3465736, 0.6931472, -0.6931472, 2,         88.72284, -87.33655, -103.9721, 89.41599, 128,   -126,
-    -149,      -150,       709.7827,  -708.3964,  -745.1332, 1024,     -1022,     -1074,     -1075,    9.01,  19.06,
-    10.05,     9.19,       26.55,     27.2,       3.92,      5.93,     17.3,      37.4,      -17.3,    -37.4, 0.84375,
-    1.25,      3.0,        4.0,       27.23,      -103.98,   -745.14,  103.98,    745.14};
+const double kInteresting[] = {0,        1,         -1,        0.25,      -0.25,      0.5,       -0.5,       0.55,
+                               -0.55,    0.75,      -0.75,     0.3465736, -0.3465736, 0.6931472, -0.6931472, 2,
+                               88.72284, -87.33655, -103.9721, 89.41599,  128,        -126,      -149,       -150,
+                               709.7827, -708.3964, -745.1332, 1024,      -1022,      -1074,     -1075,      9.01,
+                               19.06,    10.05,     9.19,      26.55,     27.2,       3.92,      5.93,       17.3,
+                               37.4,     -17.3,     -37.4,     0.84375,   1.25,       3.0,       4.0,        27.23,
+                               -103.98,  -745.14,   103.98,    745.14};
 
 // ---- JIT-compiled kernels ----
 template <class T>
@@ -699,9 +700,11 @@ TEST_CASE("llvm_math: f32 exp on 16-lane vectors matches the loop bit for bit on
       exp16(&in[size_t(v)], &got[size_t(v)]);
     }
     for (int64_t i = 0; i < n && bad < 5; ++i)
-      if (std::memcmp(&got[size_t(i)], &want[size_t(i)], 4) != 0 && !(std::isnan(got[size_t(i)]) && std::isnan(want[size_t(i)]))) {
+      if (std::memcmp(&got[size_t(i)], &want[size_t(i)], 4) != 0 &&
+          !(std::isnan(got[size_t(i)]) && std::isnan(want[size_t(i)]))) {
         ++bad;
-        FAIL_CHECK("exp(" << in[size_t(i)] << ") = " << got[size_t(i)] << " on vectors, " << want[size_t(i)] << " in the loop");
+        FAIL_CHECK("exp(" << in[size_t(i)] << ") = " << got[size_t(i)] << " on vectors, " << want[size_t(i)]
+                          << " in the loop");
       }
     CHECK(common > 1000);
     CHECK(rare > 1000);

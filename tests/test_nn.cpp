@@ -21,36 +21,38 @@ void check_close(const Array& a, const std::vector<float>& want, double rtol = 1
     } else if (std::isinf(want[i])) {
       CHECK_MESSAGE(got[i] == want[i], "element ", i, ": ", got[i], " vs ", want[i]);
     } else {
-      CHECK_MESSAGE(std::abs(double(got[i]) - want[i]) <= atol + rtol * std::abs(want[i]), "element ", i, ": ",
-                    got[i], " vs ", want[i]);
+      CHECK_MESSAGE(std::abs(double(got[i]) - want[i]) <= atol + rtol * std::abs(want[i]), "element ", i, ": ", got[i],
+                    " vs ", want[i]);
     }
   }
 }
 
 Array X23() { return jnp::array<float>({1.f, 2.f, 3.f, 0.5f, -1.f, 2.f}, {2, 3}); }
 
-const std::vector<float> kQ = {0.13f, -0.13f, 0.64f, 0.10f,  -0.54f, 0.36f, 1.30f,  0.95f,
+const std::vector<float> kQ = {0.13f,  -0.13f, 0.64f,  0.10f, -0.54f, 0.36f,  1.30f,  0.95f,
                                -0.70f, -1.27f, -0.62f, 0.04f, -2.33f, -0.22f, -1.25f, -0.73f,
-                               -0.54f, -0.32f, 0.41f, 1.04f,  -0.13f, 1.37f, -0.67f, 0.35f};
-const std::vector<float> kK = {0.90f, 0.09f, -0.74f, -0.92f, -0.46f, 0.22f, -1.01f, -0.21f,
-                               -0.16f, 0.54f, 0.21f,  0.36f,  -0.65f, -0.13f, 0.78f, 1.49f,
-                               -1.26f, 1.51f, 1.35f,  0.78f,  0.26f,  -0.31f, 1.46f, 1.96f};
-const std::vector<float> kV = {1.80f, 1.32f, 0.36f,  -1.21f, -0.00f, 0.66f,  -1.29f, 0.40f,
-                               0.43f, 0.70f, -1.18f, -0.66f, -0.44f, -1.17f, 1.74f,  -0.50f,
-                               0.33f, -0.26f, 1.58f, 1.32f,  0.63f,  -2.20f, 0.05f,  0.68f};
+                               -0.54f, -0.32f, 0.41f,  1.04f, -0.13f, 1.37f,  -0.67f, 0.35f};
+const std::vector<float> kK = {0.90f,  0.09f, -0.74f, -0.92f, -0.46f, 0.22f,  -1.01f, -0.21f,
+                               -0.16f, 0.54f, 0.21f,  0.36f,  -0.65f, -0.13f, 0.78f,  1.49f,
+                               -1.26f, 1.51f, 1.35f,  0.78f,  0.26f,  -0.31f, 1.46f,  1.96f};
+const std::vector<float> kV = {1.80f, 1.32f,  0.36f,  -1.21f, -0.00f, 0.66f,  -1.29f, 0.40f,
+                               0.43f, 0.70f,  -1.18f, -0.66f, -0.44f, -1.17f, 1.74f,  -0.50f,
+                               0.33f, -0.26f, 1.58f,  1.32f,  0.63f,  -2.20f, 0.05f,  0.68f};
 // numpy: einsum in f64, /sqrt(3), tril mask with -0.7 * finfo(float32).max, softmax, einsum.
-const std::vector<float> kCausal = {
-    1.7999999523162842f,   1.3200000524520874f,  0.36000001430511475f, -1.2100000381469727f, 0.0f,
-    0.6600000262260437f,   1.3737666606903076f,  1.1930956840515137f,  0.3696557879447937f,  -0.8032292723655701f,
-    -0.25130340456962585f, 0.37888094782829285f, -0.8614001274108887f, 0.13069601356983185f, 0.7096912264823914f,
-    -0.609920859336853f,   -0.21380311250686646f, 0.1576351523399353f, 0.9337568879127502f,  0.8170201778411865f,
-    0.6935384273529053f,   -0.4727289080619812f, 0.06107315793633461f, -0.20293626189231873f};
-const std::vector<float> kFull = {
-    0.3781362473964691f,  0.3482890725135803f,  0.8790993094444275f,   -0.7167165875434875f, -0.08492645621299744f,
-    0.024601174518465996f, 1.3775134086608887f, 1.1255877017974854f,   0.579289972782135f,   -1.0187585353851318f,
-    -0.12242896109819412f, 0.3522886335849762f, -0.8155199289321899f,  0.15304608643054962f, 0.7081936597824097f,
-    -0.8430591225624084f,  -0.1751241534948349f, 0.2342245727777481f,  0.9337568879127502f,  0.8170201778411865f,
-    0.6935384273529053f,   -0.4727289080619812f, 0.06107315793633461f, -0.20293626189231873f};
+const std::vector<float> kCausal =
+    {1.7999999523162842f,   1.3200000524520874f,   0.36000001430511475f, -1.2100000381469727f, 0.0f,
+     0.6600000262260437f,   1.3737666606903076f,   1.1930956840515137f,  0.3696557879447937f,  -0.8032292723655701f,
+     -0.25130340456962585f, 0.37888094782829285f,  -0.8614001274108887f, 0.13069601356983185f, 0.7096912264823914f,
+     -0.609920859336853f,   -0.21380311250686646f, 0.1576351523399353f,  0.9337568879127502f,  0.8170201778411865f,
+     0.6935384273529053f,   -0.4727289080619812f,  0.06107315793633461f, -0.20293626189231873f};
+const std::vector<float> kFull = {0.3781362473964691f,  0.3482890725135803f,   0.8790993094444275f,
+                                  -0.7167165875434875f, -0.08492645621299744f, 0.024601174518465996f,
+                                  1.3775134086608887f,  1.1255877017974854f,   0.579289972782135f,
+                                  -1.0187585353851318f, -0.12242896109819412f, 0.3522886335849762f,
+                                  -0.8155199289321899f, 0.15304608643054962f,  0.7081936597824097f,
+                                  -0.8430591225624084f, -0.1751241534948349f,  0.2342245727777481f,
+                                  0.9337568879127502f,  0.8170201778411865f,   0.6935384273529053f,
+                                  -0.4727289080619812f, 0.06107315793633461f,  -0.20293626189231873f};
 
 }  // namespace
 
@@ -96,10 +98,10 @@ TEST_CASE("softmax / log_softmax / logsumexp") {
 
 TEST_CASE("activations") {
   Array g = jnp::array<float>({-3.f, -1.f, 0.f, 0.5f, 2.f});
-  check_close(nn::gelu(g), {-0.003637343645095825f, -0.15880799293518066f, 0.0f, 0.3457140326499939f,
-                            1.9545977115631104f});
-  check_close(nn::gelu(g, false), {-0.004049694165587425f, -0.15865525603294373f, 0.0f, 0.3457312285900116f,
-                                   1.9544997215270996f});
+  check_close(nn::gelu(g),
+              {-0.003637343645095825f, -0.15880799293518066f, 0.0f, 0.3457140326499939f, 1.9545977115631104f});
+  check_close(nn::gelu(g, false),
+              {-0.004049694165587425f, -0.15865525603294373f, 0.0f, 0.3457312285900116f, 1.9544997215270996f});
   for (DType dt : {bf16, f16, f64}) {
     Array h = nn::gelu(g.astype(dt));
     CHECK(h.dtype() == dt);
@@ -111,8 +113,8 @@ TEST_CASE("activations") {
   Array a = jnp::array<float>({-30.f, -1.f, 0.f, 1.f, 30.f});
   check_close(nn::sigmoid(a), {9.357622912219837e-14f, 0.2689414322376251f, 0.5f, 0.7310585975646973f, 1.0f});
   check_close(nn::silu(a), {-2.807286954981114e-12f, -0.2689414322376251f, 0.0f, 0.7310585975646973f, 30.0f});
-  check_close(nn::softplus(a), {9.357622912219837e-14f, 0.3132616877555847f, 0.6931471824645996f,
-                                1.31326162815094f, 30.0f});
+  check_close(nn::softplus(a),
+              {9.357622912219837e-14f, 0.3132616877555847f, 0.6931471824645996f, 1.31326162815094f, 30.0f});
   // softplus is stable at the extremes and keeps infinities / NaN.
   check_close(nn::softplus(jnp::array<float>({1000.f, -1000.f, INFINITY, -INFINITY, NAN})),
               {1000.f, 0.f, INFINITY, 0.f, NAN});
@@ -145,11 +147,11 @@ TEST_CASE("one_hot") {
 
 TEST_CASE("standardize and rms_norm") {
   Array z = jnp::array<float>({1.f, 2.f, 3.f, 4.f, 2.f, 2.f, 2.f, 10.f}, {2, 4});
-  check_close(nn::standardize(z), {-1.3416354656219482f, -0.4472118318080902f, 0.4472118318080902f,
-                                    1.3416354656219482f, -0.5773500204086304f, -0.5773500204086304f,
-                                    -0.5773500204086304f, 1.7320501804351807f});
+  check_close(nn::standardize(z),
+              {-1.3416354656219482f, -0.4472118318080902f, 0.4472118318080902f, 1.3416354656219482f,
+               -0.5773500204086304f, -0.5773500204086304f, -0.5773500204086304f, 1.7320501804351807f});
   Array gain = jnp::array<float>({1.f, 0.5f, 2.f, -1.f});
-  std::vector<float> rms = {0.3651483654975891f, 0.3651483654975891f, 2.190890073776245f,  -1.4605934619903564f,
+  std::vector<float> rms = {0.3651483654975891f,  0.3651483654975891f,  2.190890073776245f,  -1.4605934619903564f,
                             0.37796443700790405f, 0.18898221850395203f, 0.7559288740158081f, -1.889822244644165f};
   check_close(nn::rms_norm(z, gain), rms);
   Array rb = nn::rms_norm(z.astype(bf16), gain.astype(bf16));
@@ -178,10 +180,9 @@ TEST_CASE("dot_product_attention: causal [1,4,2,3] vs numpy (docs/examples.md §
   check_close(nn::dot_product_attention(q, k, v, {.mask = tril}), kCausal, 1e-6, 1e-7);
   // Scale and bias: scale s equals pre-scaling q by s * sqrt(H); zero bias changes nothing.
   Array scaled = nn::dot_product_attention(q, k, v, {.scale = 0.25});
-  check_close(scaled, nn::dot_product_attention(q * float(0.25 * std::sqrt(3.0)), k, v).to_vector<float>(), 1e-5,
-              1e-6);
-  check_close(nn::dot_product_attention(q, k, v, {.is_causal = true, .bias = jnp::zeros({1, 1, 4, 4})}), kCausal,
-              1e-6, 1e-7);
+  check_close(scaled, nn::dot_product_attention(q * float(0.25 * std::sqrt(3.0)), k, v).to_vector<float>(), 1e-5, 1e-6);
+  check_close(nn::dot_product_attention(q, k, v, {.is_causal = true, .bias = jnp::zeros({1, 1, 4, 4})}), kCausal, 1e-6,
+              1e-7);
   // No batch axis: [T, N, H].
   check_close(nn::dot_product_attention(q[0], k[0], v[0], {.is_causal = true}), kCausal, 1e-6, 1e-7);
   // bf16 inputs: f32 logits and softmax, bf16 result close to the f32 one.
@@ -191,8 +192,8 @@ TEST_CASE("dot_product_attention: causal [1,4,2,3] vs numpy (docs/examples.md §
   // Grouped-query attention: K=1 key/value head shared by N=2 query heads == repeating it.
   Array k1 = k[{Slice(), Slice(), Slice(0, 1)}], v1 = v[{Slice(), Slice(), Slice(0, 1)}];
   Array gqa = nn::dot_product_attention(q, k1, v1, {.is_causal = true});
-  Array rep = nn::dot_product_attention(q, jnp::concatenate({k1, k1}, 2), jnp::concatenate({v1, v1}, 2),
-                                        {.is_causal = true});
+  Array rep =
+      nn::dot_product_attention(q, jnp::concatenate({k1, k1}, 2), jnp::concatenate({v1, v1}, 2), {.is_causal = true});
   check_close(gqa, rep.to_vector<float>(), 1e-6, 1e-7);
 }
 

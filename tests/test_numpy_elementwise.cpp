@@ -30,9 +30,12 @@ void check_values(const Array& a, const std::vector<double>& want, double eps = 
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     CAPTURE(i);
-    if (std::isnan(want[i])) CHECK(std::isnan(got[i]));
-    else if (std::isinf(want[i])) CHECK(got[i] == want[i]);
-    else CHECK(got[i] == doctest::Approx(want[i]).epsilon(eps));
+    if (std::isnan(want[i]))
+      CHECK(std::isnan(got[i]));
+    else if (std::isinf(want[i]))
+      CHECK(got[i] == want[i]);
+    else
+      CHECK(got[i] == doctest::Approx(want[i]).epsilon(eps));
   }
 }
 std::vector<bool> B(const Array& a) { return a.to_vector<bool>(); }
@@ -75,7 +78,8 @@ TEST_CASE("arithmetic: every dtype (add, subtract, multiply, maximum, minimum)")
     }
     CHECK(s.to_vector<double>() == std::vector<double>{4, 4, 4});
     CHECK(m.to_vector<double>() == std::vector<double>{3, 4, 3});
-    CHECK(jnp::subtract(y, x).to_vector<double>() == std::vector<double>{2, 0, -2 + (is_unsigned_integer(d) ? std::ldexp(1.0, int(itemsize(d) * 8)) : 0)});
+    CHECK(jnp::subtract(y, x).to_vector<double>() ==
+          std::vector<double>{2, 0, -2 + (is_unsigned_integer(d) ? std::ldexp(1.0, int(itemsize(d) * 8)) : 0)});
     CHECK(jnp::maximum(x, y).to_vector<double>() == std::vector<double>{3, 2, 3});
     CHECK(jnp::minimum(x, y).to_vector<double>() == std::vector<double>{1, 2, 1});
     CHECK(jnp::maximum(x, y).dtype() == d);

@@ -38,10 +38,12 @@ int64_t ulp_distance(float a, float b) {
 void check_floats_exact(const Array& a, const std::vector<float>& want) {
   auto got = a.to_vector<float>();
   REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < want.size(); ++i) CHECK_MESSAGE(got[i] == want[i], "element ", i, ": ", got[i], " vs ", want[i]);
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK_MESSAGE(got[i] == want[i], "element ", i, ": ", got[i], " vs ", want[i]);
 }
 
-template <class E> std::string message_of(auto&& f) {
+template <class E>
+std::string message_of(auto&& f) {
   try {
     f();
   } catch (const E& e) {
@@ -56,8 +58,8 @@ template <class E> std::string message_of(auto&& f) {
 
 TEST_CASE("threefry2x32 known answers (JAX tests)") {
   auto run = [](uint32_t k0, uint32_t k1, uint32_t x0, uint32_t x1) {
-    auto [a, b] = lax::threefry2x32(jnp::array<uint32_t>({k0}), jnp::array<uint32_t>({k1}),
-                                    jnp::array<uint32_t>({x0}), jnp::array<uint32_t>({x1}));
+    auto [a, b] = lax::threefry2x32(jnp::array<uint32_t>({k0}), jnp::array<uint32_t>({k1}), jnp::array<uint32_t>({x0}),
+                                    jnp::array<uint32_t>({x1}));
     return std::pair{vu32(a)[0], vu32(b)[0]};
   };
   CHECK(run(0, 0, 0, 0) == std::pair{0x6b200159u, 0x99ba4efeu});
@@ -89,7 +91,7 @@ TEST_CASE("golden vectors: legacy scheme") {
   Array s4 = random::split(random::key(0), 4);
   CHECK(s4.shape() == Shape{4, 2});
   CHECK(vu32(s4) == std::vector<uint32_t>{2285895361u, 1501764800u, 1518642379u, 4090693311u, 433833334u, 4221794875u,
-                                         839183663u, 3740430601u});
+                                          839183663u, 3740430601u});
   CHECK(vu32(random::fold_in(random::key(0), 4)) == std::vector<uint32_t>{2285895361u, 433833334u});
 
   Array k = random::key(1701);
@@ -116,7 +118,8 @@ TEST_CASE("golden vectors: legacy scheme") {
 
 TEST_CASE("golden vectors: partitionable scheme (default)") {
   CHECK(config::threefry_partitionable());
-  CHECK(vu32(random::split(random::key(0))) == std::vector<uint32_t>{1797259609u, 2579123966u, 928981903u, 3453687069u});
+  CHECK(vu32(random::split(random::key(0))) ==
+        std::vector<uint32_t>{1797259609u, 2579123966u, 928981903u, 3453687069u});
   CHECK(vu32(random::split(random::key(42), 2)) ==
         std::vector<uint32_t>{1832780943u, 270669613u, 64467757u, 2916123636u});
   // split(key, n)[i] == fold_in(key, i)
@@ -407,8 +410,9 @@ TEST_CASE("split / fold_in shapes and properties") {
 TEST_CASE("misuse raises typed errors naming the problem") {
   Array k = random::key(0);
   // Key of wrong dtype.
-  CHECK(message_of<DTypeError>([&] { random::uniform(jnp::array<int32_t>({0, 1})); }).find("int32") !=
-        std::string::npos);
+  CHECK(message_of<DTypeError>([&] {
+          random::uniform(jnp::array<int32_t>({0, 1}));
+        }).find("int32") != std::string::npos);
   // Key of wrong shape.
   std::string m = message_of<ShapeError>([&] { random::split(jnp::array<uint32_t>({0, 1, 2})); });
   CHECK(m.find("(3,)") != std::string::npos);

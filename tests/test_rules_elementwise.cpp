@@ -9,9 +9,9 @@
 #include <optional>
 
 #include "autodiff/check_grads.h"
+#include "cjax/cjax.h"
 #include "core/array/primitive.h"
 #include "core/backend/scalar_ops.h"
-#include "cjax/cjax.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -53,40 +53,26 @@ void run_grad_cases(const std::vector<GradCase>& cases, CheckGradsOptions opts =
 }  // namespace
 
 TEST_CASE("check_grads: unary primitives, f64, order 2") {
-  Array any = d({-1.3, -0.4, 0.35, 1.1, 2.2});        // no kinks needed
-  Array pos = d({0.3, 0.9, 1.7, 3.1, 6.4});           // log / sqrt / rsqrt domains
-  Array unit = d({-0.8, -0.35, 0.1, 0.45, 0.85});     // asin / acos / atanh / erf_inv domains
-  Array big = d({1.3, 2.0, 3.5, 7.0, 11.0});          // acosh domain
+  Array any = d({-1.3, -0.4, 0.35, 1.1, 2.2});            // no kinks needed
+  Array pos = d({0.3, 0.9, 1.7, 3.1, 6.4});               // log / sqrt / rsqrt domains
+  Array unit = d({-0.8, -0.35, 0.1, 0.45, 0.85});         // asin / acos / atanh / erf_inv domains
+  Array big = d({1.3, 2.0, 3.5, 7.0, 11.0});              // acosh domain
   Array gam = d({-2.4, -0.6, 0.3, 1.0, 2.5, 7.2, 13.1});  // lgamma: reflection, recurrence, series
   std::vector<GradCase> cases = {
-      {"neg", unary(lax::neg), {any}},
-      {"abs", unary(lax::abs), {any}},
-      {"exp", unary(lax::exp), {any}},
-      {"exp2", unary(lax::exp2), {any}},
-      {"log", unary(lax::log), {pos}},
-      {"log1p", unary(lax::log1p), {unit}},
-      {"expm1", unary(lax::expm1), {any}},
-      {"tanh", unary(lax::tanh), {any}},
-      {"logistic", unary(lax::logistic), {any}},
-      {"sin", unary(lax::sin), {any}},
-      {"cos", unary(lax::cos), {any}},
-      {"tan", unary(lax::tan), {unit}},
-      {"asin", unary(lax::asin), {unit}},
-      {"acos", unary(lax::acos), {unit}},
-      {"atan", unary(lax::atan), {any}},
-      {"sinh", unary(lax::sinh), {any}},
-      {"cosh", unary(lax::cosh), {any}},
-      {"asinh", unary(lax::asinh), {any}},
-      {"acosh", unary(lax::acosh), {big}},
-      {"atanh", unary(lax::atanh), {unit}},
-      {"sqrt", unary(lax::sqrt), {pos}},
-      {"rsqrt", unary(lax::rsqrt), {pos}},
-      {"cbrt", unary(lax::cbrt), {any}},
-      {"erf", unary(lax::erf), {any}},
-      {"erfc", unary(lax::erfc), {any}},
-      {"erf_inv", unary(lax::erf_inv), {unit}},
-      {"lgamma", unary(lax::lgamma), {gam}},
-      {"square", unary(lax::square), {any}},
+      {"neg", unary(lax::neg), {any}},           {"abs", unary(lax::abs), {any}},
+      {"exp", unary(lax::exp), {any}},           {"exp2", unary(lax::exp2), {any}},
+      {"log", unary(lax::log), {pos}},           {"log1p", unary(lax::log1p), {unit}},
+      {"expm1", unary(lax::expm1), {any}},       {"tanh", unary(lax::tanh), {any}},
+      {"logistic", unary(lax::logistic), {any}}, {"sin", unary(lax::sin), {any}},
+      {"cos", unary(lax::cos), {any}},           {"tan", unary(lax::tan), {unit}},
+      {"asin", unary(lax::asin), {unit}},        {"acos", unary(lax::acos), {unit}},
+      {"atan", unary(lax::atan), {any}},         {"sinh", unary(lax::sinh), {any}},
+      {"cosh", unary(lax::cosh), {any}},         {"asinh", unary(lax::asinh), {any}},
+      {"acosh", unary(lax::acosh), {big}},       {"atanh", unary(lax::atanh), {unit}},
+      {"sqrt", unary(lax::sqrt), {pos}},         {"rsqrt", unary(lax::rsqrt), {pos}},
+      {"cbrt", unary(lax::cbrt), {any}},         {"erf", unary(lax::erf), {any}},
+      {"erfc", unary(lax::erfc), {any}},         {"erf_inv", unary(lax::erf_inv), {unit}},
+      {"lgamma", unary(lax::lgamma), {gam}},     {"square", unary(lax::square), {any}},
   };
   for (int y : {0, 1, 2, 3, -2, 5})
     cases.push_back({"integer_pow", [y](const std::vector<Array>& a) { return lax::integer_pow(a[0], y); }, {pos}});
@@ -103,11 +89,9 @@ TEST_CASE("check_grads: binary and ternary primitives, full and rank-0 operands"
     Array a, b, sa, sb;
   };
   std::vector<Bin> bins = {
-      {"add", lax::add, x, y, sx, sy},     {"sub", lax::sub, x, y, sx, sy},
-      {"mul", lax::mul, x, y, sx, sy},     {"div", lax::div, x, y, sx, sy},
-      {"rem", lax::rem, x, y, sx, sy},     {"pow", lax::pow, px, py, spx, sy},
-      {"max", lax::max, x, y, sx, sy},     {"min", lax::min, x, y, sx, sy},
-      {"atan2", lax::atan2, x, y, sx, sy},
+      {"add", lax::add, x, y, sx, sy}, {"sub", lax::sub, x, y, sx, sy}, {"mul", lax::mul, x, y, sx, sy},
+      {"div", lax::div, x, y, sx, sy}, {"rem", lax::rem, x, y, sx, sy}, {"pow", lax::pow, px, py, spx, sy},
+      {"max", lax::max, x, y, sx, sy}, {"min", lax::min, x, y, sx, sy}, {"atan2", lax::atan2, x, y, sx, sy},
   };
   std::vector<GradCase> cases;
   for (const Bin& b : bins) {
@@ -129,7 +113,11 @@ TEST_CASE("check_grads: binary and ternary primitives, full and rank-0 operands"
 TEST_CASE("check_grads: select_n, convert_element_type, compositions through zero-derivative ops") {
   Array x = d({-1.3, -0.45, 0.35, 1.1, 2.2}), y = d({0.7, 1.9, -1.15, 0.4, -2.6});
   std::vector<GradCase> cases = {
-      {"select", [](const std::vector<Array>& a) { return lax::select(lax::gt(a[0], a[1]), lax::sin(a[0]), lax::mul(a[1], a[1])); }, {x, y}},
+      {"select",
+       [](const std::vector<Array>& a) {
+         return lax::select(lax::gt(a[0], a[1]), lax::sin(a[0]), lax::mul(a[1], a[1]));
+       },
+       {x, y}},
       {"select_n int32 predicate",
        [](const std::vector<Array>& a) {
          Array which = arr<int32_t>({0, 2, 1, 2, 0});
@@ -141,7 +129,8 @@ TEST_CASE("check_grads: select_n, convert_element_type, compositions through zer
        {x, d0(-0.3)}},
       {"floor/round/sign scale",
        [](const std::vector<Array>& a) {
-         return lax::mul(lax::add(lax::add(lax::floor(a[0]), lax::ceil(a[0])), lax::add(lax::round(a[0]), lax::sign(a[0]))),
+         return lax::mul(lax::add(lax::add(lax::floor(a[0]), lax::ceil(a[0])),
+                                  lax::add(lax::round(a[0]), lax::sign(a[0]))),
                          lax::sin(a[0]));
        },
        {x}},
@@ -150,7 +139,9 @@ TEST_CASE("check_grads: select_n, convert_element_type, compositions through zer
   // f64 -> f32 -> f64 rounds to f32, so the numerical derivative is only good to f32 precision.
   GradCase convert = {"convert_element_type",
                       [](const std::vector<Array>& a) {
-                        return lax::convert_element_type(lax::mul(lax::convert_element_type(a[0], f32), lax::convert_element_type(a[0], f32)), f64);
+                        return lax::convert_element_type(lax::mul(lax::convert_element_type(a[0], f32),
+                                                                  lax::convert_element_type(a[0], f32)),
+                                                         f64);
                       },
                       {x}};
   run_grad_cases({convert}, {.eps = 1e-2, .atol = 1e-3});
@@ -204,14 +195,19 @@ TEST_CASE("grad values against closed forms") {
 TEST_CASE("zero-derivative primitives work under grad and give zero") {
   using A = const Array&;
   Array x = d0(1.7);
-  for (auto f : std::vector<std::function<Array(A)>>{
-           [](A v) { return lax::floor(v); }, [](A v) { return lax::ceil(v); }, [](A v) { return lax::round(v); },
-           [](A v) { return lax::sign(v); }, [](A v) { return lax::nextafter(v, d0(3.0)); },
-           [](A v) { return lax::stop_gradient(v); },
-           [](A v) { return lax::convert_element_type(lax::is_finite(v), f64); },
-           [](A v) { return lax::convert_element_type(lax::lt(v, d0(2.0)), f64); },
-           [](A v) { return lax::convert_element_type(lax::convert_element_type(v, i32), f64); },
-           [](A v) { return lax::convert_element_type(lax::bitcast_convert_type(v, i64), f64); }}) {
+  for (auto f :
+       std::vector<std::function<Array(A)>>{[](A v) { return lax::floor(v); }, [](A v) { return lax::ceil(v); },
+                                            [](A v) { return lax::round(v); }, [](A v) { return lax::sign(v); },
+                                            [](A v) { return lax::nextafter(v, d0(3.0)); },
+                                            [](A v) { return lax::stop_gradient(v); },
+                                            [](A v) { return lax::convert_element_type(lax::is_finite(v), f64); },
+                                            [](A v) { return lax::convert_element_type(lax::lt(v, d0(2.0)), f64); },
+                                            [](A v) {
+                                              return lax::convert_element_type(lax::convert_element_type(v, i32), f64);
+                                            },
+                                            [](A v) {
+                                              return lax::convert_element_type(lax::bitcast_convert_type(v, i64), f64);
+                                            }}) {
     CHECK(grad(f)(x).item<double>() == 0.0);
   }
   // x * floor(x): the derivative is floor(x) only.
@@ -229,7 +225,8 @@ TEST_CASE("vjp transposes unbroadcast rank-0 operands") {
   CHECK(gs.item<double>() == doctest::Approx((1 + 4) * 1 - (2 + 8) + (3 + 12) * 2));
   CHECK(vals(gv) == std::vector<double>{-1.5, 1.5, -3.0});
   // add / sub / select_n with a scalar predicate, rank-0 cotangents summed.
-  auto [out2, g_vjp] = vjp([](A a, A b) { return lax::select(lax::gt(a, d0(0.0)), lax::add(b, a), lax::sub(b, a)); }, s, v);
+  auto [out2, g_vjp] =
+      vjp([](A a, A b) { return lax::select(lax::gt(a, d0(0.0)), lax::add(b, a), lax::sub(b, a)); }, s, v);
   auto [hs, hv] = g_vjp(ct);
   CHECK(hs.item<double>() == 2.0);
   CHECK(vals(hv) == vals(ct));
@@ -255,8 +252,10 @@ void check_vmap(const VecFn& f, const std::vector<Array>& args, const std::vecto
   int64_t size = -1;
   std::vector<AxisSpec> specs;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (axes[i]) specs.emplace_back(*axes[i]);
-    else specs.emplace_back(None);
+    if (axes[i])
+      specs.emplace_back(*axes[i]);
+    else
+      specs.emplace_back(None);
     if (axes[i]) size = args[i].shape()[size_t(*axes[i] < 0 ? *axes[i] + args[i].ndim() : *axes[i])];
   }
   std::vector<AxisSpec> per_argument;  // one argument (the vector), whose spec lists its leaves
@@ -348,16 +347,24 @@ TEST_CASE("vmap: every scalar-op primitive, batch dims at 0 / 1 / -1, mixed and 
   for (const ScalarOpInfo& info : kScalarOps) {
     std::string n(info.name);
     std::vector<Array> pool;
-    if (info.domain == ScalarDomain::Int) pool = {ia, ib};
-    else if (info.domain == ScalarDomain::Logic) pool = {ba, bb};
-    else if (n == "log" || n == "log1p" || n == "sqrt" || n == "rsqrt" || n == "acosh" || n == "lgamma" || n == "pow") pool = {pa + 1.0, pb};
-    else if (n == "asin" || n == "acos" || n == "atanh" || n == "erf_inv") pool = {unit, unit};
-    else if (n == "clamp") pool = {fa, fb, fc};
-    else pool = {fa, fb, fc};
+    if (info.domain == ScalarDomain::Int)
+      pool = {ia, ib};
+    else if (info.domain == ScalarDomain::Logic)
+      pool = {ba, bb};
+    else if (n == "log" || n == "log1p" || n == "sqrt" || n == "rsqrt" || n == "acosh" || n == "lgamma" || n == "pow")
+      pool = {pa + 1.0, pb};
+    else if (n == "asin" || n == "acos" || n == "atanh" || n == "erf_inv")
+      pool = {unit, unit};
+    else if (n == "clamp")
+      pool = {fa, fb, fc};
+    else
+      pool = {fa, fb, fc};
     ops.push_back({n, info.arity, pool});
     if (info.domain == ScalarDomain::Num || info.domain == ScalarDomain::Any || info.domain == ScalarDomain::Cmp) {
-      if (n != "div" && n != "rem") ops.push_back({n + " i32", info.arity, {ia, ib, ia + 1}});
-      else ops.push_back({n + " i32", info.arity, {ia, ib + 1}});
+      if (n != "div" && n != "rem")
+        ops.push_back({n + " i32", info.arity, {ia, ib, ia + 1}});
+      else
+        ops.push_back({n + " i32", info.arity, {ia, ib + 1}});
     }
     if (info.domain == ScalarDomain::Logic) ops.push_back({n + " u32", info.arity, {ua, ub}});
   }
@@ -384,8 +391,11 @@ TEST_CASE("vmap: convert, bitcast, integer_pow, select_n, threefry2x32, stop_gra
   check_vmap_layouts([](V a) { return std::vector<Array>{lax::integer_pow(a[0], 3)}; }, {fa}, 1);
   check_vmap_layouts([](V a) { return std::vector<Array>{lax::integer_pow(a[0], 2)}; }, {ia}, 1);
   check_vmap_layouts([](V a) { return std::vector<Array>{lax::stop_gradient(a[0])}; }, {fa}, 1);
-  check_vmap_layouts([](V a) { return std::vector<Array>{lax::select_n(a[0], {a[1], a[2], a[3]})}; },
-                     {which, fa, fb, fa * 2.0f}, 4, 1);
+  check_vmap_layouts(
+      [](V a) {
+        return std::vector<Array>{lax::select_n(a[0], {a[1], a[2], a[3]})};
+      },
+      {which, fa, fb, fa * 2.0f}, 4, 1);
   check_vmap_layouts([](V a) { return std::vector<Array>{lax::select(a[0], a[1], a[2])}; }, {pred, ia, ia + 5}, 3, 1);
   check_vmap_layouts(
       [](V a) {
@@ -408,7 +418,8 @@ TEST_CASE("vmap of grad and grad of vmap agree with per-example gradients") {
   std::vector<double> got = vals(g(xs));
   for (size_t i = 0; i < got.size(); ++i) {
     double x = vals(xs)[i];
-    double want = grad([](A v) { return lax::mul(lax::tanh(v), lax::lgamma(lax::add(v, d0(2.0)))); })(d0(x)).item<double>();
+    double want =
+        grad([](A v) { return lax::mul(lax::tanh(v), lax::lgamma(lax::add(v, d0(2.0)))); })(d0(x)).item<double>();
     CHECK(got[i] == doctest::Approx(want).epsilon(1e-12));
   }
 }

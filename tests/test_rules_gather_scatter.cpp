@@ -24,7 +24,6 @@ using Axes = std::vector<std::optional<int>>;
 Array rnd(uint32_t seed, const Shape& shape) { return random::normal(random::key(seed), shape, f64); }
 Array ints(const std::vector<double>& v, Shape s = {}) { return arr<int32_t>(v, std::move(s)); }
 
-
 // Rows of a (5, 3) operand picked by an index vector: gather collapsing dim 0.
 const lax::GatherDimensionNumbers kRows{{1}, {0}, {0}, {}, {}};
 const lax::ScatterDimensionNumbers kRowUpdates{{1}, {0}, {0}, {}, {}};
@@ -162,8 +161,8 @@ TEST_CASE("scatter-mul: check_grads with duplicates (including a zero update) an
   // d/du_i prod_k u_k at a zero update: the product of the others, exact.
   Array u0 = arr<double>({2, 0, 3, 5}, {4, 1}), x0 = arr<double>({1, 7}, {2, 1});
   Array rows = ints({0, 0, 0, 1}, {4});
-  auto [gx, gu] = grad([&](const Array& xx, const Array& uu) { return jnp::sum(xx.at(rows).multiply(uu)); },
-                       argnums<0, 1>)(x0, u0);
+  auto [gx, gu] =
+      grad([&](const Array& xx, const Array& uu) { return jnp::sum(xx.at(rows).multiply(uu)); }, argnums<0, 1>)(x0, u0);
   CHECK(vals(gu) == std::vector<double>{0, 6, 0, 7});
   CHECK(vals(gx) == std::vector<double>{0, 5});
   Array u00 = arr<double>({2, 0, 0, 5}, {4, 1});  // two zeros to one row: every partial is zero
@@ -181,8 +180,8 @@ TEST_CASE("scatter-min / scatter-max: check_grads away from ties, and ties share
   // operand 1 at row 0 ties with two updates of 1: each of the three gets a third.
   Array x0 = arr<double>({1, -4}, {2}), u0 = arr<double>({1, 1, 0.5, -5}, {4});
   Array rows = ints({0, 0, 0, 1}, {4});
-  auto [gx, gu] = grad([&](const Array& xx, const Array& uu) { return jnp::sum(xx.at(rows).max(uu)); },
-                       argnums<0, 1>)(x0, u0);
+  auto [gx, gu] =
+      grad([&](const Array& xx, const Array& uu) { return jnp::sum(xx.at(rows).max(uu)); }, argnums<0, 1>)(x0, u0);
   check_all_close(gx, arr<double>({1.0 / 3, 1}));
   check_all_close(gu, arr<double>({1.0 / 3, 1.0 / 3, 0, 0}));
 }
@@ -218,7 +217,7 @@ TEST_CASE("gather: vmap equals stacked per-example results") {
   // numpy-style indexing and take_along_axis under vmap
   check_vmap_matches_stack([](const VA& a) { return a[0][a[1]]; }, {xs0, ints({4, 0, 4, 1, 2, 2}, {2, 3})}, {0, 0}, 2);
   check_vmap_matches_stack([](const VA& a) { return jnp::take_along_axis(a[0], a[1], 0); },
-             {xs1, ints({4, 0, 4, 1, 2, 2, 0, 0, 1, 3, 3, 3}, {2, 2, 3})}, {1, 0}, 2);
+                           {xs1, ints({4, 0, 4, 1, 2, 2, 0, 0, 1, 3, 3, 3}, {2, 2, 3})}, {1, 0}, 2);
 }
 
 TEST_CASE("scatters: vmap equals stacked per-example results") {

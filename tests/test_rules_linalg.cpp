@@ -21,7 +21,6 @@ using Axes = std::vector<std::optional<int>>;
 
 Array rnd(uint32_t seed, const Shape& shape, DType dt = f64) { return random::normal(random::key(seed), shape, dt); }
 
-
 lax::DotDimensionNumbers dims(std::vector<int64_t> lc, std::vector<int64_t> rc, std::vector<int64_t> lb = {},
                               std::vector<int64_t> rb = {}) {
   return {{std::move(lc), std::move(rc)}, {std::move(lb), std::move(rb)}};
@@ -56,14 +55,33 @@ const ConvCase kConvCases[] = {
     {"1-D valid", {2, 3, 9}, {4, 3, 3}, {1}, "VALID", {}, {}, kNCH},
     {"1-D stride 2 leaves the last input unused", {1, 2, 8}, {3, 2, 3}, {2}, "VALID", {}, {}, kNCH},
     {"2-D same, strides", {1, 2, 6, 5}, {3, 2, 3, 2}, {2, 1}, "SAME", {}, {}, {}},
-    {"2-D explicit padding, rhs dilation", {2, 2, 7, 6}, {2, 2, 2, 3}, {1, 1},
-     std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {0, 1}}, {}, {2, 1}, {}},
-    {"2-D lhs dilation (transposed conv)", {1, 2, 4, 3}, {3, 2, 3, 3}, {1, 1},
-     std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 0}}, {2, 2}, {}, {}},
+    {"2-D explicit padding, rhs dilation",
+     {2, 2, 7, 6},
+     {2, 2, 2, 3},
+     {1, 1},
+     std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {0, 1}},
+     {},
+     {2, 1},
+     {}},
+    {"2-D lhs dilation (transposed conv)",
+     {1, 2, 4, 3},
+     {3, 2, 3, 3},
+     {1, 1},
+     std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 0}},
+     {2, 2},
+     {},
+     {}},
     {"2-D feature groups", {2, 4, 6, 5}, {6, 2, 3, 3}, {2, 2}, "SAME", {}, {}, {}, 2},
     {"2-D NHWC / HWIO", {2, 6, 5, 3}, {3, 2, 3, 4}, {1, 2}, "SAME", {}, {}, {"NHWC", "HWIO", "NHWC"}},
-    {"2-D NHWC, groups, all dilations", {1, 5, 6, 4}, {2, 2, 2, 6}, {2, 1},
-     std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {0, 2}}, {1, 2}, {2, 1}, {"NHWC", "HWIO", "NHWC"}, 2},
+    {"2-D NHWC, groups, all dilations",
+     {1, 5, 6, 4},
+     {2, 2, 2, 6},
+     {2, 1},
+     std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {0, 2}},
+     {1, 2},
+     {2, 1},
+     {"NHWC", "HWIO", "NHWC"},
+     2},
 };
 
 Array conv_of(const ConvCase& c, const Array& l, const Array& r) {
@@ -122,8 +140,9 @@ TEST_CASE("dot_general: vmap equals stacked per-example results") {
   // a dot_general with its own batch and several contracting dims
   auto general = [](const VA& a) { return lax::dot_general(a[0], a[1], dims({2, 3}, {1, 0}, {0}, {2})); };
   Array l = rnd(22, {2, 3, 4, 5}), r = rnd(23, {5, 4, 2, 6});
-  check_vmap_matches_stack(general, {lax::broadcast_in_dim(l, {3, 2, 3, 4, 5}, {1, 2, 3, 4}) + rnd(24, {3, 2, 3, 4, 5}), r},
-             {0, std::nullopt}, 3);
+  check_vmap_matches_stack(general,
+                           {lax::broadcast_in_dim(l, {3, 2, 3, 4, 5}, {1, 2, 3, 4}) + rnd(24, {3, 2, 3, 4, 5}), r},
+                           {0, std::nullopt}, 3);
   check_vmap_matches_stack(general, {l, rnd(25, {5, 4, 2, 3, 6})}, {std::nullopt, 3}, 3);
   check_vmap_matches_stack(general, {rnd(26, {2, 3, 4, 3, 5}), rnd(27, {3, 5, 4, 2, 6})}, {3, 0}, 3);
 }
@@ -202,9 +221,7 @@ TEST_CASE("conv_general_dilated: grad against a closed form") {
 
 TEST_CASE("conv_general_dilated: preferred_element_type and f32 gradients") {
   Array l = rnd(62, {1, 2, 5, 4}, f32), w = rnd(63, {3, 2, 2, 2}, f32);
-  auto f = [](const VA& a) {
-    return VA{lax::conv_general_dilated(a[0], a[1], {1, 1}, "SAME", {}, {}, {}, 1, f64)};
-  };
+  auto f = [](const VA& a) { return VA{lax::conv_general_dilated(a[0], a[1], {1, 1}, "SAME", {}, {}, {}, 1, f64)}; };
   CHECK_NOTHROW(check_grads(f, {l, w}, {.order = 1}));
   auto loss = [](const Array& ll, const Array& ww) {
     return jnp::sum(lax::conv_general_dilated(ll, ww, {1, 1}, "SAME", {}, {}, {}, 1, f64));

@@ -54,10 +54,14 @@ void check_vmap(const std::function<std::vector<Array>(const std::vector<Array>&
   std::vector<Array> batched;
   auto f1 = [&](const Array& a) { return f({a}); };
   auto f2 = [&](const Array& a, const Array& b) { return f({a, b}); };
-  if (args.size() == 1) batched = vmap(f1, *in_axes[0])(args[0]);
-  else if (!in_axes[0]) batched = vmap(f2, {None, *in_axes[1]})(args[0], args[1]);
-  else if (!in_axes[1]) batched = vmap(f2, {*in_axes[0], None})(args[0], args[1]);
-  else batched = vmap(f2, {*in_axes[0], *in_axes[1]})(args[0], args[1]);
+  if (args.size() == 1)
+    batched = vmap(f1, *in_axes[0])(args[0]);
+  else if (!in_axes[0])
+    batched = vmap(f2, {None, *in_axes[1]})(args[0], args[1]);
+  else if (!in_axes[1])
+    batched = vmap(f2, {*in_axes[0], None})(args[0], args[1]);
+  else
+    batched = vmap(f2, {*in_axes[0], *in_axes[1]})(args[0], args[1]);
   std::vector<std::vector<Array>> per_example;
   for (int64_t i = 0; i < size; ++i) {
     std::vector<Array> ex;
@@ -87,14 +91,33 @@ TEST_CASE("check_grads of every differentiable reduction, cumulative and sort pr
   Array with_zero = arr<double>({0.7, 0.0, 1.3, -0.9, 1.1, 0.8, -1.2, 0.0, 0.0, 1.4, 0.6, 1.05}, {3, 4});
   std::vector<Case> cases = {
       {"reduce_sum axis 1", unary([](const Array& x) { return lax::reduce_sum(x, {1}); }), {x34}},
-      {"reduce_sum axes 0,2", unary([](const Array& x) { return lax::reduce_sum(x, {0, 2}); }), {x234}},
-      {"reduce_sum all", unary([](const Array& x) { return lax::reduce_sum(lax::mul(x, x), {0, 1, 2}); }), {x234}},
+      {"reduce_sum axes 0,2",
+       unary([](const Array& x) {
+         return lax::reduce_sum(x, {0, 2});
+       }),
+       {x234}},
+      {"reduce_sum all",
+       unary([](const Array& x) {
+         return lax::reduce_sum(lax::mul(x, x), {0, 1, 2});
+       }),
+       {x234}},
       {"reduce_max axis 1", unary([](const Array& x) { return lax::reduce_max(x, {1}); }), {x34}},
-      {"reduce_max axes 0,2", unary([](const Array& x) { return lax::reduce_max(lax::mul(x, x), {0, 2}); }), {x234}},
+      {"reduce_max axes 0,2",
+       unary([](const Array& x) {
+         return lax::reduce_max(lax::mul(x, x), {0, 2});
+       }),
+       {x234}},
       {"reduce_min axis 0", unary([](const Array& x) { return lax::reduce_min(x, {0}); }), {x34}},
-      {"reduce_min axes 1,2", unary([](const Array& x) { return lax::reduce_min(x, {1, 2}); }), {x234}},
+      {"reduce_min axes 1,2",
+       unary([](const Array& x) {
+         return lax::reduce_min(x, {1, 2});
+       }),
+       {x234}},
       {"reduce_prod axis 1", unary([](const Array& x) { return lax::reduce_prod(x, {1}); }), {near_one({3, 5})}},
-      {"reduce_prod axes 0,2", unary([](const Array& x) { return lax::reduce_prod(x, {0, 2}); }),
+      {"reduce_prod axes 0,2",
+       unary([](const Array& x) {
+         return lax::reduce_prod(x, {0, 2});
+       }),
        {near_one({2, 3, 4})}},
       {"reduce_prod with zeros", unary([](const Array& x) { return lax::reduce_prod(x, {1}); }), {with_zero}},
       {"cumsum axis 0", unary([](const Array& x) { return lax::cumsum(x, 0); }), {x34}},
@@ -111,7 +134,9 @@ TEST_CASE("check_grads of every differentiable reduction, cumulative and sort pr
       {"sort last axis", unary([](const Array& x) { return lax::sort(x); }), {x34}},
       {"sort axis 0", unary([](const Array& x) { return lax::sort(lax::mul(x, x), 0); }), {x234}},
       {"sort two operands, one key",
-       [](const std::vector<Array>& a) { return lax::sort({a[0], a[1]}, 1, true, 1); },
+       [](const std::vector<Array>& a) {
+         return lax::sort({a[0], a[1]}, 1, true, 1);
+       },
        {x34, distinct({3, 4}, 2.0)}},
       {"sort two keys",
        [](const std::vector<Array>& a) {
@@ -194,8 +219,11 @@ TEST_CASE("vjp of reductions and scans against closed forms") {
     CHECK(vals(out) == std::vector<double>{1, 2, 3});
     CHECK(vals(std::get<0>(f_vjp(arr<double>({10, 20, 30})))) == std::vector<double>{30, 10, 20});
     // The values operand of a keyed sort is permuted by the keys.
-    auto [outs, f_vjp2] = vjp([](const Array& k, const Array& v) { return lax::sort({k, v}, 0, true, 1)[1]; },
-                              arr<double>({2, 0, 1}), arr<double>({5, 6, 7}));
+    auto [outs, f_vjp2] = vjp(
+        [](const Array& k, const Array& v) {
+          return lax::sort({k, v}, 0, true, 1)[1];
+        },
+        arr<double>({2, 0, 1}), arr<double>({5, 6, 7}));
     CHECK(vals(outs) == std::vector<double>{6, 7, 5});
     auto [gk, gv] = f_vjp2(arr<double>({1, 2, 3}));
     CHECK(vals(gk) == std::vector<double>{0, 0, 0});

@@ -47,25 +47,70 @@ std::vector<Array> wrap(const Fn& op, const std::vector<Array>& a) {
 std::vector<GradCase> grad_cases() {
   using V = std::vector<Array>;
   return {
-      {"broadcast_in_dim (new dims)", [](const V& a) { return lax::broadcast_in_dim(a[0], {2, 3, 4}, {1}); },
+      {"broadcast_in_dim (new dims)",
+       [](const V& a) {
+         return lax::broadcast_in_dim(a[0], {2, 3, 4}, {1});
+       },
        {smooth({3})}},
-      {"broadcast_in_dim (size-1 expand)", [](const V& a) { return lax::broadcast_in_dim(a[0], {2, 3, 4}, {0, 2}); },
+      {"broadcast_in_dim (size-1 expand)",
+       [](const V& a) {
+         return lax::broadcast_in_dim(a[0], {2, 3, 4}, {0, 2});
+       },
        {smooth({1, 4})}},
-      {"reshape", [](const V& a) { return lax::reshape(a[0], {3, 2, 2}); }, {smooth({2, 6})}},
-      {"transpose", [](const V& a) { return lax::transpose(a[0], {2, 0, 1}); }, {smooth({2, 3, 4})}},
-      {"squeeze", [](const V& a) { return lax::squeeze(a[0], {0, 2}); }, {smooth({1, 3, 1, 2})}},
-      {"rev", [](const V& a) { return lax::rev(a[0], {0, 2}); }, {smooth({2, 3, 2})}},
-      {"concatenate", [](const V& a) { return lax::concatenate({a[0], a[1], a[2]}, 1); },
+      {"reshape",
+       [](const V& a) {
+         return lax::reshape(a[0], {3, 2, 2});
+       },
+       {smooth({2, 6})}},
+      {"transpose",
+       [](const V& a) {
+         return lax::transpose(a[0], {2, 0, 1});
+       },
+       {smooth({2, 3, 4})}},
+      {"squeeze",
+       [](const V& a) {
+         return lax::squeeze(a[0], {0, 2});
+       },
+       {smooth({1, 3, 1, 2})}},
+      {"rev",
+       [](const V& a) {
+         return lax::rev(a[0], {0, 2});
+       },
+       {smooth({2, 3, 2})}},
+      {"concatenate",
+       [](const V& a) {
+         return lax::concatenate({a[0], a[1], a[2]}, 1);
+       },
        {smooth({2, 1}), smooth({2, 3}, -0.4), smooth({2, 2}, 0.9)}},
-      {"pad (lo/hi)", [](const V& a) { return lax::pad(a[0], a[1], {{1, 2, 0}, {0, 1, 0}}); },
+      {"pad (lo/hi)",
+       [](const V& a) {
+         return lax::pad(a[0], a[1], {{1, 2, 0}, {0, 1, 0}});
+       },
        {smooth({2, 3}), make_scalar(0.6, f64)}},
-      {"pad (negative and interior)", [](const V& a) { return lax::pad(a[0], a[1], {{-1, 2, 1}, {2, -2, 2}}); },
+      {"pad (negative and interior)",
+       [](const V& a) {
+         return lax::pad(a[0], a[1], {{-1, 2, 1}, {2, -2, 2}});
+       },
        {smooth({4, 3}), make_scalar(-0.8, f64)}},
-      {"slice", [](const V& a) { return lax::slice(a[0], {1, 0}, {3, 2}); }, {smooth({4, 3})}},
-      {"slice (strided)", [](const V& a) { return lax::slice(a[0], {0, 1}, {4, 3}, {3, 2}); }, {smooth({5, 3})}},
-      {"dynamic_slice", [](const V& a) { return lax::dynamic_slice(a[0], {a[1], a[2]}, {2, 2}); },
+      {"slice",
+       [](const V& a) {
+         return lax::slice(a[0], {1, 0}, {3, 2});
+       },
+       {smooth({4, 3})}},
+      {"slice (strided)",
+       [](const V& a) {
+         return lax::slice(a[0], {0, 1}, {4, 3}, {3, 2});
+       },
+       {smooth({5, 3})}},
+      {"dynamic_slice",
+       [](const V& a) {
+         return lax::dynamic_slice(a[0], {a[1], a[2]}, {2, 2});
+       },
        {smooth({4, 3}), idx(1), idx(5)}},  // the second start is clamped to 1
-      {"dynamic_update_slice", [](const V& a) { return lax::dynamic_update_slice(a[0], a[1], {a[2], a[3]}); },
+      {"dynamic_update_slice",
+       [](const V& a) {
+         return lax::dynamic_update_slice(a[0], a[1], {a[2], a[3]});
+       },
        {smooth({4, 3}), smooth({2, 2}, -0.7), idx(2), idx(0)}},
   };
 }
@@ -77,8 +122,8 @@ void check_vmap(const Fn& f, const std::vector<Array>& args, const std::vector<s
   for (size_t i = 0; i < args.size(); ++i)
     if (axes[i]) size = args[i].shape()[size_t(*axes[i] < 0 ? *axes[i] + args[i].ndim() : *axes[i])];
   REQUIRE(size > 0);
-  Array batched = vmap_detail::vmap([&](const std::vector<Array>& xs) { return std::vector<Array>{f(xs)}; }, args,
-                                    axes, {out_axis}, {})[0];
+  Array batched = vmap_detail::vmap([&](const std::vector<Array>& xs) { return std::vector<Array>{f(xs)}; }, args, axes,
+                                    {out_axis}, {})[0];
   std::vector<Array> per_example;
   for (int64_t b = 0; b < size; ++b) {
     std::vector<Array> one;
@@ -110,13 +155,19 @@ TEST_CASE("check_grads: every shape and slicing primitive, orders 1 and 2, fwd a
 
 TEST_CASE("jvp of shape primitives is the primitive applied to the tangent") {
   Array x = smooth({2, 3}), t = arr<double>({1, 2, 3, 4, 5, 6}, {2, 3});
-  auto [y, ty] = jvp([](const Array& a) { return lax::transpose(lax::rev(a, {1}), {1, 0}); }, std::tuple{x},
-                     std::tuple{t});
+  auto [y, ty] = jvp(
+      [](const Array& a) {
+        return lax::transpose(lax::rev(a, {1}), {1, 0});
+      },
+      std::tuple{x}, std::tuple{t});
   CHECK(vals(ty) == std::vector<double>{3, 6, 2, 5, 1, 4});
   // Only the padding value has a tangent: the operand's tangent is instantiated as zeros.
   Array pv = make_scalar(2.0, f64);
-  auto [p, tp] = jvp([&](const Array& v) { return lax::pad(x, v, {{1, 0, 0}, {0, 0, 1}}); }, std::tuple{pv},
-                     std::tuple{make_scalar(1.0, f64)});
+  auto [p, tp] = jvp(
+      [&](const Array& v) {
+        return lax::pad(x, v, {{1, 0, 0}, {0, 0, 1}});
+      },
+      std::tuple{pv}, std::tuple{make_scalar(1.0, f64)});
   CHECK(tp.shape() == Shape{3, 5});
   CHECK(vals(tp) == std::vector<double>{1, 1, 1, 1, 1, 0, 1, 0, 1, 0, 0, 1, 0, 1, 0});
   // Only the update has a tangent in dynamic_update_slice.
@@ -129,16 +180,22 @@ TEST_CASE("jvp of shape primitives is the primitive applied to the tangent") {
 
 TEST_CASE("vjp cotangents against closed forms") {
   SUBCASE("broadcast_in_dim sums the added dimensions and the expanded size-1 ones") {
-    auto [y, f_vjp] = vjp([](const Array& a) { return lax::broadcast_in_dim(a, {2, 1, 3, 4}, {1, 2}); },
-                          arr<double>({1, 2, 3}, {1, 3}));
+    auto [y, f_vjp] = vjp(
+        [](const Array& a) {
+          return lax::broadcast_in_dim(a, {2, 1, 3, 4}, {1, 2});
+        },
+        arr<double>({1, 2, 3}, {1, 3}));
     Array ct = arr<double>(std::vector<double>(24, 1.0), {2, 1, 3, 4});
     auto [g] = f_vjp(ct);
     CHECK(g.shape() == Shape{1, 3});
     CHECK(vals(g) == std::vector<double>{8, 8, 8});
   }
   SUBCASE("transpose and reshape") {
-    auto [y, f_vjp] = vjp([](const Array& a) { return lax::reshape(lax::transpose(a, {1, 2, 0}), {6, 2}); },
-                          smooth({2, 3, 2}));
+    auto [y, f_vjp] = vjp(
+        [](const Array& a) {
+          return lax::reshape(lax::transpose(a, {1, 2, 0}), {6, 2});
+        },
+        smooth({2, 3, 2}));
     auto [g] = f_vjp(arr<double>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {6, 2}));
     // y[j, k, i] = a[i, j, k] flattened; so g[i, j, k] = ct_flat[(j * 2 + k) * 2 + i].
     CHECK(g.shape() == Shape{2, 3, 2});
@@ -151,16 +208,22 @@ TEST_CASE("vjp cotangents against closed forms") {
     CHECK(vals(g) == std::vector<double>{3, 2, 1});
   }
   SUBCASE("concatenate splits the cotangent") {
-    auto [y, f_vjp] = vjp([](const Array& a, const Array& b) { return lax::concatenate({a, b, a}, 0); },
-                          arr<double>({1, 2}), arr<double>({3}));
+    auto [y, f_vjp] = vjp(
+        [](const Array& a, const Array& b) {
+          return lax::concatenate({a, b, a}, 0);
+        },
+        arr<double>({1, 2}), arr<double>({3}));
     auto [ga, gb] = f_vjp(arr<double>({10, 20, 30, 40, 50}));
     CHECK(vals(ga) == std::vector<double>{10 + 40, 20 + 50});
     CHECK(vals(gb) == std::vector<double>{30});
   }
   SUBCASE("pad with negative low and interior padding") {
     // Interior-padded: [x0 p x1 p x2 p x3]; lo=-1 drops x0, hi=2 appends p p.
-    auto [y, f_vjp] = vjp([](const Array& a, const Array& v) { return lax::pad(a, v, {{-1, 2, 1}}); },
-                          arr<double>({1, 2, 3, 4}), make_scalar(9.0, f64));
+    auto [y, f_vjp] = vjp(
+        [](const Array& a, const Array& v) {
+          return lax::pad(a, v, {{-1, 2, 1}});
+        },
+        arr<double>({1, 2, 3, 4}), make_scalar(9.0, f64));
     CHECK(vals(y) == std::vector<double>{9, 2, 9, 3, 9, 4, 9, 9});
     auto [ga, gv] = f_vjp(arr<double>({1, 2, 4, 8, 16, 32, 64, 128}));
     CHECK(vals(ga) == std::vector<double>{0, 2, 8, 32});
@@ -188,7 +251,9 @@ TEST_CASE("vjp cotangents against closed forms") {
 
 TEST_CASE("grad values of composite functions") {
   // d/dx sum(x[1:3] * 2) = [0, 2, 2, 0]
-  auto f = [](const Array& x) { return lax::reduce_sum(lax::mul(lax::slice(x, {1}, {3}), make_scalar(2.0, f32)), {0}); };
+  auto f = [](const Array& x) {
+    return lax::reduce_sum(lax::mul(lax::slice(x, {1}, {3}), make_scalar(2.0, f32)), {0});
+  };
   Array g = grad(f)(arr<float>({1, 2, 3, 4}));
   CHECK(vals(g) == std::vector<double>{0, 2, 2, 0});
   // d/dx sum(pad(x, 0)^2 ) = 2x; d/dv = 2 v * (number of padded cells).
@@ -239,8 +304,11 @@ TEST_CASE("iota is a constant to jvp, grad and vmap") {
   CHECK(vals(grad(s)(arr<double>({5, 5, 5}))) == std::vector<double>{0, 1, 2});
   Array xs = arr<double>({1, 2, 3, 4, 5, 6}, {2, 3});
   check_vmap([&](const std::vector<Array>& a) { return f(a[0]); }, {xs}, {0});
-  check_vmap([](const std::vector<Array>& a) { return lax::add(a[0], lax::broadcasted_iota(f32, {2, 3}, 1)); },
-             {jnp::ones({4, 2, 3})}, {0});
+  check_vmap(
+      [](const std::vector<Array>& a) {
+        return lax::add(a[0], lax::broadcasted_iota(f32, {2, 3}, 1));
+      },
+      {jnp::ones({4, 2, 3})}, {0});
 }
 
 TEST_CASE("vmap of shape primitives equals the per-example results") {
@@ -315,10 +383,10 @@ TEST_CASE("vmap of dynamic_slice and dynamic_update_slice with batched start ind
   Fn ds = [](const V& a) { return lax::dynamic_slice(a[0], {a[1], a[2]}, {2, 3}); };
   Array x = smooth({3, 4, 5}), starts = idxs({0, 2, 7}), neg = idxs({-1, 1, -3});
   SUBCASE("dynamic_slice") {
-    check_vmap(ds, {x, idx(1), idx(1)}, {0, std::nullopt, std::nullopt});          // operand only
+    check_vmap(ds, {x, idx(1), idx(1)}, {0, std::nullopt, std::nullopt});                  // operand only
     check_vmap(ds, {smooth({4, 3, 5}), idx(1), idx(9)}, {1, std::nullopt, std::nullopt});  // clamped
     check_vmap(ds, {smooth({4, 5}), starts, idx(2)}, {std::nullopt, 0, std::nullopt});     // indices only
-    check_vmap(ds, {x, starts, neg}, {0, 0, 0});                                    // both, clamped, negative
+    check_vmap(ds, {x, starts, neg}, {0, 0, 0});                                           // both, clamped, negative
     check_vmap(ds, {smooth({4, 5, 3}), idx(0), neg}, {-1, std::nullopt, 0}, 2);
   }
   SUBCASE("dynamic_update_slice") {

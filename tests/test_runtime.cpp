@@ -2,14 +2,14 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <string>
-#include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <string>
 
 #include "cjax/cjax.h"
 #include "core/array/array_impl.h"
@@ -146,9 +146,10 @@ TEST_CASE("nested parallel_for runs inline and exceptions propagate") {
     parallel_for(100, 1, [&](int64_t b2, int64_t e2) { total += (e - b) * (e2 - b2); });
   });
   CHECK(total == 64 * 100);
-  CHECK_THROWS_WITH(parallel_for(1 << 20, 1, [](int64_t b, int64_t) {
-                      if (b > 0) throw ValueError("boom in a chunk");
-                    }),
+  CHECK_THROWS_WITH(parallel_for(1 << 20, 1,
+                                 [](int64_t b, int64_t) {
+                                   if (b > 0) throw ValueError("boom in a chunk");
+                                 }),
                     doctest::Contains("boom"));
   CHECK_FALSE(in_parallel_region());
 }
@@ -248,7 +249,8 @@ TEST_CASE("an allocation beyond the host's memory is a BackendError naming the s
                        BackendError);
   CHECK_THROWS_AS(jnp::ones({int64_t(1) << 20, int64_t(1) << 20}, DType::float64), BackendError);
   CHECK_THROWS_WITH_AS(jit([](const Array& a) { return jnp::broadcast_to(a, {int64_t(1) << 40}) + 1.0f; })(
-                           jnp::array<float>({1})).block_until_ready(),
+                           jnp::array<float>({1}))
+                           .block_until_ready(),
                        doctest::Contains("4398046511104 bytes"), BackendError);
   CHECK(memory_stats(d0).bytes_in_use == before.bytes_in_use);
 }

@@ -30,15 +30,13 @@ TEST_CASE("data movement primitives on every dtype") {
     Array t = lax::transpose(a, {2, 0, 1});
     CHECK(t.shape() == Shape{4, 2, 3});
     CHECK(t.dtype() == d);
-    CHECK(vec<double>(t) == expect_idx({0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15,
-                                        19, 23},
-                                       d));
+    CHECK(vec<double>(t) ==
+          expect_idx({0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23}, d));
     Array b = lax::broadcast_in_dim(idx_array({3, 1}, d), {2, 3, 4}, {1, 2});
     CHECK(vec<double>(b) == expect_idx({0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2}, d));
     Array r = lax::rev(a, {0, 2});
-    CHECK(vec<double>(r) == expect_idx({15, 14, 13, 12, 19, 18, 17, 16, 23, 22, 21, 20, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
-                                        9, 8},
-                                       d));
+    CHECK(vec<double>(r) ==
+          expect_idx({15, 14, 13, 12, 19, 18, 17, 16, 23, 22, 21, 20, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8}, d));
     Array s = lax::slice(idx_array({4, 5}, d), {1, 0}, {4, 5}, {2, 2});
     CHECK(s.shape() == Shape{2, 3});
     CHECK(vec<double>(s) == expect_idx({5, 7, 9, 15, 17, 19}, d));
@@ -515,14 +513,14 @@ TEST_CASE("a shape whose element count overflows 64 bits is a ShapeError, eagerl
   // read past the buffer).
   const int64_t wraps = (int64_t(1) << 62) + 4;
   CHECK_ERR(jnp::arange(16).reshape({wraps, 4}), ShapeError, "(4611686018427387908, 4)");
-  CHECK_ERR(make_jaxpr([&](const Array& x) { return x.reshape({wraps, 4}); })(jnp::arange(16)), ShapeError,
-            "64-bit");
+  CHECK_ERR(make_jaxpr([&](const Array& x) { return x.reshape({wraps, 4}); })(jnp::arange(16)), ShapeError, "64-bit");
   CHECK_ERR(lax::broadcast_in_dim(jnp::ones({1}), {big, big, 1}, {2}), ShapeError, "64-bit");
   // Element count fits, byte size does not.
   CHECK_ERR(jnp::zeros({int64_t(1) << 62}, f64), ShapeError, "bytes", "float64");
   CHECK_THROWS_AS(make_abstract(AbstractValue{{3, -1}, f32, false, {}}), ShapeError);
   // Still fine: large but representable shapes are accepted abstractly.
-  ClosedJaxpr cj = make_jaxpr([](const Array& x) { return x.reshape({int64_t(1) << 20, 16}); })(
-      make_abstract(AbstractValue{{int64_t(1) << 24}, f32, false, {}}));
+  ClosedJaxpr cj = make_jaxpr([](const Array& x) {
+    return x.reshape({int64_t(1) << 20, 16});
+  })(make_abstract(AbstractValue{{int64_t(1) << 24}, f32, false, {}}));
   CHECK(cj.out_avals()[0].shape == Shape{int64_t(1) << 20, 16});
 }

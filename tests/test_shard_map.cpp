@@ -44,11 +44,14 @@ TEST_CASE("collectives tutorial values (docs/examples.md §2)") {
   CHECK(ps(x).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
   CHECK(jit(ps)(x).to_vector<float>() == std::vector<float>{22, 20, 12, 17});
   auto shift = shard_map(
-      [](const Array& v) { return lax::ppermute(v, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, mesh, P("i"), P("i"));
+      [](const Array& v) {
+        return lax::ppermute(v, "i", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+      },
+      mesh, P("i"), P("i"));
   CHECK(shift(jnp::arange(8)).to_vector<int>() == std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5});
   CHECK(jit(shift)(jnp::arange(8)).to_vector<int>() == std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5});
-  auto a2a = shard_map([](const Array& v) { return lax::all_to_all(v, "i", 0, 0, {.tiled = true}); }, mesh, P("i"),
-                       P("i"));
+  auto a2a =
+      shard_map([](const Array& v) { return lax::all_to_all(v, "i", 0, 0, {.tiled = true}); }, mesh, P("i"), P("i"));
   std::vector<float> want{3, 5, 5, 9, 1, 9, 3, 7, 4, 2, 5, 1, 1, 6, 8, 2};
   CHECK(a2a(x).to_vector<float>() == want);
   CHECK(jit(a2a)(x).to_vector<float>() == want);
@@ -103,8 +106,8 @@ TEST_CASE("devices that run different collectives raise CollectiveError instead 
   auto diverge = shard_map(
       [](const Array& x) {
         return lax::cond(
-            lax::axis_index("i") == 0, [](const Array& v) { return lax::psum(v, "i"); }, [](const Array& v) { return v; },
-            x);
+            lax::axis_index("i") == 0, [](const Array& v) { return lax::psum(v, "i"); },
+            [](const Array& v) { return v; }, x);
       },
       mesh, P("i"), P("i"), {.check_vma = false});
   CHECK_ERR(jit(diverge)(arange_f(4)).block_until_ready(), CollectiveError, "finished the shard_map body while");
@@ -123,7 +126,8 @@ TEST_CASE("devices that run different collectives raise CollectiveError instead 
         Array y = lax::cond(
             lax::axis_index("i") == 0,
             [](const Array& v) {
-              return lax::fori_loop(0, 100000, [](const Array&, const Array& c) { return jnp::sin(c); }, v);
+              return lax::fori_loop(
+                  0, 100000, [](const Array&, const Array& c) { return jnp::sin(c); }, v);
             },
             [](const Array& v) { return v; }, x);
         return lax::psum(y, "i");
@@ -267,9 +271,9 @@ TEST_CASE("errors of docs/shard_map.md §1.7 and the out_specs check §2.4") {
   CHECK_ERR(shard_map(id, m, P("i", "j"), P())(jnp::arange(4)), SpecError, "too long", "int32[4]", "(and 1 < 2)");
   CHECK_ERR(shard_map(id, m, P("i"), P())(Array(1.f)), SpecError, "too long", "use P() for it");
   // 5: divisibility, one failure and several.
-  CHECK_ERR(shard_map(two, m, {P(), P("i")}, P())(jnp::ones({4}), jnp::ones({2, 2})), SpecError,
-            "not evenly divisible", "The mesh given has shape (4, 2) with corresponding axis names ('i', 'j').",
-            "args[1]", "maps array axis 0 (of size 2) to mesh axis 'i' (of size 4), but 4 does not evenly divide 2");
+  CHECK_ERR(shard_map(two, m, {P(), P("i")}, P())(jnp::ones({4}), jnp::ones({2, 2})), SpecError, "not evenly divisible",
+            "The mesh given has shape (4, 2) with corresponding axis names ('i', 'j').", "args[1]",
+            "maps array axis 0 (of size 2) to mesh axis 'i' (of size 4), but 4 does not evenly divide 2");
   CHECK_ERR(shard_map(two, m, {P(axes("i", "j")), P("i")}, P())(jnp::ones({4}), jnp::ones({2})), SpecError,
             "* the passed args[0]", "mesh axes ('i', 'j') (of total size 8)", "* the passed args[1]");
   // 6: out spec longer than the output's rank.
@@ -284,15 +288,17 @@ TEST_CASE("errors of docs/shard_map.md §1.7 and the out_specs check §2.4") {
   CHECK_ERR(jit(varying)(jnp::ones({8})), VmaError, "require replication");
   Mesh m3 = make_mesh({2, 2, 2}, {"x", "y", "z"});
   auto f3 = shard_map(id, m3, P(axes("x", "y", "z")), P("x"));
-  CHECK_ERR(f3(jnp::ones({8})), VmaError, "The mesh given has shape (2, 2, 2) with corresponding axis names ('x', 'y', 'z').",
+  CHECK_ERR(f3(jnp::ones({8})), VmaError,
+            "The mesh given has shape (2, 2, 2) with corresponding axis names ('x', 'y', 'z').",
             "only varying across mesh axes {x} and not {y,z}, but it was inferred to be possibly varying over {x,y,z}");
   auto both = shard_map([](const Array& x) { return std::tuple{x, x}; }, m, P("i"), {P(), P()});
   CHECK_ERR(both(jnp::ones({8})), VmaError, "* out_specs[0]", "* out_specs[1]");
   // all_gather stays varying; psum and all_gather(to_invariant) are invariant; check_vma=false accepts.
-  CHECK_ERR(shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true}); }, m, P("i"), P())(
-                jnp::ones({8})),
+  CHECK_ERR(shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true}); }, m, P("i"),
+                      P())(jnp::ones({8})),
             VmaError, "require replication");
-  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P())(jnp::ones({8})).shape() == Shape{2});
+  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P())(jnp::ones({8})).shape() ==
+        Shape{2});
   CHECK(shard_map([](const Array& x) { return lax::all_gather(x, "i", {.tiled = true, .to_invariant = true}); }, m,
                   P("i"), P())(jnp::ones({8}))
             .shape() == Shape{8});
@@ -300,7 +306,9 @@ TEST_CASE("errors of docs/shard_map.md §1.7 and the out_specs check §2.4") {
   // 9, 11: collectives and pvary outside shard_map; 10: collective-specific messages.
   CHECK_ERR(lax::psum(jnp::ones({2}), "i"), AxisNameError, "unbound axis name: i");
   CHECK_ERR(lax::pvary(jnp::ones({2}), "i"), ValueError, "pvary should be called under shard_map.");
-  auto body = [&](std::function<Array(const Array&)> g, int64_t n) { return shard_map(g, mi, P("i"), P("i"))(jnp::ones({n})); };
+  auto body = [&](std::function<Array(const Array&)> g, int64_t n) {
+    return shard_map(g, mi, P("i"), P("i"))(jnp::ones({n}));
+  };
   CHECK_ERR(body([](const Array& x) { return lax::all_to_all(x, "i", 0, 0, {.tiled = true}); }, 24), ValueError,
             "The size of all_to_all split_axis (6) has to be divisible by the size of the named axis i (4)");
   CHECK_ERR(body([](const Array& x) { return lax::all_to_all(x, "i", 0, 0); }, 32), ValueError,
@@ -309,15 +317,18 @@ TEST_CASE("errors of docs/shard_map.md §1.7 and the out_specs check §2.4") {
             "tiled reduce_scatter operand scatter dimension size 6 must be divisible by shard_count 4");
   CHECK_ERR(body([](const Array& x) { return lax::psum_scatter(x, "i"); }, 12), ValueError,
             "reduce_scatter operand scatter dimension size 3 must match shard count 4");
-  CHECK_ERR(body([](const Array& x) { return lax::ppermute(x, "i", {{0, 1}, {0, 2}}); }, 4), ValueError,
-            "ppermute sources and destinations must be unique, got ((0, 1), (0, 2)).");
+  CHECK_ERR(body(
+                [](const Array& x) {
+                  return lax::ppermute(x, "i", {{0, 1}, {0, 2}});
+                },
+                4),
+            ValueError, "ppermute sources and destinations must be unique, got ((0, 1), (0, 2)).");
   // Partially manual: only "i" is manual; naming "j" or reducing over it is an error.
   CHECK_ERR(shard_map(id, m, P("j"), P("j"), {.axis_names = {"i"}}), SpecError, "marked as manual", "'j'");
-  CHECK_ERR(shard_map([](const Array& x) { return lax::psum(x, "j"); }, m, P("i"), P("i"), {.axis_names = {"i"}})(
-                jnp::ones({8})),
+  CHECK_ERR(shard_map([](const Array& x) { return lax::psum(x, "j"); }, m, P("i"), P("i"),
+                      {.axis_names = {"i"}})(jnp::ones({8})),
             AxisNameError, "unbound axis name: j");
-  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P(), {.axis_names = {"i"}})(
-            arange_f(8))
+  CHECK(shard_map([](const Array& x) { return lax::psum(x, "i"); }, m, P("i"), P(), {.axis_names = {"i"}})(arange_f(8))
             .to_vector<float>() == std::vector<float>{12, 16});
 }
 
@@ -410,11 +421,15 @@ TEST_CASE("a tuple entry splits row-major in the order written, and prints per 2
   CHECK(fxy(x).to_vector<float>() == x.to_vector<float>());
   CHECK(fyx(x).to_vector<float>() == x.to_vector<float>());
   CHECK(xy ==
-        "On cpu:0 at mesh coordinates (x, y) = (0, 0):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (x, y) = (0, 1):\n[2. 3.]\n\n"
-        "On cpu:2 at mesh coordinates (x, y) = (1, 0):\n[4. 5.]\n\nOn cpu:3 at mesh coordinates (x, y) = (1, 1):\n[6. 7.]");
+        "On cpu:0 at mesh coordinates (x, y) = (0, 0):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (x, y) = (0, 1):\n[2. "
+        "3.]\n\n"
+        "On cpu:2 at mesh coordinates (x, y) = (1, 0):\n[4. 5.]\n\nOn cpu:3 at mesh coordinates (x, y) = (1, 1):\n[6. "
+        "7.]");
   CHECK(yx ==
-        "On cpu:0 at mesh coordinates (x, y) = (0, 0):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (x, y) = (0, 1):\n[4. 5.]\n\n"
-        "On cpu:2 at mesh coordinates (x, y) = (1, 0):\n[2. 3.]\n\nOn cpu:3 at mesh coordinates (x, y) = (1, 1):\n[6. 7.]");
+        "On cpu:0 at mesh coordinates (x, y) = (0, 0):\n[0. 1.]\n\nOn cpu:1 at mesh coordinates (x, y) = (0, 1):\n[4. "
+        "5.]\n\n"
+        "On cpu:2 at mesh coordinates (x, y) = (1, 0):\n[2. 3.]\n\nOn cpu:3 at mesh coordinates (x, y) = (1, 1):\n[6. "
+        "7.]");
   // Sliced one way, assembled the other: device (x, y) holds block 2x+y and is placed at 2y+x.
   auto swap = shard_map([](const Array& b) { return b; }, mesh, P(axes("x", "y")), P(axes("y", "x")));
   CHECK(swap(x).to_vector<float>() == std::vector<float>{0, 1, 4, 5, 2, 3, 6, 7});
@@ -432,8 +447,11 @@ TEST_CASE("C++ control flow on body values: invariant is concrete, varying is a 
       mesh, P(axes("x", "y")), P(axes("x", "y")));
   CHECK(f(arange_f(8)).to_vector<float>() == std::vector<float>{0, 2, 4, 6, 8, 10, 12, 14});
   CHECK(f(-arange_f(8) - 1.f).to_vector<float>() == std::vector<float>{-3, -6, -9, -12, -15, -18, -21, -24});
-  auto read = shard_map([](const Array& b) { return b * lax::psum(jnp::sum(b), {"x", "y"}).item<float>(); }, mesh,
-                        P(axes("x", "y")), P(axes("x", "y")));
+  auto read = shard_map(
+      [](const Array& b) {
+        return b * lax::psum(jnp::sum(b), {"x", "y"}).item<float>();
+      },
+      mesh, P(axes("x", "y")), P(axes("x", "y")));
   CHECK(read(arange_f(8)).to_vector<float>() == std::vector<float>{0, 28, 56, 84, 112, 140, 168, 196});
   // Varying over y only (the psum removed x): not one value.
   auto partial = shard_map(
@@ -468,8 +486,11 @@ TEST_CASE("more errors: out_specs tree prefix, mesh and axis_names, pvary, misma
   auto pair = shard_map([](const Array& x) { return std::tuple{x, x}; }, mi, P("i"), {P("i"), P("i"), P("i")});
   CHECK_ERR(pair(jnp::ones({8})), SpecError, "out_specs", "not a tree prefix");
   CHECK_ERR(jit(pair)(jnp::ones({8})), SpecError, "out_specs", "not a tree prefix");
-  auto nested = shard_map([](const Array& x) { return std::tuple{x, std::vector<Array>{x, x}}; }, mi, P("i"),
-                          {P("i"), {P("i")}});
+  auto nested = shard_map(
+      [](const Array& x) {
+        return std::tuple{x, std::vector<Array>{x, x}};
+      },
+      mi, P("i"), {P("i"), {P("i")}});
   CHECK_ERR(nested(jnp::ones({8})), SpecError, "out_specs[1]", "not a tree prefix");
   // An empty mesh; axis_names that are not mesh axes.
   CHECK_ERR(shard_map(id, Mesh(), P(), P()), SpecError, "shard_map requires a non-empty mesh");
@@ -482,8 +503,9 @@ TEST_CASE("more errors: out_specs tree prefix, mesh and axis_names, pvary, misma
   CHECK_ERR(jit(twice)(jnp::ones({8})), VmaError, "pvary is an invariant->varying cast", "axis 'i'");
   auto partly = shard_map([](const Array& x) { return lax::pvary(x, {"j", "i"}); }, m, P("i"), P("i", "j"));
   CHECK_ERR(partly(jnp::ones({8, 2})), VmaError, "axis 'i'");
-  CHECK(shard_map([](const Array& x) { return lax::pvary(x, "j"); }, m, P("i"), P("i", "j"))(jnp::ones({8, 2}))
-            .shape() == Shape{8, 4});
+  CHECK(
+      shard_map([](const Array& x) { return lax::pvary(x, "j"); }, m, P("i"), P("i", "j"))(jnp::ones({8, 2})).shape() ==
+      Shape{8, 4});
   // Devices that reach different collectives (device 0 a psum, the others a pmax).
   auto mismatch = shard_map(
       [](const Array& x) {
@@ -492,8 +514,8 @@ TEST_CASE("more errors: out_specs tree prefix, mesh and axis_names, pvary, misma
             [](const Array& v) { return lax::pmax(v, "i"); }, x);
       },
       mi, P("i"), P("i"), {.check_vma = false});
-  CHECK_ERR(jit(mismatch)(arange_f(4)).block_until_ready(), CollectiveError, "arrived at different collectives", "device 0: psum",
-            "device 1: pmax");
+  CHECK_ERR(jit(mismatch)(arange_f(4)).block_until_ready(), CollectiveError, "arrived at different collectives",
+            "device 0: psum", "device 1: pmax");
   CHECK_ERR(mismatch(arange_f(4)), CollectiveError, "arrived at different collectives");
   // The communicator is usable again afterwards.
   auto ok = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mi, P("i"), P());
@@ -511,7 +533,8 @@ TEST_CASE("an eager shard_map times out at a collective that a slow device reach
         return lax::cond(
             lax::axis_index("i") == 0,
             [](const Array& v) {
-              return lax::psum(lax::fori_loop(0, 300000, [](const Array&, const Array& c) { return jnp::sin(c); }, v),
+              return lax::psum(lax::fori_loop(
+                                   0, 300000, [](const Array&, const Array& c) { return jnp::sin(c); }, v),
                                "i");
             },
             [](const Array& v) { return lax::psum(v, "i"); }, x);

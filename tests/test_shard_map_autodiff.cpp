@@ -4,8 +4,8 @@
 #include <cmath>
 #include <map>
 
-#include "test_util.h"
 #include "core/spmd/collectives.h"
+#include "test_util.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
 
@@ -132,8 +132,10 @@ TEST_CASE("D: the cursed identity transposes to an empty body") {
     // cotangent, psum(ct/4) = ct.
     auto b = bodies(make_jaxpr(grad(f))(Array(3.f)));
     REQUIRE(!b.empty());
-    if (on) CHECK(b.back().empty());
-    else CHECK(b.back() == std::map<std::string, int>{{"div", 1}, {"psum", 1}});
+    if (on)
+      CHECK(b.back().empty());
+    else
+      CHECK(b.back() == std::map<std::string, int>{{"div", 1}, {"psum", 1}});
     // Transposed twice (the vjp of ct -> vjp(f)(ct)): t(t(f)) == f, again without communication.
     auto once = [&](const Array& ct) {
       auto [y, f_vjp] = vjp(f, Array(3.f));
@@ -157,7 +159,8 @@ TEST_CASE("E, F: psum of a replicated input and a repeated psum") {
     auto e = shard_map([](const Array& x) { return lax::psum(x, "i"); }, mesh_i(), P(), P(), vma(on));
     CHECK(e(Array(1.5f)).item<float>() == 6.f);
     CHECK(grad(e)(Array(1.5f)).item<float>() == 4.f);
-    auto f = shard_map([](const Array& x) { return lax::psum(lax::psum(x, "i"), "i"); }, mesh_i(), P("i"), P(), vma(on));
+    auto f =
+        shard_map([](const Array& x) { return lax::psum(lax::psum(x, "i"), "i"); }, mesh_i(), P("i"), P(), vma(on));
     auto loss = [&](const Array& x) { return jnp::sum(f(x)); };
     CHECK(v(f(arange_f(4))) == std::vector<double>{24});
     CHECK(v(grad(loss)(arange_f(4))) == std::vector<double>{4, 4, 4, 4});
@@ -171,10 +174,11 @@ TEST_CASE("G, H: mapped outputs after psum") {
     Array w = jnp::array(std::vector<float>{1, 2, 3, 4});
     CHECK(v(grad([&](const Array& x) { return jnp::sum(g(x) * w); })(arange_f(4))) ==
           std::vector<double>{10, 10, 10, 10});
-    auto h = shard_map([](const Array& x, const Array& y) { return lax::psum(x, "i") * y; }, mesh_i(),
-                       {P("i"), P("i")}, P("i"), vma(on));
+    auto h = shard_map([](const Array& x, const Array& y) { return lax::psum(x, "i") * y; }, mesh_i(), {P("i"), P("i")},
+                       P("i"), vma(on));
     CHECK(v(h(arange_f(4), w)) == std::vector<double>{6, 12, 18, 24});
-    auto [gx, gy] = grad([&](const Array& x, const Array& y) { return jnp::sum(h(x, y)); }, argnums<0, 1>)(arange_f(4), w);
+    auto [gx, gy] =
+        grad([&](const Array& x, const Array& y) { return jnp::sum(h(x, y)); }, argnums<0, 1>)(arange_f(4), w);
     CHECK(v(gx) == std::vector<double>{10, 10, 10, 10});
     CHECK(v(gy) == std::vector<double>{6, 6, 6, 6});
   }
@@ -202,8 +206,8 @@ TEST_CASE("J, K, L: replicated and closed-over parameters") {
   for (bool on : {true, false}) {
     CAPTURE(on);
     auto j = shard_map([](const Array& w, const Array& x) { return w * x; }, mesh_i(), {P(), P("i")}, P("i"), vma(on));
-    auto [gw, gx] = grad([&](const Array& w, const Array& x) { return jnp::sum(j(w, x)); }, argnums<0, 1>)(
-        jnp::array(std::vector<float>{1, 2}), arange_f(8));
+    auto [gw, gx] = grad([&](const Array& w, const Array& x) { return jnp::sum(j(w, x)); },
+                         argnums<0, 1>)(jnp::array(std::vector<float>{1, 2}), arange_f(8));
     CHECK(v(gw) == std::vector<double>{12, 16});
     CHECK(v(gx) == std::vector<double>{1, 2, 1, 2, 1, 2, 1, 2});
     auto k = [&](const Array& w) {
@@ -211,8 +215,8 @@ TEST_CASE("J, K, L: replicated and closed-over parameters") {
     };
     CHECK(grad(k)(Array(1.f)).item<float>() == 28.f);
     auto l = [&](const Array& w, const Array& x) {
-      return jnp::sum(shard_map([&](const Array& xb) { return lax::psum(jnp::sum(jnp::square(w * xb)), "i"); }, mesh_i(),
-                                P("i"), P(), vma(on))(x));
+      return jnp::sum(shard_map([&](const Array& xb) { return lax::psum(jnp::sum(jnp::square(w * xb)), "i"); },
+                                mesh_i(), P("i"), P(), vma(on))(x));
     };
     CHECK(l(Array(3.f), arange_f(8)).item<float>() == 1260.f);
     CHECK(grad(l)(Array(3.f), arange_f(8)).item<float>() == 840.f);
@@ -273,8 +277,11 @@ TEST_CASE("M, N, O: all_gather and psum_scatter transpose into each other") {
 TEST_CASE("P, Q, R: ppermute, all_to_all and 2-D psum gradients") {
   for (bool on : {true, false}) {
     CAPTURE(on);
-    auto p = shard_map([](const Array& x) { return lax::ppermute(x, "i", {{0, 1}, {1, 2}, {2, 3}}); }, mesh_i(),
-                       P("i"), P("i"), vma(on));
+    auto p = shard_map(
+        [](const Array& x) {
+          return lax::ppermute(x, "i", {{0, 1}, {1, 2}, {2, 3}});
+        },
+        mesh_i(), P("i"), P("i"), vma(on));
     Array x = jnp::array(std::vector<float>{1, 2, 3, 4});
     CHECK(v(p(x)) == std::vector<double>{0, 1, 2, 3});
     Array w = jnp::array(std::vector<float>{10, 20, 30, 40});
@@ -302,21 +309,21 @@ TEST_CASE("P, Q, R: ppermute, all_to_all and 2-D psum gradients") {
                        P("i", None), vma(on));
     Array x4 = arange_f(16).reshape({4, 4});
     CHECK(v(r(x4)) == std::vector<double>{2, 4, 10, 12, 18, 20, 26, 28});
-    CHECK(v(grad([&](const Array& y) { return jnp::sum(r(y) * arange_f(8).reshape({4, 2})); })(x4)) ==
-          std::vector<double>{0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7});
+    CHECK(v(grad([&](const Array& y) {
+            return jnp::sum(r(y) * arange_f(8).reshape({4, 2}));
+          })(x4)) == std::vector<double>{0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7});
   }
 }
 
 TEST_CASE("S, U: invariant over an unmentioned axis; closed-over scalar with no inputs") {
   for (bool on : {true, false}) {
     CAPTURE(on);
-    auto s = shard_map(
-        [](const Array& x, const Array& y) { return jnp::sin(x) + 3.f + std::tan(2.f) * jnp::cos(x) + y; },
-        make_mesh({2, 2}, {"x", "y"}), {P("x"), P(None)}, P("x"), vma(on));
+    auto s =
+        shard_map([](const Array& x, const Array& y) { return jnp::sin(x) + 3.f + std::tan(2.f) * jnp::cos(x) + y; },
+                  make_mesh({2, 2}, {"x", "y"}), {P("x"), P(None)}, P("x"), vma(on));
     Array x = arange_f(8) / 10.f, y = arange_f(4) / 10.f;
     std::vector<float> xs = x.to_vector<float>(), ys = y.to_vector<float>(), want;
-    for (size_t k = 0; k < 8; ++k)
-      want.push_back(std::sin(xs[k]) + 3.f + std::tan(2.f) * std::cos(xs[k]) + ys[k % 4]);
+    for (size_t k = 0; k < 8; ++k) want.push_back(std::sin(xs[k]) + 3.f + std::tan(2.f) * std::cos(xs[k]) + ys[k % 4]);
     check_all_close(s(x, y), jnp::array(want), 1e-6);
     auto gy = grad([&](const Array& a, const Array& b) { return jnp::sum(s(a, b)); }, argnums<1>)(x, y);
     check_all_close(gy, jnp::full({4}, Array(2.f)), 1e-6);
@@ -357,7 +364,8 @@ TEST_CASE("jvp, vmap and jit compose with shard_map") {
   check_all_close(jit(vmap(f))(xs), batched, 1e-5);
   auto inner_jit = shard_map(jit([](const Array& x) { return lax::psum(x * x, "i"); }), mesh_i(), P("i"), P());
   CHECK(v(inner_jit(arange_f(4))) == std::vector<double>{14});
-  CHECK(v(grad([&](const Array& x) { return jnp::sum(inner_jit(x)); })(arange_f(4))) == std::vector<double>{0, 2, 4, 6});
+  CHECK(v(grad([&](const Array& x) { return jnp::sum(inner_jit(x)); })(arange_f(4))) ==
+        std::vector<double>{0, 2, 4, 6});
 }
 
 TEST_CASE("vmap with spmd_axis_name splits the batch over a mesh axis") {
@@ -368,7 +376,8 @@ TEST_CASE("vmap with spmd_axis_name splits the batch over a mesh axis") {
   Array got = vf(xs);
   CHECK(got.shape() == Shape{2, 2});
   std::vector<float> all = got.to_vector<float>();
-  for (int b = 0; b < 2; ++b) CHECK(std::vector<float>(all.begin() + 2 * b, all.begin() + 2 * b + 2) == f(xs[b]).to_vector<float>());
+  for (int b = 0; b < 2; ++b)
+    CHECK(std::vector<float>(all.begin() + 2 * b, all.begin() + 2 * b + 2) == f(xs[b]).to_vector<float>());
   std::string text = make_jaxpr(vf)(xs).str();
   CHECK(text.find("in_specs=(P('y', 'x'),)") != std::string::npos);
   CHECK(text.find("out_specs=(P('y',),)") != std::string::npos);
@@ -391,8 +400,9 @@ TEST_CASE("T (D1): cond with a varying predicate makes its outputs vary") {
   // The predicate varies, so the unexpanded result cannot be declared replicated.
   auto scalar = shard_map(
       [](const Array& x) {
-        return lax::cond(lax::axis_index("i") == 0, [](const Array& a) { return 2.f * a; },
-                         [](const Array& a) { return 3.f * a; }, x);
+        return lax::cond(
+            lax::axis_index("i") == 0, [](const Array& a) { return 2.f * a; }, [](const Array& a) { return 3.f * a; },
+            x);
       },
       m, P(), P());
   CHECK_ERR(scalar(Array(2.f)), VmaError, "require replication");
@@ -403,10 +413,13 @@ TEST_CASE("D3: a loop carry that starts invariant and becomes varying") {
   Mesh m = make_mesh({4}, {"i"});
   auto f = shard_map(
       [](const Array& x) {
-        Array c = lax::fori_loop(0, 3, [](const Array&, const Array& c) { return c + lax::axis_index("i"); },
-                                 jnp::zeros({}, i32));
-        Array s = lax::scan([](const Array& c, const Array& xi) { return std::pair{c + xi * lax::axis_index("i").astype(f32), c}; },
-                            Array(0.f), x)
+        Array c = lax::fori_loop(
+            0, 3, [](const Array&, const Array& c) { return c + lax::axis_index("i"); }, jnp::zeros({}, i32));
+        Array s = lax::scan(
+                      [](const Array& c, const Array& xi) {
+                        return std::pair{c + xi * lax::axis_index("i").astype(f32), c};
+                      },
+                      Array(0.f), x)
                       .first;
         return jnp::stack({c.astype(f32), s});
       },
@@ -429,10 +442,10 @@ TEST_CASE("grad of a nested partial-manual shard_map (issue 16 item 2)") {
   Array x = jnp::arange(32).astype(f32).reshape({4, 8}) / 10.0;
   std::vector<double> xv = v(x);
   {
-    auto inner = shard_map([](const Array& a) { return a * a * a; }, m, P(None, "j"), P(None, "j"),
-                           {.axis_names = {"j"}});
-    auto outer = shard_map([inner](const Array& a) { return inner(a); }, m, P("i", None), P("i", None),
-                           {.axis_names = {"i"}});
+    auto inner =
+        shard_map([](const Array& a) { return a * a * a; }, m, P(None, "j"), P(None, "j"), {.axis_names = {"j"}});
+    auto outer =
+        shard_map([inner](const Array& a) { return inner(a); }, m, P("i", None), P("i", None), {.axis_names = {"i"}});
     auto loss = [outer](const Array& a) { return jnp::sum(outer(a)); };
     std::vector<double> cube, three_sq;
     for (double e : xv) {
@@ -450,10 +463,10 @@ TEST_CASE("grad of a nested partial-manual shard_map (issue 16 item 2)") {
   }
   {
     // The inner body sums its two column blocks over 'j': s = a^3 + (the other block)^3, out s * a.
-    auto inner = shard_map([](const Array& a) { return lax::psum(a * a * a, "j") * a; }, m, P(None, "j"),
-                           P(None, "j"), {.axis_names = {"j"}});
-    auto outer = shard_map([inner](const Array& a) { return inner(a); }, m, P("i", None), P("i", None),
-                           {.axis_names = {"i"}});
+    auto inner = shard_map([](const Array& a) { return lax::psum(a * a * a, "j") * a; }, m, P(None, "j"), P(None, "j"),
+                           {.axis_names = {"j"}});
+    auto outer =
+        shard_map([inner](const Array& a) { return inner(a); }, m, P("i", None), P("i", None), {.axis_names = {"i"}});
     auto loss = [outer](const Array& a) { return jnp::sum(outer(a)); };
     auto reference = [](const Array& a) {  // one device, no shard_map
       Array l = lax::slice_in_dim(a, 0, 4, 1, 1), r = lax::slice_in_dim(a, 4, 8, 1, 1);

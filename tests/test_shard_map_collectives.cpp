@@ -2,12 +2,12 @@
 // pmax/pmin and pbroadcast (values, types, derivatives), the tree overloads of
 // cjax/collectives.h, collectives over several axes in both name orders, the untiled forms of
 // psum_scatter and all_to_all, and vmap / jvp of shard_maps whose bodies move data.
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
-
-#include <fmt/ranges.h>
 
 #include "test_util.h"
 
@@ -84,14 +84,21 @@ TEST_CASE("pbroadcast: every member gets the source's block, typed varying") {
   std::string text = make_jaxpr(f)(arange_f(8)).str();
   CHECK(text.find("f32[2]{V:i} = pbroadcast[axes=('i',) source=2]") != std::string::npos);
   // With check_vma=false the promise is the user's: P() takes one copy.
-  auto unchecked = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 3); }, m, P("i"), P(), {.check_vma = false});
+  auto unchecked =
+      shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 3); }, m, P("i"), P(), {.check_vma = false});
   CHECK(fv(unchecked(arange_f(8))) == std::vector<float>{6, 7});
   // Over two axes: the source is a row-major index over the axes as written.
   Array x = arange_f(8);
-  auto ij = shard_map([](const Array& b) { return lax::pbroadcast(b, {"i", "j"}, 1); }, mesh_ij(), P(axes("i", "j")),
-                      P(axes("i", "j")));
-  auto ji = shard_map([](const Array& b) { return lax::pbroadcast(b, {"j", "i"}, 1); }, mesh_ij(), P(axes("i", "j")),
-                      P(axes("i", "j")));
+  auto ij = shard_map(
+      [](const Array& b) {
+        return lax::pbroadcast(b, {"i", "j"}, 1);
+      },
+      mesh_ij(), P(axes("i", "j")), P(axes("i", "j")));
+  auto ji = shard_map(
+      [](const Array& b) {
+        return lax::pbroadcast(b, {"j", "i"}, 1);
+      },
+      mesh_ij(), P(axes("i", "j")), P(axes("i", "j")));
   CHECK(fv(ij(x)) == repeat({2, 3}, 4));  // index 1 over (i, j) is device (0, 1): block 1
   CHECK(fv(ji(x)) == repeat({4, 5}, 4));  // index 1 over (j, i) is device (1, 0): block 2
   CHECK(fv(jit(ji)(x)) == repeat({4, 5}, 4));
@@ -116,7 +123,8 @@ TEST_CASE("pbroadcast transposes to a psum kept at the source") {
   auto g = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 1); }, m, P(), P("i"));
   CHECK(fv(grad([&](const Array& x) { return jnp::sum(g(x) * w); })(arange_f(2))) == std::vector<float>{16, 20});
   // check_vma=false: the same numbers.
-  auto h = shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 2); }, m, P("i"), P("i"), {.check_vma = false});
+  auto h =
+      shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 2); }, m, P("i"), P("i"), {.check_vma = false});
   CHECK(fv(grad([&](const Array& x) { return jnp::sum(h(x) * w); })(arange_f(8))) == want);
 }
 
@@ -190,11 +198,18 @@ TEST_CASE("collectives over two axes are row-major in the order the names are wr
   CHECK(index({"j", "i"}).to_vector<int>() == std::vector<int>{0, 2, 1, 3});
   CHECK(index("j").to_vector<int>() == std::vector<int>{0, 1, 0, 1});
   CHECK(jit([&](const Array& y) {
-          return shard_map([](const Array&) { return jnp::expand_dims(lax::axis_index({"j", "i"}), 0); }, m, P(),
-                           P(axes("i", "j")))(y);
+          return shard_map(
+              [](const Array&) {
+                return jnp::expand_dims(lax::axis_index({"j", "i"}), 0);
+              },
+              m, P(), P(axes("i", "j")))(y);
         })(x)
             .to_vector<int>() == std::vector<int>{0, 2, 1, 3});
-  CHECK(shard_map([](const Array& b) { return b * float(lax::axis_size({"i", "j"})); }, m, P(), P())(Array(1.f))
+  CHECK(shard_map(
+            [](const Array& b) {
+              return b * float(lax::axis_size({"i", "j"}));
+            },
+            m, P(), P())(Array(1.f))
             .item<float>() == 4.f);
 
   auto gather = [&](AxisNames names) {
@@ -205,16 +220,22 @@ TEST_CASE("collectives over two axes are row-major in the order the names are wr
   CHECK(fv(gather({"j", "i"})(x)) == repeat({0, 1, 4, 5, 2, 3, 6, 7}, 4));
   CHECK(fv(jit(gather({"j", "i"}))(x)) == repeat({0, 1, 4, 5, 2, 3, 6, 7}, 4));
   // Untiled: a new leading axis of size 4.
-  auto stacked = shard_map([](const Array& b) { return lax::all_gather(b, {"i", "j"}); }, m, P(axes("i", "j")),
-                           P(None, axes("i", "j")));
+  auto stacked = shard_map(
+      [](const Array& b) {
+        return lax::all_gather(b, {"i", "j"});
+      },
+      m, P(axes("i", "j")), P(None, axes("i", "j")));
   Array s = stacked(x);
   CHECK(s.shape() == Shape{4, 8});
   CHECK(fv(s) == std::vector<float>{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
                                     4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7});
 
   auto shift = [&](AxisNames names) {
-    return shard_map([names](const Array& b) { return lax::ppermute(b, names, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, m,
-                     P(axes("i", "j")), P(axes("i", "j")));
+    return shard_map(
+        [names](const Array& b) {
+          return lax::ppermute(b, names, {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+        },
+        m, P(axes("i", "j")), P(axes("i", "j")));
   };
   CHECK(fv(shift({"i", "j"})(x)) == std::vector<float>{6, 7, 0, 1, 2, 3, 4, 5});
   CHECK(fv(jit(shift({"i", "j"}))(x)) == std::vector<float>{6, 7, 0, 1, 2, 3, 4, 5});
@@ -319,15 +340,23 @@ TEST_CASE("vmap of shard_maps whose bodies move data equals stacking the example
   check("psum_scatter tiled",
         shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.tiled = true}); }, m, P("i"), P("i")), xs);
   check("psum_scatter untiled",
-        shard_map([](const Array& b) { return lax::psum_scatter(b.reshape({4, 1}), "i"); }, m, P("i"), P("i")), xs);
+        shard_map(
+            [](const Array& b) {
+              return lax::psum_scatter(b.reshape({4, 1}), "i");
+            },
+            m, P("i"), P("i")),
+        xs);
   check("ppermute",
-        shard_map([](const Array& b) { return lax::ppermute(b, "i", {{0, 1}, {1, 2}, {2, 3}}); }, m, P("i"), P("i")),
+        shard_map(
+            [](const Array& b) {
+              return lax::ppermute(b, "i", {{0, 1}, {1, 2}, {2, 3}});
+            },
+            m, P("i"), P("i")),
         xs);
   check("all_to_all tiled",
         shard_map([](const Array& b) { return lax::all_to_all(b, "i", 0, 0, {.tiled = true}); }, m, P("i"), P("i")),
         xs);
-  check("pbroadcast",
-        shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 1); }, m, P("i"), P("i")), xs);
+  check("pbroadcast", shard_map([](const Array& b) { return lax::pbroadcast(b, "i", 1); }, m, P("i"), P("i")), xs);
   // 2-D blocks, batched along axis 1: all_to_all resharding (example Q) and untiled all_to_all.
   Array as = arange_f(8 * 2 * 8).reshape({8, 2, 8});
   check("all_to_all split 1 concat 0",
@@ -342,8 +371,8 @@ TEST_CASE("vmap of shard_maps whose bodies move data equals stacking the example
 TEST_CASE("jvp of shard_maps with all_gather and ppermute: the collective applied to the tangent") {
   Mesh m = mesh_i();
   Array x = arange_f(8) * 0.25f, t = arange_f(8) + 1.f;
-  auto ag = shard_map([](const Array& b) { return lax::all_gather(jnp::sin(b), "i", {.tiled = true}); }, m, P("i"),
-                      P("i"));
+  auto ag =
+      shard_map([](const Array& b) { return lax::all_gather(jnp::sin(b), "i", {.tiled = true}); }, m, P("i"), P("i"));
   auto [y, ty] = jvp(ag, std::tuple{x}, std::tuple{t});
   check_all_close(y, jnp::tile(jnp::sin(x), {4}));
   check_all_close(ty, jnp::tile(jnp::cos(x) * t, {4}), 1e-5);
@@ -351,8 +380,11 @@ TEST_CASE("jvp of shard_maps with all_gather and ppermute: the collective applie
   check_all_close(yj, y);
   check_all_close(tyj, ty, 1e-5);
   // ppermute with a missing destination: member 0 gets zeros, in value and tangent.
-  auto pp = shard_map([](const Array& b) { return lax::ppermute(b * b, "i", {{0, 1}, {1, 2}, {2, 3}}); }, m, P("i"),
-                      P("i"));
+  auto pp = shard_map(
+      [](const Array& b) {
+        return lax::ppermute(b * b, "i", {{0, 1}, {1, 2}, {2, 3}});
+      },
+      m, P("i"), P("i"));
   auto [z, tz] = jvp(pp, std::tuple{x}, std::tuple{t});
   std::vector<float> xv = fv(x), tv = fv(t), wz, wtz;
   for (int k = 0; k < 8; ++k) {
@@ -405,27 +437,47 @@ TEST_CASE("transposes over two axes in both orders: the vjp and jvp Jacobians ag
   Array x8 = arange_f(8) + 1.f, x16 = arange_f(16) + 1.f;
   for (AxisNames names : {AxisNames{"i", "j"}, AxisNames{"j", "i"}}) {
     CAPTURE(names.str());
-    check("all_gather tiled", [names](const Array& b) { return lax::all_gather(b * b, names, {.tiled = true}); }, x8);
-    check("all_gather untiled",
-          [names](const Array& b) { return lax::all_gather(b, names, {.axis = 1}).reshape({-1}); }, x8);
-    check("all_gather invariant",
-          [names](const Array& b) { return lax::all_gather(b, names, {.tiled = true, .to_invariant = true}); }, x8,
-          P(axes("i", "j")), P());
-    check("psum_scatter tiled", [names](const Array& b) { return lax::psum_scatter(b, names, {.tiled = true}); }, x16);
-    check("psum_scatter untiled", [names](const Array& b) { return lax::psum_scatter(b, names).reshape({1}); }, x16);
-    check("all_to_all tiled", [names](const Array& b) { return lax::all_to_all(b, names, 0, 0, {.tiled = true}); },
-          x16);
-    check("all_to_all untiled",
-          [names](const Array& b) { return lax::all_to_all(b.reshape({4, 1}), names, 0, 1).reshape({-1}); }, x16);
-    check("pbroadcast", [names](const Array& b) { return lax::pbroadcast(b, names, 2); }, x8);
-    check("psum of one axis", [names](const Array& b) { return lax::psum(b, names.names[0]); }, x8);
-    check("pmean", [names](const Array& b) { return lax::pmean(b * b, names); }, x8, P(axes("i", "j")), P());
-  }
-  check("ppermute over (i, j)", [](const Array& b) { return lax::ppermute(b, {"i", "j"}, {{0, 2}, {2, 3}, {3, 1}}); },
+    check(
+        "all_gather tiled", [names](const Array& b) { return lax::all_gather(b * b, names, {.tiled = true}); }, x8);
+    check(
+        "all_gather untiled", [names](const Array& b) { return lax::all_gather(b, names, {.axis = 1}).reshape({-1}); },
         x8);
+    check(
+        "all_gather invariant",
+        [names](const Array& b) { return lax::all_gather(b, names, {.tiled = true, .to_invariant = true}); }, x8,
+        P(axes("i", "j")), P());
+    check(
+        "psum_scatter tiled", [names](const Array& b) { return lax::psum_scatter(b, names, {.tiled = true}); }, x16);
+    check(
+        "psum_scatter untiled", [names](const Array& b) { return lax::psum_scatter(b, names).reshape({1}); }, x16);
+    check(
+        "all_to_all tiled", [names](const Array& b) { return lax::all_to_all(b, names, 0, 0, {.tiled = true}); }, x16);
+    check(
+        "all_to_all untiled",
+        [names](const Array& b) {
+          return lax::all_to_all(b.reshape({4, 1}), names, 0, 1).reshape({-1});
+        },
+        x16);
+    check(
+        "pbroadcast", [names](const Array& b) { return lax::pbroadcast(b, names, 2); }, x8);
+    check(
+        "psum of one axis", [names](const Array& b) { return lax::psum(b, names.names[0]); }, x8);
+    check(
+        "pmean", [names](const Array& b) { return lax::pmean(b * b, names); }, x8, P(axes("i", "j")), P());
+  }
+  check(
+      "ppermute over (i, j)",
+      [](const Array& b) {
+        return lax::ppermute(b, {"i", "j"}, {{0, 2}, {2, 3}, {3, 1}});
+      },
+      x8);
   // Partly replicated: x varies over i only, the collective runs over (j, i).
-  check("all_gather of an i-varying value over (j, i)",
-        [](const Array& b) { return lax::all_gather(b, {"j", "i"}, {.tiled = true}); }, x8, P("i"));
+  check(
+      "all_gather of an i-varying value over (j, i)",
+      [](const Array& b) {
+        return lax::all_gather(b, {"j", "i"}, {.tiled = true});
+      },
+      x8, P("i"));
 }
 
 TEST_CASE("staged bodies run in lockstep, bit-identical to one thread per device" CJAX_JIT_ONLY) {
@@ -471,8 +523,9 @@ TEST_CASE("staged bodies run in lockstep, bit-identical to one thread per device
   // A collective inside control flow needs each device's own thread.
   auto branchy = jit(shard_map(
       [](const Array& v) {
-        return lax::cond(lax::axis_index("i") == 0, [](const Array& u) { return lax::psum(u, "i"); },
-                         [](const Array& u) { return lax::psum(u * 2.0f, "i"); }, v);
+        return lax::cond(
+            lax::axis_index("i") == 0, [](const Array& u) { return lax::psum(u, "i"); },
+            [](const Array& u) { return lax::psum(u * 2.0f, "i"); }, v);
       },
       mesh_i(), P("i"), P(), {.check_vma = false}));
   CHECK(fv(branchy(jnp::ones({4}))) == std::vector<float>{7.0f});

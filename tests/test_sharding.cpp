@@ -85,8 +85,7 @@ TEST_CASE("NamedSharding: printing, shard shapes, validation errors") {
   CHECK_ERR(NamedSharding(m, P(axes("i", "j"), "j")), SpecError, "'j'", "more than once");
   CHECK_ERR(NamedSharding(m, P("i", "j")).shard_shape({6, 4}), ShardingError, "dimension 0", "size 6",
             "not divisible by 4", "('i',)");
-  CHECK_ERR(NamedSharding(m, P(axes("i", "j"))).shard_shape({12}), ShardingError, "size 12", "by 8",
-            "('i', 'j')");
+  CHECK_ERR(NamedSharding(m, P(axes("i", "j"))).shard_shape({12}), ShardingError, "size 12", "by 8", "('i', 'j')");
   CHECK_ERR(NamedSharding(m, P("i", None, None)).shard_shape({8, 8}), ShardingError, "3 entries", "rank 2");
   Array x = numpy::arange(6).astype(f32);
   CHECK_ERR(device_put(x, NamedSharding(m, P("i"))), ShardingError, "size 6", "not divisible by 4");
@@ -99,15 +98,27 @@ TEST_CASE("device_put round trips over meshes and specs") {
     Shape shape;
   };
   std::vector<Case> cases = {
-      {{8}, P("i"), {16}},          {{8}, P("i"), {8, 3}},           {{8}, P(None, "i"), {3, 8}},
-      {{8}, P(), {5, 3}},           {{4, 2}, P("i"), {8}},           {{4, 2}, P("i", None), {4, 4}},
-      {{4, 2}, P(None, "j"), {3, 4}}, {{4, 2}, P("i", "j"), {8, 6}},  {{4, 2}, P(axes("i", "j")), {16}},
-      {{4, 2}, P(axes("i", "j"), None), {8, 2}}, {{4, 2}, P(axes("j", "i")), {8}}, {{4, 2}, P(), {4, 4}},
-      {{2, 4}, P("i", None), {4, 4}}, {{2, 4}, P(None, "j"), {2, 8}}, {{2, 4}, P("j", "i"), {8, 2}},
-      {{2, 4}, P(axes("i", "j")), {8}}, {{2, 4}, P(), {3}},
+      {{8}, P("i"), {16}},
+      {{8}, P("i"), {8, 3}},
+      {{8}, P(None, "i"), {3, 8}},
+      {{8}, P(), {5, 3}},
+      {{4, 2}, P("i"), {8}},
+      {{4, 2}, P("i", None), {4, 4}},
+      {{4, 2}, P(None, "j"), {3, 4}},
+      {{4, 2}, P("i", "j"), {8, 6}},
+      {{4, 2}, P(axes("i", "j")), {16}},
+      {{4, 2}, P(axes("i", "j"), None), {8, 2}},
+      {{4, 2}, P(axes("j", "i")), {8}},
+      {{4, 2}, P(), {4, 4}},
+      {{2, 4}, P("i", None), {4, 4}},
+      {{2, 4}, P(None, "j"), {2, 8}},
+      {{2, 4}, P("j", "i"), {8, 2}},
+      {{2, 4}, P(axes("i", "j")), {8}},
+      {{2, 4}, P(), {3}},
   };
   for (const Case& c : cases) {
-    std::vector<std::string> names = c.mesh.size() == 1 ? std::vector<std::string>{"i"} : std::vector<std::string>{"i", "j"};
+    std::vector<std::string> names =
+        c.mesh.size() == 1 ? std::vector<std::string>{"i"} : std::vector<std::string>{"i", "j"};
     NamedSharding s(make_mesh(c.mesh, names), c.spec);
     for (DType dt : {f32, i64, bool_, bf16}) {
       CAPTURE(s.str());
@@ -222,7 +233,8 @@ TEST_CASE("visualize_array_sharding") {
         "└───────┴───────┴───────┴───────┘\n");
   // docs/examples.md §1 matmul_basic: the (8, 32) result sharded by rows over i of a (4,2) mesh.
   Mesh m = make_mesh({4, 2}, {"i", "j"});
-  std::string rows = debug::visualize_array_sharding(device_put(idx_array({8, 32}, f32), NamedSharding(m, P("i", None))));
+  std::string rows =
+      debug::visualize_array_sharding(device_put(idx_array({8, 32}, f32), NamedSharding(m, P("i", None))));
   CHECK(rows ==
         "┌─────────┐\n"
         "│ CPU 0,1 │\n"
@@ -237,7 +249,8 @@ TEST_CASE("visualize_array_sharding") {
         "┌─────────────┬─────────────┐\n"
         "│ CPU 0,2,4,6 │ CPU 1,3,5,7 │\n"
         "└─────────────┴─────────────┘\n");
-  CHECK(debug::visualize_array_sharding(device_put(idx_array({4, 4}, f32), NamedSharding(make_mesh({2, 4}, {"i", "j"}), P("i", "j")))) ==
+  CHECK(debug::visualize_array_sharding(
+            device_put(idx_array({4, 4}, f32), NamedSharding(make_mesh({2, 4}, {"i", "j"}), P("i", "j")))) ==
         "┌───────┬───────┬───────┬───────┐\n"
         "│ CPU 0 │ CPU 1 │ CPU 2 │ CPU 3 │\n"
         "├───────┼───────┼───────┼───────┤\n"
@@ -296,8 +309,9 @@ TEST_CASE("with_sharding_constraint: device_put eagerly, a staged identity that 
   // Staged: the identity with the sharding in its parameters.
   auto f = [&](const Array& a) { return with_sharding_constraint(a * 2.f, cols); };
   std::string jt = text(make_jaxpr(f)(x));
-  CHECK(jt.find("c:f32[8,4] = sharding_constraint[\n      sharding=NamedSharding(mesh=Mesh('i': 4, 'j': 2), spec=P(None, "
-                "'i'), memory_kind=device)\n    ] b") != std::string::npos);
+  CHECK(
+      jt.find("c:f32[8,4] = sharding_constraint[\n      sharding=NamedSharding(mesh=Mesh('i': 4, 'j': 2), spec=P(None, "
+              "'i'), memory_kind=device)\n    ] b") != std::string::npos);
   // Under jit the result is laid out as constrained, whatever the input's layout.
   std::vector<double> twice;
   for (double v : xv) twice.push_back(2 * v);

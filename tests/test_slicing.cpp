@@ -55,10 +55,10 @@ TEST_CASE("slice_in_dim") {
 TEST_CASE("dynamic_slice clamps like XLA") {
   Array x = jnp::arange(10);
   CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(2)}, {3})) == VI{2, 3, 4});
-  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(8)}, {4})) == VI{6, 7, 8, 9});    // clamped to 6
-  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(-3)}, {2})) == VI{7, 8});         // -3 -> 7
-  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(-1)}, {4})) == VI{6, 7, 8, 9});   // -1 -> 9 -> 6
-  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(-20)}, {2})) == VI{0, 1});        // -10 -> 0
+  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(8)}, {4})) == VI{6, 7, 8, 9});   // clamped to 6
+  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(-3)}, {2})) == VI{7, 8});        // -3 -> 7
+  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(-1)}, {4})) == VI{6, 7, 8, 9});  // -1 -> 9 -> 6
+  CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(-20)}, {2})) == VI{0, 1});       // -10 -> 0
   CHECK(vec<int32_t>(lax::dynamic_slice(x, {I(100, i64)}, {1})) == VI{9});
   CHECK(lax::dynamic_slice(x, {I(5)}, {0}).shape() == Shape{0});
   Array m = jnp::reshape(jnp::arange(20), {4, 5});
@@ -143,7 +143,8 @@ TEST_CASE("slicing misuse") {
   CHECK_ERR(lax::dynamic_slice(m, {jnp::array<int32_t>({0}), I(0)}, {1, 1}), ShapeError, "scalar", "(1,)");
   CHECK_ERR(bind1(prims::dynamic_slice(), {x, I(0, i64)}, Params{{"slice_sizes", std::vector<int64_t>{1, 1}}}),
             ShapeError, "slice_sizes (1, 1)");
-  CHECK_ERR(bind1(prims::dynamic_slice(), {m, I(0, i64), I(0, i32)}, Params{{"slice_sizes", std::vector<int64_t>{1, 1}}}),
+  CHECK_ERR(bind1(prims::dynamic_slice(), {m, I(0, i64), I(0, i32)},
+                  Params{{"slice_sizes", std::vector<int64_t>{1, 1}}}),
             DTypeError, "same type", "int64", "int32");
   CHECK_ERR(lax::dynamic_update_slice(x, jnp::zeros({2}), {I(0)}), DTypeError, "int32", "float32");
   CHECK_ERR(lax::dynamic_update_slice(x, jnp::zeros({4}, i32), {I(0)}), ShapeError, "(4,)", "(3,)");

@@ -8,17 +8,16 @@
 #include <random>
 
 #include "cjax/cjax.h"
-#include "test_util.h"
 #include "core/array/primitive.h"
 #include "core/array/visit_dtype.h"
+#include "test_util.h"
 
 using namespace cjax;
 namespace jnp = cjax::numpy;
 using doctest::Contains;
 
 using namespace cjax::testing;
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("sort floats: NaN last, -0.0 and +0.0 equal (stable), infinities") {
   Array x = arr<float>({3, kNaN, -1, 0.0, -0.0, kInf, -kInf, 2});
@@ -62,8 +61,7 @@ TEST_CASE("sort every dtype") {
   each(Tag<float>{});
   each(Tag<double>{});
   CHECK(iv(lax::sort(jnp::array<int8_t>({-128, 127, 0, -1}))) == std::vector<int64_t>{-128, -1, 0, 127});
-  CHECK(iv(lax::sort(jnp::array<int64_t>({INT64_MAX, INT64_MIN, 0}))) ==
-        std::vector<int64_t>{INT64_MIN, 0, INT64_MAX});
+  CHECK(iv(lax::sort(jnp::array<int64_t>({INT64_MAX, INT64_MIN, 0}))) == std::vector<int64_t>{INT64_MIN, 0, INT64_MAX});
   CHECK(iv(lax::sort(jnp::array<uint32_t>({4294967295u, 0u, 5u}))) == std::vector<int64_t>{0, 5, 4294967295LL});
   CHECK(iv(lax::sort(jnp::array<bool>({true, false, true}))) == std::vector<int64_t>{0, 1, 1});
   auto h = dv(lax::sort(arr<bfloat16_t>({1, kNaN, -kInf, -2})));
@@ -180,7 +178,7 @@ TEST_CASE("sort / top_k misuse") {
   CHECK_THROWS_WITH_AS(lax::sort(x, 2), Contains("axis 2 is out of bounds for an array of rank 2"), ValueError);
   CHECK_THROWS_WITH_AS(lax::sort(x, -3), Contains("axis -3"), ValueError);
   CHECK_THROWS_WITH_AS(cjax::bind(*find_primitive("sort"), {x},
-                            Params{{"dimension", int64_t(5)}, {"is_stable", true}, {"num_keys", int64_t(1)}}),
+                                  Params{{"dimension", int64_t(5)}, {"is_stable", true}, {"num_keys", int64_t(1)}}),
                        Contains("sort: dimension 5 is out of bounds for operands of rank 2 and shape (2, 3)"),
                        ValueError);
   CHECK_THROWS_WITH_AS(lax::sort({x, jnp::zeros({3, 2})}, 0), Contains("operand 1 has shape (3, 2)"), ShapeError);

@@ -1,6 +1,11 @@
 // samples/transformer (issue 6): the byte transformer under the four layouts gives the same losses,
 // FSDP holds 1/n of the parameters and Adam state per device, the collectives per layout are those of
 // docs/sharding.md §3.2, and checkpoints resume exactly and fail cleanly on corrupt files.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -8,11 +13,6 @@
 #include <fstream>
 #include <map>
 #include <thread>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "test_util.h"
 #include "transformer/transformer.h"
@@ -154,8 +154,11 @@ TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
     tf::TrainState s = tf::init_state(c);
     Array tokens = jnp::array(tf::host_batch(corpus, c, 0), {c.batch, c.seq_len + 1});
     if (c.layout != tf::Layout::Single) tokens = device_put(tokens, tf::batch_sharding(c));
-    auto g = jit([c](const tf::Params& p, const Array& t) { return grad([&](const tf::Params& q) { return tf::loss_fn(c, q, t); })(p); });
-    for (const Array& a : tree::leaves(g(s.params, tokens))) a.block_until_ready();  // compile and run outside the recorder
+    auto g = jit([c](const tf::Params& p, const Array& t) {
+      return grad([&](const tf::Params& q) { return tf::loss_fn(c, q, t); })(p);
+    });
+    for (const Array& a : tree::leaves(g(s.params, tokens)))
+      a.block_until_ready();  // compile and run outside the recorder
     debug::CollectiveRecorder rec;
     tree::leaves(g(s.params, tokens))[0].block_until_ready();
     auto r = rec.records();
@@ -188,7 +191,8 @@ TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
     struct W {
       Shape local, full;
     };
-    for (W w : {W{{3, 8, 4, 8}, {3, 32, 4, 8}}, W{{1, 8, 32}, {4, 8, 32}}, W{{8, 128}, {32, 128}}, W{{128, 8}, {128, 32}}}) {
+    for (W w :
+         {W{{3, 8, 4, 8}, {3, 32, 4, 8}}, W{{1, 8, 32}, {4, 8, 32}}, W{{8, 128}, {32, 128}}, W{{128, 8}, {128, 32}}}) {
       want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Forward});
       want.push_back({"reduce_scatter", {"fsdp"}, w.full, w.local, Phase::Backward});
       // Re-gathered for the input cotangents (Config::regather: the body is checkpointed without
@@ -207,7 +211,8 @@ TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
     struct W {
       Shape local, full;
     };
-    for (W w : {W{{3, 16, 2, 8}, {3, 32, 2, 8}}, W{{2, 8, 16}, {2, 8, 32}}, W{{16, 64}, {32, 64}}, W{{64, 16}, {64, 32}}}) {
+    for (W w :
+         {W{{3, 16, 2, 8}, {3, 32, 2, 8}}, W{{2, 8, 16}, {2, 8, 32}}, W{{16, 64}, {32, 64}}, W{{64, 16}, {64, 32}}}) {
       want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Forward});
       want.push_back({"reduce_scatter", {"fsdp"}, w.full, w.local, Phase::Backward});
       want.push_back({"all_gather", {"fsdp"}, w.local, w.full, Phase::Backward});
@@ -358,7 +363,7 @@ TEST_CASE("checkpoints: stale temporaries of killed saves are removed; a flipped
     b ^= 0x01;
     f.write(&b, 1);
   }
-  CHECK_THROWS_WITH_AS(tf::load_checkpoint(path, c), doctest::Contains("checksum mismatch in tensor 'params.pos_embed'"),
-                       IoError);
+  CHECK_THROWS_WITH_AS(tf::load_checkpoint(path, c),
+                       doctest::Contains("checksum mismatch in tensor 'params.pos_embed'"), IoError);
   std::filesystem::remove_all(dir);
 }

@@ -57,9 +57,7 @@ TEST_CASE("grad over a CJAX_TREE struct, argnums and has_aux") {
 }
 
 TEST_CASE("vjp and jvp of a tree function") {
-  auto f = [](const std::vector<Array>& xs) {
-    return std::pair{lax::mul(xs[0], xs[1]), lax::sin(xs[0])};
-  };
+  auto f = [](const std::vector<Array>& xs) { return std::pair{lax::mul(xs[0], xs[1]), lax::sin(xs[0])}; };
   std::vector<Array> xs{arr<double>({0.5, 1.5}), arr<double>({2, 3})};
   auto [out, f_vjp] = vjp(f, xs);
   auto [cts] = f_vjp(std::pair{arr<double>({1, 1}), arr<double>({1, 0})});
@@ -95,7 +93,9 @@ TEST_CASE("jacfwd, jacrev and hessian") {
 }
 
 TEST_CASE("vmap: tree-prefix in_axes, out_axes, nesting, axis_size") {
-  auto f = [](const std::map<std::string, Array>& p, const Array& x) { return lax::add(lax::mul(p.at("w"), x), p.at("b")); };
+  auto f = [](const std::map<std::string, Array>& p, const Array& x) {
+    return lax::add(lax::mul(p.at("w"), x), p.at("b"));
+  };
   std::map<std::string, Array> p{{"w", arr<float>({1, 2, 3, 4, 5, 6}, {2, 3})}, {"b", arr<float>({10, 20, 30})}};
   Array x = arr<float>({1, 1, 1});
   // p["w"] mapped over axis 0, p["b"] not, x not.
@@ -106,8 +106,7 @@ TEST_CASE("vmap: tree-prefix in_axes, out_axes, nesting, axis_size") {
   CHECK(out1.shape() == Shape{3, 2});
   CHECK(vals(out1) == std::vector<double>{11, 14, 22, 25, 33, 36});
   // A mismatched prefix names the argument.
-  CHECK_ERR(vmap(f, {std::map<std::string, AxisSpec>{{"w", 0}}, None})(p, x), ValueError, "argument 0",
-            "tree prefix");
+  CHECK_ERR(vmap(f, {std::map<std::string, AxisSpec>{{"w", 0}}, None})(p, x), ValueError, "argument 0", "tree prefix");
   // Nested vmap computes an outer product.
   auto mul = [](const Array& a, const Array& b) { return lax::mul(a, b); };
   Array outer = vmap(vmap(mul, {None, 0}), {0, None})(arr<float>({1, 2}), arr<float>({3, 4, 5}));

@@ -26,7 +26,9 @@ std::vector<float> firsts(const std::vector<Array>& ls) {
   for (const auto& l : ls) out.push_back(l.to_vector<float>().at(0));
   return out;
 }
-Array plus1(const Array& x) { return lax::add(x, jnp::array<float>(std::vector<float>(size_t(x.size()), 1.f), x.shape())); }
+Array plus1(const Array& x) {
+  return lax::add(x, jnp::array<float>(std::vector<float>(size_t(x.size()), 1.f), x.shape()));
+}
 
 }  // namespace
 
@@ -140,8 +142,8 @@ TEST_CASE("Dict: misuse errors name the key path") {
                        ValueError);
   CHECK_THROWS_WITH_AS(cp["layers"].array(), doctest::Contains("not an array leaf"), ValueError);
   CHECK_THROWS_WITH_AS(p["layers"]["x"], doctest::Contains("cannot be indexed with the string key 'x'"), ValueError);
-  CHECK_THROWS_WITH_AS(p["layers"][0]["w"]["x"], doctest::Contains("key path ['layers'][0]['w'] is an array leaf f32[1]"),
-                       ValueError);
+  CHECK_THROWS_WITH_AS(p["layers"][0]["w"]["x"],
+                       doctest::Contains("key path ['layers'][0]['w'] is an array leaf f32[1]"), ValueError);
   CHECK_THROWS_WITH_AS(p["layers"][0]["w"][0], doctest::Contains("integer key 0"), ValueError);
   CHECK_THROWS_WITH_AS(p["layers"][-1], doctest::Contains("negative key -1"), ValueError);
   // A never-assigned entry created by non-const operator[] is None.
@@ -170,7 +172,8 @@ TEST_CASE("Dict flattening is in sorted key order; ints numerically") {
   auto lp = tree::leaves_with_path(d);
   std::vector<std::string> paths;
   for (auto& [p, a] : lp) paths.push_back(p.str());
-  CHECK(paths == std::vector<std::string>{"['Beta']", "['alpha']", "['mid'][0]", "['mid'][2]", "['mid'][10]", "['zeta']"});
+  CHECK(paths ==
+        std::vector<std::string>{"['Beta']", "['alpha']", "['mid'][0]", "['mid'][2]", "['mid'][10]", "['zeta']"});
 }
 
 TEST_CASE("every container kind: leaves, structure printing, map, unflatten") {
@@ -446,10 +449,11 @@ TEST_CASE("unflatten round trips and leaf-count errors") {
   CHECK(val(asdict[0]["b"]) == 2);
   CHECK(val(asdict[1][0]) == 3);
 
-  CHECK_THROWS_WITH_AS(tree::unflatten(td, {f32v({1})}),
-                       doctest::Contains("has 3 leaves but 1 were given"), ValueError);
+  CHECK_THROWS_WITH_AS(tree::unflatten(td, {f32v({1})}), doctest::Contains("has 3 leaves but 1 were given"),
+                       ValueError);
   CHECK_THROWS_WITH_AS(tree::unflatten(l, {f32v({1})}), doctest::Contains("too few leaves"), ValueError);
   CHECK_THROWS_WITH_AS(tree::unflatten(l, {f32v({1}), f32v({1}), f32v({1})}),
-                       doctest::Contains("got 3 leaves but the structure PyTreeDef(CustomNode(Linear[('w', 'b')], [*, *])) has 2"),
+                       doctest::Contains(
+                           "got 3 leaves but the structure PyTreeDef(CustomNode(Linear[('w', 'b')], [*, *])) has 2"),
                        ValueError);
 }

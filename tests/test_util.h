@@ -20,11 +20,14 @@ inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 inline const DType kAllDTypes[] = {bool_, i8, i16, i32, i64, u8, u32, bf16, f16, f32, f64};
 
 // A 1-D (or shaped) array of element type T from doubles (half types rounded through float).
-template <class T> Array arr(const std::vector<double>& v, Shape s = {}) {
+template <class T>
+Array arr(const std::vector<double>& v, Shape s = {}) {
   std::vector<T> d;
   for (double x : v) {
-    if constexpr (std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>) d.push_back(T(float(x)));
-    else d.push_back(T(x));
+    if constexpr (std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>)
+      d.push_back(T(float(x)));
+    else
+      d.push_back(T(x));
   }
   if (s.empty()) s = {int64_t(v.size())};
   return numpy::array<T>(d, s);
@@ -52,9 +55,13 @@ inline std::vector<double> expect_idx(const std::vector<int64_t>& idx, DType d) 
 inline std::vector<double> vals(const Array& a) { return a.astype(f64).to_vector<double>(); }
 inline std::vector<double> dv(const Array& a) { return a.to_vector<double>(); }
 inline std::vector<int64_t> iv(const Array& a) { return a.to_vector<int64_t>(); }
-template <class T> std::vector<T> vec(const Array& a) { return a.to_vector<T>(); }
+template <class T>
+std::vector<T> vec(const Array& a) {
+  return a.to_vector<T>();
+}
 // The text operator<< prints (jaxprs, arrays).
-template <class J> std::string text(const J& j) {
+template <class J>
+std::string text(const J& j) {
   std::ostringstream os;
   os << j;
   return os.str();
@@ -94,16 +101,16 @@ inline void check_vmap_matches_stack(const std::function<Array(const std::vector
 // CJAX_DISABLE_JIT=1 runs every function op by op: TEST_CASE("..." CJAX_JIT_ONLY).
 #define CJAX_JIT_ONLY *doctest::skip(cjax::config::disable_jit())
 
-#define CHECK_ERR(expr, Type, ...)                                                                   \
-  do {                                                                                               \
-    bool thrown_ = false;                                                                            \
-    try {                                                                                            \
-      (void)(expr);                                                                                  \
-    } catch (const Type& e_) {                                                                       \
-      thrown_ = true;                                                                                \
-      std::string w_ = e_.what();                                                                    \
-      for (std::string part_ : {__VA_ARGS__})                                                        \
+#define CHECK_ERR(expr, Type, ...)                                                                  \
+  do {                                                                                              \
+    bool thrown_ = false;                                                                           \
+    try {                                                                                           \
+      (void)(expr);                                                                                 \
+    } catch (const Type& e_) {                                                                      \
+      thrown_ = true;                                                                               \
+      std::string w_ = e_.what();                                                                   \
+      for (std::string part_ : {__VA_ARGS__})                                                       \
         CHECK_MESSAGE(w_.find(part_) != std::string::npos, "missing '" << part_ << "' in: " << w_); \
-    }                                                                                                \
-    CHECK_MESSAGE(thrown_, #expr " did not throw " #Type);                                           \
+    }                                                                                               \
+    CHECK_MESSAGE(thrown_, #expr " did not throw " #Type);                                          \
   } while (0)

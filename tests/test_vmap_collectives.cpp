@@ -72,8 +72,9 @@ TEST_CASE("pmean, pmax, pmin over the batch; psum of an unbatched value multipli
   CHECK(vals(with([](const Array& e) { return lax::pmin(e, "b"); })) == std::vector<double>{1, 1, 1, 1, 1});
   check_all_close(with([](const Array& e) { return lax::pmean(e, "b"); }), jnp::full({5}, 2.8f));
   CHECK(vals(with([](const Array& e) { return e - lax::pmax(e, "b"); })) == std::vector<double>{-2, -4, -1, -4, 0});
-  CHECK(vmap([](const Array& e) { return lax::axis_size("b") + 0 * e; }, 0, 0, named("b"))(x).astype(i32).to_vector<int32_t>() ==
-        std::vector<int32_t>{5, 5, 5, 5, 5});
+  CHECK(vmap([](const Array& e) { return lax::axis_size("b") + 0 * e; }, 0, 0, named("b"))(x)
+            .astype(i32)
+            .to_vector<int32_t>() == std::vector<int32_t>{5, 5, 5, 5, 5});
   // Unbatched operands: a constant (the front end multiplies), and a traced value of an
   // enclosing jit (the batching rule multiplies).
   auto scale = [](const Array& e, const Array& w) { return e * lax::psum(w, "b"); };
@@ -118,8 +119,8 @@ TEST_CASE("all_gather over the batch gives every example the whole batch") {
   CHECK(t.shape() == Shape{3, 2, 3});
   check_all_close(take_example(t, 0, 1), xs.T());
   // An unbatched operand under jit: every member contributes the same value.
-  auto g = jit(vmap([](const Array& e, const Array& w) { return e + jnp::sum(lax::all_gather(w, "b")); },
-                    {0, None}, 0, named("b")));
+  auto g = jit(vmap([](const Array& e, const Array& w) { return e + jnp::sum(lax::all_gather(w, "b")); }, {0, None}, 0,
+                    named("b")));
   CHECK(vals(g(arange_f(3), Array(2.f))) == std::vector<double>{6, 7, 8});
 }
 
@@ -136,7 +137,8 @@ TEST_CASE("psum_scatter over the batch: member k gets the sum of chunk k") {
   check_all_close(jit(f)(xs), tiled);
   // A rank-2 example scattered along its dimension 1.
   Array m = arange_f(3 * 2 * 3).reshape({3, 2, 3});
-  Array r = vmap([](const Array& e) { return lax::psum_scatter(e, "b", {.scatter_dimension = 1}); }, 0, 0, named("b"))(m);
+  Array r =
+      vmap([](const Array& e) { return lax::psum_scatter(e, "b", {.scatter_dimension = 1}); }, 0, 0, named("b"))(m);
   VA mex = examples(m);
   for (int64_t k = 0; k < 3; ++k) check_all_close(take_example(r, 0, k), ref_psum_scatter(mex, k, 1, false));
 }
@@ -161,8 +163,9 @@ TEST_CASE("all_to_all over the batch equals the loop reference") {
     int split, concat;
     bool tiled;
   };
-  for (Case c : {Case{{2, 3}, 0, 1, false}, Case{{3, 2}, 1, 0, false}, Case{{2, 3}, 0, 0, false},
-                 Case{{4, 3}, 0, 1, true}, Case{{2, 4}, 1, 0, true}, Case{{4, 2}, 0, 0, true}, Case{{2, 6}, 1, 1, true}}) {
+  for (Case c :
+       {Case{{2, 3}, 0, 1, false}, Case{{3, 2}, 1, 0, false}, Case{{2, 3}, 0, 0, false}, Case{{4, 3}, 0, 1, true},
+        Case{{2, 4}, 1, 0, true}, Case{{4, 2}, 0, 0, true}, Case{{2, 6}, 1, 1, true}}) {
     CAPTURE(c.split);
     CAPTURE(c.concat);
     CAPTURE(c.tiled);
@@ -173,7 +176,8 @@ TEST_CASE("all_to_all over the batch equals the loop reference") {
     auto f = vmap([&](const Array& e) { return lax::all_to_all(e, "b", c.split, c.concat, {.tiled = c.tiled}); }, 0, 0,
                   named("b"));
     Array got = f(xs);
-    for (int64_t k = 0; k < B; ++k) check_all_close(take_example(got, 0, k), ref_all_to_all(ex, k, c.split, c.concat, c.tiled));
+    for (int64_t k = 0; k < B; ++k)
+      check_all_close(take_example(got, 0, k), ref_all_to_all(ex, k, c.split, c.concat, c.tiled));
     check_all_close(jit(f)(xs), got);
   }
   // By hand: examples [[0 1] [2 3]] and [[4 5] [6 7]], split rows, stack the pieces as columns.
@@ -206,8 +210,11 @@ TEST_CASE("grad and jit compose with collectives over the vmapped axis") {
   // ppermute's transpose: L = sum_k w_k * x_{k-1} -> dL/dx_j = w_{j+1}.
   Array w = jnp::array<float>({1, 10, 100, 1000});
   auto shift_loss = [w](const Array& xs) {
-    auto f = vmap([](const Array& e, const Array& we) { return we * lax::ppermute(e, "b", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); },
-                  {0, 0}, 0, named("b"));
+    auto f = vmap(
+        [](const Array& e, const Array& we) {
+          return we * lax::ppermute(e, "b", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+        },
+        {0, 0}, 0, named("b"));
     return jnp::sum(f(xs, w));
   };
   CHECK(vals(grad(shift_loss)(x)) == std::vector<double>{10, 100, 1000, 1});
@@ -221,9 +228,19 @@ TEST_CASE("nested vmaps resolve each axis name to its own level") {
   };
   CHECK(vals(run("c")) == std::vector<double>{3, 3, 3, 12, 12, 12});  // row sums
   CHECK(vals(run("b")) == std::vector<double>{3, 5, 7, 3, 5, 7});     // column sums
-  Array both = vmap(vmap([](const Array& e) { return lax::psum(e, {"b", "c"}); }, 0, 0, named("c")), 0, 0, named("b"))(xs);
+  Array both = vmap(vmap(
+                        [](const Array& e) {
+                          return lax::psum(e, {"b", "c"});
+                        },
+                        0, 0, named("c")),
+                    0, 0, named("b"))(xs);
   CHECK(vals(both) == std::vector<double>(6, 15));
-  Array ix = vmap(vmap([](const Array&) { return lax::axis_index({"b", "c"}); }, 0, 0, named("c")), 0, 0, named("b"))(xs);
+  Array ix = vmap(vmap(
+                      [](const Array&) {
+                        return lax::axis_index({"b", "c"});
+                      },
+                      0, 0, named("c")),
+                  0, 0, named("b"))(xs);
   CHECK(iv(ix) == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
   // The same name twice: the inner vmap shadows the outer one.
   Array shadow = vmap(vmap([](const Array& e) { return lax::psum(e, "b"); }, 0, 0, named("b")), 0, 0, named("b"))(xs);
@@ -257,7 +274,9 @@ TEST_CASE("a vmap inside shard_map uses both the batch axis and the mesh axis") 
   }
   // psum over the mesh axis alone inside the vmap: row b of each device summed across devices.
   auto over_i = shard_map(
-      [](const Array& block) { return vmap([](const Array& r) { return lax::psum(r, "i"); }, 0, 0, named("b"))(block); },
+      [](const Array& block) {
+        return vmap([](const Array& r) { return lax::psum(r, "i"); }, 0, 0, named("b"))(block);
+      },
       mesh, P("i"), P());
   check_all_close(over_i(x), rows(x, 0, 2) + rows(x, 2, 4), 1e-6);
   check_all_close(jit(over_i)(x), rows(x, 0, 2) + rows(x, 2, 4), 1e-6);
@@ -289,7 +308,12 @@ TEST_CASE("errors: an unbound name, and a vmapped axis mixed with other axes whe
   CHECK_ERR(vmap([](const Array& e) { return lax::psum(e, "c"); }, 0, 0, named("b"))(jnp::ones({2})), AxisNameError,
             "unbound axis name: c");
   Array xs = arange_f(6).reshape({2, 3});
-  CHECK_ERR(vmap(vmap([](const Array& e) { return lax::all_gather(e, {"b", "c"}); }, 0, 0, named("c")), 0, 0, named("b"))(xs),
+  CHECK_ERR(vmap(vmap(
+                     [](const Array& e) {
+                       return lax::all_gather(e, {"b", "c"});
+                     },
+                     0, 0, named("c")),
+                 0, 0, named("b"))(xs),
             ValueError, "all_gather", "one vmapped axis");
   CHECK_ERR(vmap([](const Array& e) { return lax::psum_scatter(e, "b"); }, 0, 0, named("b"))(xs), ValueError,
             "scatter dimension size 3 must match shard count 2");

@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "core/array/array_impl.h"
-#include "core/spmd/collectives.h"
 #include "core/array/spmd.h"
 #include "core/lax/rule_support.h"
+#include "core/spmd/collectives.h"
 #include "trace/jaxpr.h"
 
 namespace cjax {
@@ -61,10 +61,10 @@ std::pair<Array, int> BatchTrace::unpack(const Array& x, const PrimitiveDef* def
   if (auto* t = dynamic_cast<BatchTracer*>(x.impl()); t && t->trace == this && t->is_live()) return {t->val, t->bdim};
   if (auto* t = dynamic_cast<Tracer*>(x.impl()); t && !is_ancestor_of(*t, *this)) {
     if (def) raise_escaped_tracer(x, *def);
-    throw EscapedTracerError(fmt::format(
-        "vmap: the function returned a value of type {} from a finished transformation; a tracer escaped "
-        "its trace (for example it was stored in a global or captured by a lambda that outlived it).{}",
-        x.aval().str(), tracer_origin(x)));
+    throw EscapedTracerError(
+        fmt::format("vmap: the function returned a value of type {} from a finished transformation; a tracer escaped "
+                    "its trace (for example it was stored in a global or captured by a lambda that outlived it).{}",
+                    x.aval().str(), tracer_origin(x)));
   }
   return {x, kNotMapped};
 }
@@ -123,9 +123,10 @@ std::vector<Array> vmap_flat(const std::function<std::vector<Array>(const std::v
     int to = out_axis(j, rank);
     if (to == kNotMapped) {
       if (d != kNotMapped)
-        throw ValueError(fmt::format("vmap has mapped output {} (of type {} per example) but out_axes is None for "
-                                     "it; give it an out axis, or make it independent of the mapped inputs",
-                                     j, outs[j].aval().str()));
+        throw ValueError(
+            fmt::format("vmap has mapped output {} (of type {} per example) but out_axes is None for "
+                        "it; give it an out axis, or make it independent of the mapped inputs",
+                        j, outs[j].aval().str()));
       result.push_back(v);
       continue;
     }

@@ -51,8 +51,7 @@ void record(const PrimitiveDef& def, const Params& p, std::span<const Array> in,
 }  // namespace
 
 CollectiveRecorder::CollectiveRecorder() {
-  if (g_recording.exchange(true))
-    throw ValueError("a CollectiveRecorder is already recording; use one at a time");
+  if (g_recording.exchange(true)) throw ValueError("a CollectiveRecorder is already recording; use one at a time");
   clear();
   set_collective_observer(record);
 }

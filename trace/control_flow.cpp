@@ -2,8 +2,6 @@
 // flat entry points behind cjax/control_flow.h. Rules: autodiff/rules_control_flow.cpp and
 // trace/control_flow_batching.cpp.
 #include "trace/control_flow.h"
-#include "core/spmd/collectives.h"
-#include "core/array/spmd.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,7 +13,9 @@
 #include "cjax/numpy.h"
 #include "core/array/array_impl.h"
 #include "core/array/rules.h"
+#include "core/array/spmd.h"
 #include "core/lax/rule_support.h"
+#include "core/spmd/collectives.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax {
@@ -239,8 +239,12 @@ std::vector<Array> bind_while(const WhileParams& wp, std::span<const Array> args
 }
 
 ScanParams scan_params(const Params& p) {
-  return ScanParams{p.object<JaxprParam>("jaxpr")->jaxpr, p.i("length"), p.i("num_consts"), p.i("num_carry"),
-                    p.i("unroll"), p.get<bool>("reverse")};
+  return ScanParams{p.object<JaxprParam>("jaxpr")->jaxpr,
+                    p.i("length"),
+                    p.i("num_consts"),
+                    p.i("num_carry"),
+                    p.i("unroll"),
+                    p.get<bool>("reverse")};
 }
 
 std::vector<Array> bind_scan(const ScanParams& sp, std::span<const Array> args) {
@@ -286,9 +290,9 @@ void check_same_avals(const char* api, const std::string& a_name, const std::str
   for (size_t i = 0; i < a.size(); ++i) {
     if (same_type(a[i], b[i])) continue;
     std::string msg = fmt::format(
-        "{}: the {} of {} has type {} but the corresponding output of {} has type {}, so the {} do not match; {}",
-        api, leaf_name(tree, i), a_name, a[i].str(), b_name, b[i].str(),
-        a[i].dtype != b[i].dtype ? "dtypes" : "shapes", fix);
+        "{}: the {} of {} has type {} but the corresponding output of {} has type {}, so the {} do not match; {}", api,
+        leaf_name(tree, i), a_name, a[i].str(), b_name, b[i].str(), a[i].dtype != b[i].dtype ? "dtypes" : "shapes",
+        fix);
     if (a[i].dtype != b[i].dtype) throw DTypeError(msg);
     throw ShapeError(msg);
   }
@@ -320,7 +324,6 @@ void check_carry(const char* api, const std::vector<Array>& init, const std::vec
     throw ShapeError(msg);
   }
 }
-
 
 // ---- varying manual axes inside shard_map (docs/shard_map.md §2.2, §2.5, decisions D1 and D3) ----
 
@@ -362,8 +365,8 @@ std::vector<AbstractValue> slice_avals(const std::vector<AbstractValue>& a, size
 void check_same_structure(const char* what, const TreeDef& a, const TreeDef& b, const char* a_name,
                           const char* b_name) {
   if (a == b) return;
-  throw ValueError(fmt::format("{}: {} and {} must have the same tree structure, but {} is {} and {} is {} ({})",
-                               what, a_name, b_name, a_name, a.str(), b_name, b.str(), a.difference(b)));
+  throw ValueError(fmt::format("{}: {} and {} must have the same tree structure, but {} is {} and {} is {} ({})", what,
+                               a_name, b_name, a_name, a.str(), b_name, b.str(), a.difference(b)));
 }
 
 bool is_concrete_scalar(const Array& x) { return x.defined() && concrete(x) && x.ndim() == 0; }
@@ -375,9 +378,10 @@ std::vector<Array> cond_flat(const Array& pred, const std::vector<FlatFn>& branc
   const char* what = is_switch ? "index" : "pred";
   if (!pred.defined()) throw ValueError(fmt::format("{}: the {} is an empty Array handle", api, what));
   if (pred.ndim() != 0)
-    throw ShapeError(fmt::format("{}: the {} must be a scalar, got an array of type {}; reduce it to one value "
-                                 "(e.g. with all/any) or use vmap for a per-example {}",
-                                 api, what, pred.aval().str(), what));
+    throw ShapeError(
+        fmt::format("{}: the {} must be a scalar, got an array of type {}; reduce it to one value "
+                    "(e.g. with all/any) or use vmap for a per-example {}",
+                    api, what, pred.aval().str(), what));
   if (branches.empty()) throw ValueError(fmt::format("{}: no branches given; pass at least one function", api));
   for (const Array& o : operands)
     if (!o.defined()) throw ValueError(fmt::format("{}: an operand holds an empty Array handle", api));
@@ -387,8 +391,7 @@ std::vector<Array> cond_flat(const Array& pred, const std::vector<FlatFn>& branc
       throw DTypeError(fmt::format("lax::switch_: the index must be an integer scalar, got {}", pred.aval().str()));
     if (branches.size() == 1) return branches[0](operands);
     index = pred;
-    if (index.dtype() != DType::int32 || index.aval().weak_type)
-      index = lax::convert_element_type(index, DType::int32);
+    if (index.dtype() != DType::int32 || index.aval().weak_type) index = lax::convert_element_type(index, DType::int32);
     index = lax::clamp(make_scalar(0, DType::int32), index, make_scalar(double(branches.size() - 1), DType::int32));
   } else {
     Array p = pred.dtype() == DType::bool_ ? pred : (pred != Array(0));
@@ -398,7 +401,8 @@ std::vector<Array> cond_flat(const Array& pred, const std::vector<FlatFn>& branc
   for (const std::string& n : names) whats.push_back(std::string(api) + " " + n);
   // D1: the branch taken varies where the predicate does, so the operands enter the branches
   // varying over the predicate's axes (their cotangents then sum over those axes)...
-  std::vector<Array> ops_in = pvary_to(operands, std::vector<std::vector<std::string>>(operands.size(), index.aval().vma));
+  std::vector<Array> ops_in =
+      pvary_to(operands, std::vector<std::vector<std::string>>(operands.size(), index.aval().vma));
   TracedBranches tb = trace_branches(branches, avals_of(ops_in), whats);
   // ... and every output varies over the axes any branch's output or the predicate varies over; branch
   // outputs are pvary'd up to that (JAX ignores the predicate, which is unsound: docs/shard_map.md §2.5).
@@ -494,16 +498,17 @@ std::vector<Array> scan_flat(const FlatFn& body, const std::vector<Array>& init_
   for (size_t k = 0; k < xs.size(); ++k) {
     if (!xs[k].defined()) throw ValueError("lax::scan: xs holds an empty Array handle");
     if (xs[k].ndim() == 0)
-      throw ShapeError(fmt::format("lax::scan: xs leaf {} has type {}, with no leading axis to scan over", k,
-                                   xs[k].aval().str()));
+      throw ShapeError(
+          fmt::format("lax::scan: xs leaf {} has type {}, with no leading axis to scan over", k, xs[k].aval().str()));
     int64_t n = xs[k].shape()[0];
     if (length && *length != n) {
       std::vector<std::string> sizes;
       for (const Array& x : xs) sizes.push_back(std::to_string(x.ndim() ? x.shape()[0] : 0));
-      throw ShapeError(fmt::format("lax::scan: got {} {} which disagrees with the leading axis sizes of xs: {}; "
-                                   "make every leaf of xs (and .length) agree",
-                                   opts.length ? "`length` argument of" : "leading axis size",
-                                   opts.length ? *opts.length : *length, fmt::join(sizes, ", ")));
+      throw ShapeError(
+          fmt::format("lax::scan: got {} {} which disagrees with the leading axis sizes of xs: {}; "
+                      "make every leaf of xs (and .length) agree",
+                      opts.length ? "`length` argument of" : "leading axis size", opts.length ? *opts.length : *length,
+                      fmt::join(sizes, ", ")));
     }
     length = n;
   }

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cjax/control_flow.h"
-#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 #include "trace/jaxpr.h"
+#include "trace/jaxpr_trace.h"  // TracedCall, trace_to_call
 
 namespace cjax {
 

@@ -8,16 +8,17 @@
 #include <fmt/format.h>
 
 #include "cjax/lax.h"
-#include "trace/control_flow.h"
 #include "core/array/rules.h"
 #include "core/lax/rule_support.h"
 #include "trace/batching.h"
+#include "trace/control_flow.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax {
 namespace {
 
-template <class T> std::vector<T> cat(std::vector<T> a, const std::vector<T>& b) {
+template <class T>
+std::vector<T> cat(std::vector<T> a, const std::vector<T>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
@@ -73,11 +74,10 @@ std::vector<bool> carry_fixpoint(const JaxprPtr& body, std::vector<bool> in_b, s
 }
 
 // Inputs moved to axis `to` where batched (`b`), broadcast where `b` but unbatched.
-std::vector<Array> move_all(std::span<const Array> args, std::span<const int> bdims, const std::vector<bool>& b,
-                            int to, int64_t size) {
+std::vector<Array> move_all(std::span<const Array> args, std::span<const int> bdims, const std::vector<bool>& b, int to,
+                            int64_t size) {
   std::vector<Array> out;
-  for (size_t i = 0; i < args.size(); ++i)
-    out.push_back(b[i] ? move_bdim(args[i], bdims[i], to, size) : args[i]);
+  for (size_t i = 0; i < args.size(); ++i) out.push_back(b[i] ? move_bdim(args[i], bdims[i], to, size) : args[i]);
   return out;
 }
 
@@ -140,9 +140,9 @@ BatchOut while_batch(std::span<const Array> args, std::span<const int> bdims, co
     args_out = cat(cat(cat(cj.consts, cconsts), cat(bj.consts, bconsts)), carry);
   } else {
     // Run while any element's predicate holds; finished elements keep their carry.
-    cj = trace_to_call(
-        [&](const std::vector<Array>& xs) { return std::vector<Array>{lax::reduce_or(cond_b(xs)[0], {0})}; },
-        cavals);
+    cj = trace_to_call([&](const std::vector<Array>&
+                               xs) { return std::vector<Array>{lax::reduce_or(cond_b(xs)[0], {0})}; },
+                       cavals);
     std::vector<AbstractValue> avals(cavals.begin(), cavals.begin() + std::ptrdiff_t(nc));
     avals = cat(avals, bavals);
     bj = trace_to_call(
@@ -158,9 +158,9 @@ BatchOut while_batch(std::span<const Array> args, std::span<const int> bdims, co
     args_out = cat(cat(cat(cj.consts, cconsts), cat(cat(bj.consts, cconsts), bconsts)), carry);
     nb += nc;
   }
-  std::vector<Array> outs = bind_while(WhileParams{cj.jaxpr, bj.jaxpr, int64_t(cj.consts.size() + nc),
-                                                   int64_t(bj.consts.size() + nb)},
-                                       args_out);
+  std::vector<Array> outs =
+      bind_while(WhileParams{cj.jaxpr, bj.jaxpr, int64_t(cj.consts.size() + nc), int64_t(bj.consts.size() + nb)},
+                 args_out);
   BatchOut r{outs, {}};
   for (bool b : carry_b) r.bdims.push_back(b ? 0 : kNotMapped);
   return r;
@@ -180,9 +180,9 @@ BatchOut scan_batch(std::span<const Array> args, std::span<const int> bdims, con
   std::vector<Array> moved;
   for (size_t i = 0; i < args.size(); ++i)
     moved.push_back(in_b[i] ? move_bdim(args[i], bdims[i], i < nc + ncar ? 0 : 1, axis.size) : args[i]);
-  std::vector<Array> outs = bind_scan(
-      ScanParams{bt.jaxpr, sp.length, int64_t(bt.consts.size() + nc), int64_t(ncar), sp.unroll, sp.reverse},
-      cat(bt.consts, moved));
+  std::vector<Array> outs =
+      bind_scan(ScanParams{bt.jaxpr, sp.length, int64_t(bt.consts.size() + nc), int64_t(ncar), sp.unroll, sp.reverse},
+                cat(bt.consts, moved));
   BatchOut r{outs, {}};
   for (size_t c = 0; c < ncar; ++c) r.bdims.push_back(force[c] ? 0 : kNotMapped);
   for (size_t k = 0; k < ny; ++k) r.bdims.push_back(natural[ncar + k] ? 1 : kNotMapped);

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <optional>
-
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -23,22 +22,25 @@ std::string shape_str(const Shape& s) {
 
 void check_args(const char* what, const std::vector<Var>& vars, std::span<const Array> vals) {
   if (vars.size() != vals.size())
-    throw ValueError(fmt::format("eval_jaxpr: the jaxpr has {} {}, but {} values were passed; pass exactly one "
-                                 "value per {}",
-                                 vars.size(), what, vals.size(), what == std::string("invars") ? "input" : "constvar"));
+    throw ValueError(
+        fmt::format("eval_jaxpr: the jaxpr has {} {}, but {} values were passed; pass exactly one "
+                    "value per {}",
+                    vars.size(), what, vals.size(), what == std::string("invars") ? "input" : "constvar"));
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!vals[i].defined())
       throw ValueError(fmt::format("eval_jaxpr: {} {} is an empty Array handle; pass a defined Array", what, i));
     const AbstractValue& want = vars[i].aval();
     const AbstractValue& got = vals[i].aval();
     if (want.shape != got.shape)
-      throw ShapeError(fmt::format("eval_jaxpr: {} {} has type {} (shape {}), but the jaxpr expects {} (shape {}); "
-                                   "pass an array of the traced shape",
-                                   what, i, got.str(), shape_str(got.shape), want.str(), shape_str(want.shape)));
+      throw ShapeError(
+          fmt::format("eval_jaxpr: {} {} has type {} (shape {}), but the jaxpr expects {} (shape {}); "
+                      "pass an array of the traced shape",
+                      what, i, got.str(), shape_str(got.shape), want.str(), shape_str(want.shape)));
     if (want.dtype != got.dtype)
-      throw DTypeError(fmt::format("eval_jaxpr: {} {} has type {} (dtype {}), but the jaxpr expects {} (dtype {}); "
-                                   "convert it with astype",
-                                   what, i, got.str(), dtype_name(got.dtype), want.str(), dtype_name(want.dtype)));
+      throw DTypeError(
+          fmt::format("eval_jaxpr: {} {} has type {} (dtype {}), but the jaxpr expects {} (dtype {}); "
+                      "convert it with astype",
+                      what, i, got.str(), dtype_name(got.dtype), want.str(), dtype_name(want.dtype)));
   }
 }
 
@@ -72,9 +74,10 @@ std::vector<Array> eval_jaxpr(const Jaxpr& jaxpr, std::span<const Array> consts,
     if (auto* l = std::get_if<Literal>(&a)) return l->value();
     auto it = env.find(std::get<Var>(a).id());
     if (it == env.end())
-      throw Error(fmt::format("eval_jaxpr: {} uses a variable of type {} that is not defined before it; "
-                              "validate the jaxpr with check_jaxpr",
-                              where, std::get<Var>(a).aval().str()));
+      throw Error(
+          fmt::format("eval_jaxpr: {} uses a variable of type {} that is not defined before it; "
+                      "validate the jaxpr with check_jaxpr",
+                      where, std::get<Var>(a).aval().str()));
     return it->second;
   };
   std::vector<Array> ins;
@@ -138,8 +141,7 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
     if (const PrimitiveRules* r = find_rules(*e.primitive); r && r->body_manual_axes)
       manual.emplace(r->body_manual_axes(e.params));
     for (const auto& [name, val] : e.params.items())
-      if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val))
-      {
+      if (auto* obj = std::get_if<std::shared_ptr<const ParamObject>>(&val)) {
         if (auto* jp = dynamic_cast<const JaxprParam*>(obj->get()); jp && jp->jaxpr)
           check_rec(*jp->jaxpr, fmt::format("{} (in param {} of equation {} `{}`)", where, name, k, eqn_str(e)));
         if (auto* jl = dynamic_cast<const JaxprListParam*>(obj->get()))
@@ -163,10 +165,11 @@ void check_rec(const Jaxpr& jaxpr, const std::string& where) {
       if (!o.defined()) throw Error(fmt::format("check_jaxpr{}: {}: output {} is an empty variable", where, ctx(), i));
       if (!(o.aval() == want[i]))
         throw Error(fmt::format("check_jaxpr{}: {}: output {} has type {}{}, but {} gives {}{}", where, ctx(), i,
-                                o.aval().str(), o.aval().weak_type ? " (weak)" : "", e.primitive->name,
-                                want[i].str(), want[i].weak_type ? " (weak)" : ""));
+                                o.aval().str(), o.aval().weak_type ? " (weak)" : "", e.primitive->name, want[i].str(),
+                                want[i].weak_type ? " (weak)" : ""));
     }
-    for (size_t i = 0; i < e.outputs.size(); ++i) define(e.outputs[i], [&] { return ctx() + fmt::format(" output {}", i); });
+    for (size_t i = 0; i < e.outputs.size(); ++i)
+      define(e.outputs[i], [&] { return ctx() + fmt::format(" output {}", i); });
   }
   for (size_t i = 0; i < jaxpr.outvars().size(); ++i)
     if (auto* v = std::get_if<Var>(&jaxpr.outvars()[i]); v && (!v->defined() || !defined.count(v->id())))

@@ -1,11 +1,12 @@
 #include "trace/jaxpr.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <fmt/format.h>
 #include <map>
 #include <ostream>
 #include <set>
@@ -213,7 +214,8 @@ std::string atom_str(const Atom& a, Context& ctx) {
 }
 
 // pp_vars: nest(2, group(join(sep + group(brk()), vars))).
-template <class V> DocP pp_vars(const std::vector<V>& vs, Context& ctx, const std::string& sep, bool print_shapes) {
+template <class V>
+DocP pp_vars(const std::vector<V>& vs, Context& ctx, const std::string& sep, bool print_shapes) {
   std::vector<DocP> items;
   for (const auto& v : vs) {
     std::string s = atom_str(Atom(v), ctx);
@@ -224,7 +226,6 @@ template <class V> DocP pp_vars(const std::vector<V>& vs, Context& ctx, const st
 }
 
 DocP pp_jaxpr(const Jaxpr& j, Context& ctx);
-
 
 // JAX's pp_jaxprs: a tuple of jaxprs, one per line when it does not fit.
 DocP pp_jaxprs(const JaxprListParam& jl, Context& ctx) {
@@ -275,8 +276,8 @@ DocP pp_skeleton(const Jaxpr& j, Context& ctx) {
   for (const JaxprEqn& e : j.eqns()) eqns.push_back(pp_eqn(e, ctx));
   DocP eqns_doc = join(brk("; "), eqns);
   DocP outvars = concat({text("("), pp_vars(j.outvars(), ctx, ",", false), text(j.outvars().size() != 1 ? ")" : ",)")});
-  return concat({group(nest(2, concat({text("{ "), text("lambda "), constvars, text("; "), invars, text(". "), text("let"),
-                                      nest(2, concat({brk(), eqns_doc})), brk(), text("in "), outvars}))),
+  return concat({group(nest(2, concat({text("{ "), text("lambda "), constvars, text("; "), invars, text(". "),
+                                       text("let"), nest(2, concat({brk(), eqns_doc})), brk(), text("in "), outvars}))),
                  text(" }")});
 }
 

@@ -67,7 +67,10 @@ struct JaxprEqn {
 class Jaxpr {
  public:
   Jaxpr(std::vector<Var> constvars, std::vector<Var> invars, std::vector<JaxprEqn> eqns, std::vector<Atom> outvars)
-      : constvars_(std::move(constvars)), invars_(std::move(invars)), eqns_(std::move(eqns)), outvars_(std::move(outvars)) {}
+      : constvars_(std::move(constvars)),
+        invars_(std::move(invars)),
+        eqns_(std::move(eqns)),
+        outvars_(std::move(outvars)) {}
   const std::vector<Var>& constvars() const { return constvars_; }
   const std::vector<Var>& invars() const { return invars_; }
   const std::vector<JaxprEqn>& eqns() const { return eqns_; }

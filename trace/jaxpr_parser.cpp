@@ -1,19 +1,20 @@
 #include "trace/jaxpr_parser.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
-#include <fmt/format.h>
 #include <limits>
 #include <map>
 #include <optional>
 #include <unordered_map>
 
 #include "core/array/array_impl.h"
-#include "core/spmd/collectives.h"
-#include "trace/shard_map.h"
 #include "core/lax/gather_scatter.h"
 #include "core/lax/linalg.h"
+#include "core/spmd/collectives.h"
+#include "trace/shard_map.h"
 
 namespace cjax {
 namespace {
@@ -230,7 +231,6 @@ std::optional<ParamValue> read_fill_value(std::string_view text) {
 
 std::optional<ParamValue> read_text(std::string_view text) { return ParamValue(std::string(text)); }
 
-
 // ---- shard_map and collective parameters ----
 
 // The quoted names in `text`, in order: ('i', 'j') and frozenset({'i', 'j'}).
@@ -340,9 +340,9 @@ struct StructuredParam {
   ParamReader read;
 };
 
-const std::vector<std::string_view> kCollectives{"psum_invariant", "psum", "pmax", "pmin", "pvary", "all_gather",
-                                                  "all_gather_invariant", "reduce_scatter", "ppermute", "all_to_all",
-                                                  "axis_index", "pbroadcast"};
+const std::vector<std::string_view>
+    kCollectives{"psum_invariant",       "psum",           "pmax",     "pmin",       "pvary",      "all_gather",
+                 "all_gather_invariant", "reduce_scatter", "ppermute", "all_to_all", "axis_index", "pbroadcast"};
 const std::vector<std::string_view> kScatters{"scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max"};
 
 const std::vector<StructuredParam>& structured_params() {
@@ -362,8 +362,7 @@ const std::vector<StructuredParam>& structured_params() {
          "GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,), "
          "operand_batching_dims=(), start_indices_batching_dims=())",
          read_gather_dims},
-        {kScatters,
-         "dimension_numbers",
+        {kScatters, "dimension_numbers",
          "ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,), "
          "scatter_dims_to_operand_dims=(0,), operand_batching_dims=(), scatter_indices_batching_dims=())",
          read_scatter_dims},
@@ -400,7 +399,8 @@ ParamValue generic_param(std::string_view text) {
   int64_t i = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), i);
   if (ec == std::errc() && end == text.data() + text.size()) return i;
-  if (text.find_first_of(".eEn") != std::string_view::npos && text.find_first_of("0123456789n") != std::string_view::npos)
+  if (text.find_first_of(".eEn") != std::string_view::npos &&
+      text.find_first_of("0123456789n") != std::string_view::npos)
     if (auto d = full_double(text)) return *d;
   if (auto d = dtype_from_name(text); d && dtype_name(*d) == text) return *d;
   if (auto v = read_py(text); v && v->kind == PyValue::Kind::Tuple) {
@@ -459,8 +459,10 @@ class Parser {
   [[noreturn]] void fail_at(size_t at, const std::string& what) const {
     size_t line = 1, col = 1;
     for (size_t i = 0; i < at && i < s_.size(); ++i) {
-      if (s_[i] == '\n') ++line, col = 1;
-      else ++col;
+      if (s_[i] == '\n')
+        ++line, col = 1;
+      else
+        ++col;
     }
     throw ValueError(fmt::format("parse_jaxpr: line {}, column {}: {}", line, col, what));
   }
@@ -597,7 +599,8 @@ class Parser {
   Literal parse_literal() {
     skip_ws();
     size_t start = pos_;
-    while (pos_ < s_.size() && (is_name_char(s_[pos_]) || s_[pos_] == '.' || s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
+    while (pos_ < s_.size() && (is_name_char(s_[pos_]) || s_[pos_] == '.' || s_[pos_] == '-' || s_[pos_] == '+'))
+      ++pos_;
     std::string value(s_.substr(start, pos_ - start));
     if (value.empty()) expected("a literal like 2.0:f32[]");
     if (pos_ >= s_.size() || s_[pos_] != ':') expected(fmt::format("':' and a type after the literal '{}'", value));
@@ -610,7 +613,9 @@ class Parser {
     DType dt = aval.dtype;
     auto bad = [&]() -> Literal {
       fail_at(start, fmt::format("'{}' is not a {} literal (write e.g. {})", value, dtype_name(dt),
-                                 dt == bool_ ? "True:bool[]" : is_floating(dt) ? "2.0:f32[]" : "3:i32[]"));
+                                 dt == bool_       ? "True:bool[]"
+                                 : is_floating(dt) ? "2.0:f32[]"
+                                                   : "3:i32[]"));
     };
     if (dt == bool_) {
       if (value != "True" && value != "False") return bad();
@@ -651,8 +656,7 @@ class Parser {
           break;
         }
       }
-    } catch (const ValueError&) {
-    }
+    } catch (const ValueError&) {}
     pos_ = save;
     return yes;
   }
@@ -724,7 +728,8 @@ class Parser {
     for (size_t i = b; i < at; ++i)
       if (!std::isspace(static_cast<unsigned char>(s_[i]))) return false;
     size_t e = s_.find('\n', at);
-    return s_.substr(at, e == std::string_view::npos ? std::string_view::npos : e - at).find('=') != std::string_view::npos;
+    return s_.substr(at, e == std::string_view::npos ? std::string_view::npos : e - at).find('=') !=
+           std::string_view::npos;
   }
 
   Atom parse_output_atom() {
@@ -880,8 +885,10 @@ class Parser {
     if (!eqn.primitive->abstract_eval) return;
     std::vector<Array> ins;
     for (const Atom& a : eqn.inputs) {
-      if (auto* l = std::get_if<Literal>(&a)) ins.push_back(l->value());
-      else ins.push_back(make_abstract(std::get<Var>(a).aval()));
+      if (auto* l = std::get_if<Literal>(&a))
+        ins.push_back(l->value());
+      else
+        ins.push_back(make_abstract(std::get<Var>(a).aval()));
     }
     std::vector<AbstractValue> want;
     try {
@@ -921,8 +928,7 @@ class Parser {
     }
     expect('}', "closing the jaxpr");
     scopes_.pop_back();
-    return std::make_shared<const Jaxpr>(std::move(constvars), std::move(invars), std::move(eqns),
-                                         std::move(outvars));
+    return std::make_shared<const Jaxpr>(std::move(constvars), std::move(invars), std::move(eqns), std::move(outvars));
   }
 
   std::string_view s_;
@@ -939,17 +945,19 @@ ClosedJaxpr parse_closed_jaxpr(std::string_view text, std::vector<Array> consts)
   auto jaxpr = parse_jaxpr(text);
   const auto& cvs = jaxpr->constvars();
   if (consts.size() != cvs.size())
-    throw ValueError(fmt::format("parse_closed_jaxpr: the jaxpr has {} constvars, but {} consts were passed; pass "
-                                 "one Array per constvar",
-                                 cvs.size(), consts.size()));
+    throw ValueError(
+        fmt::format("parse_closed_jaxpr: the jaxpr has {} constvars, but {} consts were passed; pass "
+                    "one Array per constvar",
+                    cvs.size(), consts.size()));
   for (size_t i = 0; i < consts.size(); ++i) {
     if (!consts[i].defined())
       throw ValueError(fmt::format("parse_closed_jaxpr: const {} is an empty Array handle; pass a defined Array", i));
     const AbstractValue &want = cvs[i].aval(), &got = consts[i].aval();
     if (got.shape != want.shape || got.dtype != want.dtype)
-      throw ValueError(fmt::format("parse_closed_jaxpr: const {} has type {}, but its constvar has type {}; pass an "
-                                   "array of the constvar's shape and dtype",
-                                   i, got.str(), want.str()));
+      throw ValueError(
+          fmt::format("parse_closed_jaxpr: const {} has type {}, but its constvar has type {}; pass an "
+                      "array of the constvar's shape and dtype",
+                      i, got.str(), want.str()));
   }
   return ClosedJaxpr{std::move(jaxpr), std::move(consts)};
 }

@@ -1,4 +1,3 @@
-#include "core/array/util.h"
 #include "trace/jaxpr_trace.h"
 
 #include <fmt/format.h>
@@ -7,9 +6,10 @@
 #include <cstdlib>
 #include <unordered_map>
 
-#include "core/spmd/collectives.h"
 #include "core/array/rules.h"
 #include "core/array/spmd.h"
+#include "core/array/util.h"
+#include "core/spmd/collectives.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax {
@@ -26,8 +26,7 @@ struct JaxprTraceState {
   std::unordered_map<const void*, std::vector<int>> deps;
 };
 
-JaxprTrace::JaxprTrace(Mode mode)
-    : Trace(current_trace()), mode_(mode), state_(std::make_shared<JaxprTraceState>()) {}
+JaxprTrace::JaxprTrace(Mode mode) : Trace(current_trace()), mode_(mode), state_(std::make_shared<JaxprTraceState>()) {}
 JaxprTrace::~JaxprTrace() { state_->ended = true; }
 bool JaxprTrace::ended() const { return state_->ended; }
 
@@ -78,8 +77,9 @@ bool JaxprTrace::is_ancestor(const Tracer& t) const { return is_ancestor_of(t, *
 Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_index) {
   if (!x.defined()) {
     if (def) throw ValueError(fmt::format("'{}' received an empty Array handle", def->name));
-    throw ValueError(fmt::format("make_jaxpr: output {} of the function is an empty Array handle; return defined Arrays",
-                                 out_index));
+    throw ValueError(
+        fmt::format("make_jaxpr: output {} of the function is an empty Array handle; return defined Arrays",
+                    out_index));
   }
   ArrayImpl* impl = x.impl();
   if (impl->is_concrete())
@@ -98,16 +98,18 @@ Atom JaxprTrace::to_atom(const Array& x, const PrimitiveDef* def, size_t out_ind
   }
   if (t) {
     if (def) raise_escaped_tracer(x, *def);
-    throw EscapedTracerError(fmt::format(
-        "make_jaxpr: output {} of the function is an intermediate value of type {} from a finished "
-        "transformation. A tracer escaped its trace (for example it was stored in a global or captured by a "
-        "lambda that outlived jit/grad/make_jaxpr); return it from the transformed function instead.{}",
-        out_index, x.aval().str(), tracer_origin(x)));
+    throw EscapedTracerError(
+        fmt::
+            format("make_jaxpr: output {} of the function is an intermediate value of type {} from a finished "
+                   "transformation. A tracer escaped its trace (for example it was stored in a global or captured by a "
+                   "lambda that outlived jit/grad/make_jaxpr); return it from the transformed function instead.{}",
+                   out_index, x.aval().str(), tracer_origin(x)));
   }
-  throw ValueError(fmt::format(
-      "{} received an abstract value {} that has no data and belongs to no trace; pass a concrete Array or "
-      "a value computed from the traced arguments",
-      def ? fmt::format("'{}'", def->name) : fmt::format("make_jaxpr (output {})", out_index), x.aval().str()));
+  throw ValueError(
+      fmt::format("{} received an abstract value {} that has no data and belongs to no trace; pass a concrete Array or "
+                  "a value computed from the traced arguments",
+                  def ? fmt::format("'{}'", def->name) : fmt::format("make_jaxpr (output {})", out_index),
+                  x.aval().str()));
 }
 
 bool JaxprTrace::owns(const Array& x) const {

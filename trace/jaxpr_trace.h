@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "core/array/array_impl.h"
+#include "core/array/trace.h"
 #include "trace/jaxpr.h"
 #include "trace/source_info.h"
-#include "core/array/trace.h"
 
 namespace cjax {
 
@@ -49,7 +49,7 @@ class JaxprTrace final : public Trace {
                   // so that primal work runs forward and only tangent work is staged
   };
   explicit JaxprTrace(Mode mode = Mode::StageAll);  // parent: current_trace()
-  ~JaxprTrace() override;  // ends the trace: its tracers are dead from now on
+  ~JaxprTrace() override;                           // ends the trace: its tracers are dead from now on
   JaxprTrace(const JaxprTrace&) = delete;
   JaxprTrace& operator=(const JaxprTrace&) = delete;
 

@@ -16,22 +16,24 @@
 #include "cjax/lax.h"
 #include "core/array/array_impl.h"
 #include "core/array/rules.h"
+#include "core/array/trace.h"
 #include "core/spmd/collectives.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
-#include "core/array/trace.h"
 
 namespace cjax {
 
 // ---------------------------------------------------------------------------------------------
 // Spec trees
 
-void SpecTree::flatten(const TreeDef& t, const std::string& what, std::vector<std::optional<PartitionSpec>>& out) const {
+void SpecTree::flatten(const TreeDef& t, const std::string& what,
+                       std::vector<std::optional<PartitionSpec>>& out) const {
   if (kind_ == Kind::Spec) {
     if (t.kind() == TreeDef::Kind::None)
-      throw SpecError(fmt::format("shard_map {} is {} but the corresponding argument is not a tree of Arrays (a "
-                                  "static value); use None for static arguments",
-                                  what, spec_.str()));
+      throw SpecError(
+          fmt::format("shard_map {} is {} but the corresponding argument is not a tree of Arrays (a "
+                      "static value); use None for static arguments",
+                      what, spec_.str()));
     for (size_t i = 0; i < t.num_leaves(); ++i) out.push_back(spec_);
     return;
   }
@@ -42,11 +44,13 @@ void SpecTree::flatten(const TreeDef& t, const std::string& what, std::vector<st
   bool seq = t.kind() == TreeDef::Kind::List || t.kind() == TreeDef::Kind::Tuple ||
              t.kind() == TreeDef::Kind::IntDict || t.kind() == TreeDef::Kind::Struct;
   if (!seq || t.num_children() != list_.size())
-    throw SpecError(fmt::format(
-        "shard_map {} is {}, which is not a tree prefix of the corresponding value's structure {}; give one entry "
-        "per child or a single P",
-        what, str(), t.node_str()));
-  for (size_t i = 0; i < list_.size(); ++i) list_[i].flatten(t.children()[i], what + "[" + std::to_string(i) + "]", out);
+    throw SpecError(
+        fmt::format("shard_map {} is {}, which is not a tree prefix of the corresponding value's structure {}; give "
+                    "one entry "
+                    "per child or a single P",
+                    what, str(), t.node_str()));
+  for (size_t i = 0; i < list_.size(); ++i)
+    list_[i].flatten(t.children()[i], what + "[" + std::to_string(i) + "]", out);
 }
 
 void SpecTree::all_specs(std::vector<PartitionSpec>& out) const {
@@ -102,7 +106,8 @@ int64_t entry_size(const Mesh& mesh, const PartitionSpec::Entry& e) {
 
 namespace shard_map_detail {
 
-void validate_specs(const Mesh& mesh, const SpecTree& in_specs, const SpecTree& out_specs, const ShardMapOptions& opts) {
+void validate_specs(const Mesh& mesh, const SpecTree& in_specs, const SpecTree& out_specs,
+                    const ShardMapOptions& opts) {
   if (mesh.size() == 0) throw SpecError("shard_map requires a non-empty mesh; build one with make_mesh");
   for (const std::string& a : opts.axis_names)
     if (mesh.axis_index(a) < 0)
@@ -116,15 +121,16 @@ void validate_specs(const Mesh& mesh, const SpecTree& in_specs, const SpecTree& 
       std::set<std::string> seen;
       for (const std::string& a : s.mentioned_axes()) {
         if (std::find(manual.begin(), manual.end(), a) == manual.end())
-          throw SpecError(fmt::format(
-              "shard_map {} argument must refer to an axis marked as manual ({}), but:\n\n  {} {} refers to '{}'\n\n"
-              "Check the {} values passed to shard_map.",
-              which, quoted_set(manual), which, s.str(), a, which));
+          throw SpecError(
+              fmt::format("shard_map {} argument must refer to an axis marked as manual ({}), but:\n\n  {} {} refers "
+                          "to '{}'\n\n"
+                          "Check the {} values passed to shard_map.",
+                          which, quoted_set(manual), which, s.str(), a, which));
         if (!seen.insert(a).second)
-          throw SpecError(fmt::format(
-              "A single NamedSharding spec specification can map every mesh axis to at most one positional "
-              "dimension, but {} has duplicate entries for `{}` (shard_map {})",
-              s.str(), a, which));
+          throw SpecError(
+              fmt::format("A single NamedSharding spec specification can map every mesh axis to at most one positional "
+                          "dimension, but {} has duplicate entries for `{}` (shard_map {})",
+                          s.str(), a, which));
       }
     }
   };
@@ -134,10 +140,11 @@ void validate_specs(const Mesh& mesh, const SpecTree& in_specs, const SpecTree& 
 
 void check_in_specs_arity(const SpecTree& in_specs, size_t num_args, const std::string& fn) {
   if (in_specs.is_list() && in_specs.list().size() != num_args)
-    throw SpecError(fmt::format(
-        "shard_map in_specs {} has {} entries but '{}' was called with {} arguments: in_specs must be a tree prefix "
-        "of the arguments tuple (one entry per argument, or a single P for all)",
-        in_specs.str(), in_specs.list().size(), fn, num_args));
+    throw SpecError(
+        fmt::format("shard_map in_specs {} has {} entries but '{}' was called with {} arguments: in_specs must be a "
+                    "tree prefix "
+                    "of the arguments tuple (one entry per argument, or a single P for all)",
+                    in_specs.str(), in_specs.list().size(), fn, num_args));
 }
 
 }  // namespace shard_map_detail
@@ -234,8 +241,10 @@ Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const Partiti
       std::copy_n(static_cast<const std::byte*>(buf->data()), nbytes, static_cast<std::byte*>(copy->data()));
       buf = std::move(copy);
     }
-    if (!out) out = std::make_shared<ConcreteArray>(global, std::move(buf));
-    else out->buffers.push_back(std::move(buf));
+    if (!out)
+      out = std::make_shared<ConcreteArray>(global, std::move(buf));
+    else
+      out->buffers.push_back(std::move(buf));
   }
   out->sharding = std::make_shared<NamedSharding>(mesh, spec);
   return Array(std::move(out));
@@ -263,8 +272,7 @@ std::unordered_map<const Jaxpr*, std::weak_ptr<const Jaxpr>> g_transposed;
 
 void mark_transposed_body(const std::shared_ptr<const Jaxpr>& body) {
   std::lock_guard lk(g_transposed_mu);
-  if (g_transposed.size() > 4096)
-    std::erase_if(g_transposed, [](const auto& kv) { return kv.second.expired(); });
+  if (g_transposed.size() > 4096) std::erase_if(g_transposed, [](const auto& kv) { return kv.second.expired(); });
   g_transposed[body.get()] = body;
 }
 bool is_transposed_body(const Jaxpr* body) {
@@ -312,14 +320,15 @@ void check_out_vma(const std::string& fn, const Mesh& mesh, const std::vector<st
     }
     std::string line;
     if (unmentioned.size() == 1 && mentioned.empty())
-      line = fmt::format("{} which implies that the corresponding output value is replicated across mesh axis '{}', "
-                         "but could not infer replication over any axes",
-                         out_specs[i].str(), unmentioned[0]);
+      line = fmt::format(
+          "{} which implies that the corresponding output value is replicated across mesh axis '{}', "
+          "but could not infer replication over any axes",
+          out_specs[i].str(), unmentioned[0]);
     else
-      line = fmt::format("{} which implies that the corresponding output value is only varying across mesh axes {{{}}} "
-                         "and not {{{}}}, but it was inferred to be possibly varying over {{{}}}",
-                         out_specs[i].str(), fmt::join(mentioned, ","), fmt::join(unmentioned, ","),
-                         fmt::join(varying, ","));
+      line = fmt::format(
+          "{} which implies that the corresponding output value is only varying across mesh axes {{{}}} "
+          "and not {{{}}}, but it was inferred to be possibly varying over {{{}}}",
+          out_specs[i].str(), fmt::join(mentioned, ","), fmt::join(unmentioned, ","), fmt::join(varying, ","));
     bullets.push_back(fmt::format("out_specs[{}] is {}", i, line));
   }
   if (bullets.empty()) return;
@@ -400,7 +409,8 @@ std::vector<Array> nested_shard_map_impl(const ShardMapInfo& info, std::span<con
   return outs;
 }
 
-std::vector<Array> shard_map_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+std::vector<Array> shard_map_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                  const Params& p) {
   ShardMapInfo info = ShardMapInfo::from(p);
   if (current_spmd()) return nested_shard_map_impl(info, in, out_avals);
   size_t n = size_t(info.mesh.size());
@@ -480,10 +490,11 @@ void check_inputs(const std::string& fn, const Mesh& mesh, const std::vector<Arr
       std::string axes = e.names.size() == 1
                              ? fmt::format("mesh axis '{}' (of size {})", e.names[0], k)
                              : fmt::format("mesh axes {} (of total size {})", AxisNames(e.names).str(), k);
-      bullets.push_back(fmt::format(
-          "the passed {} of shape {} corresponds to in_specs entry {}, which maps array axis {} (of size {}) to {}, "
-          "but {} does not evenly divide {}",
-          names[i], long_type(args[i].aval()), s.str(), d, size, axes, k, size));
+      bullets.push_back(
+          fmt::format("the passed {} of shape {} corresponds to in_specs entry {}, which maps array axis {} (of size "
+                      "{}) to {}, "
+                      "but {} does not evenly divide {}",
+                      names[i], long_type(args[i].aval()), s.str(), d, size, axes, k, size));
     }
   }
   if (bullets.empty()) return;

@@ -8,10 +8,10 @@
 #include <algorithm>
 
 #include "core/array/array_impl.h"
+#include "core/array/trace.h"
 #include "core/spmd/collectives.h"
 #include "trace/jaxpr_trace.h"
 #include "trace/shard_map.h"
-#include "core/array/trace.h"
 
 namespace cjax {
 namespace {
@@ -44,9 +44,10 @@ class ShardMapTracer final : public Tracer {
   Array concrete_value() const override { return ctx->check_vma && aval.vma.empty() ? blocks[0] : Array(); }
   std::string provenance() const override {
     if (!ctx->check_vma) return "inside shard_map with check_vma=false, where every value may differ between devices";
-    return fmt::format("inside shard_map: it varies over mesh axes {{{}}}; only values invariant over every manual "
-                       "axis (e.g. the result of psum over all of them) can be read as one value",
-                       fmt::join(aval.vma, ","));
+    return fmt::format(
+        "inside shard_map: it varies over mesh axes {{{}}}; only values invariant over every manual "
+        "axis (e.g. the result of psum over all of them) can be read as one value",
+        fmt::join(aval.vma, ","));
   }
   std::string value_str() const override {
     std::vector<std::string> parts;
@@ -71,7 +72,8 @@ class ShardMapTrace final : public Trace {
   // The per-device blocks and the type of `x` at this level (a value from outside is the same
   // on every device and invariant).
   std::pair<std::vector<Array>, AbstractValue> lift(const Array& x, const PrimitiveDef* def) {
-    if (!x.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def ? def->name : "shard_map"));
+    if (!x.defined())
+      throw ValueError(fmt::format("'{}' received an empty Array handle", def ? def->name : "shard_map"));
     if (auto* t = dynamic_cast<const ShardMapTracer*>(x.impl())) {
       if (t->ctx == ctx_ && ctx_->alive) return {t->blocks, t->aval};
       if (def) raise_escaped_tracer(x, *def);

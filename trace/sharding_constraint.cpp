@@ -14,9 +14,9 @@
 #include "core/array/array_impl.h"
 #include "core/array/primitive.h"
 #include "core/array/rules.h"
-#include "core/lax/rule_support.h"
 #include "core/array/spmd.h"
 #include "core/array/trace.h"
+#include "core/lax/rule_support.h"
 
 namespace cjax {
 namespace {
@@ -47,7 +47,9 @@ std::shared_ptr<const Sharding> copy_sharding(const Sharding& s) {
 }
 
 const Sharding& sharding_of(const Params& p) { return *p.object<ShardingParam>("sharding")->sharding; }
-Params params_of(std::shared_ptr<const Sharding> s) { return {{"sharding", std::make_shared<ShardingParam>(std::move(s))}}; }
+Params params_of(std::shared_ptr<const Sharding> s) {
+  return {{"sharding", std::make_shared<ShardingParam>(std::move(s))}};
+}
 
 PrimitiveDef make_def() {
   PrimitiveDef def;
@@ -99,10 +101,11 @@ const bool g_rules = add_rule_initializer([] {
 Array with_sharding_constraint(const Array& x, const Sharding& sharding) {
   if (!x.defined()) throw ValueError("with_sharding_constraint received an empty Array handle");
   if (!manual_axes_in_scope().empty())
-    throw ShardingError(fmt::format(
-        "with_sharding_constraint({}) inside a shard_map body: there every mesh axis of the shard_map is manual and "
-        "a value is one device's block; constrain the arguments or results of the shard_map instead",
-        sharding.str()));
+    throw ShardingError(
+        fmt::format("with_sharding_constraint({}) inside a shard_map body: there every mesh axis of the shard_map is "
+                    "manual and "
+                    "a value is one device's block; constrain the arguments or results of the shard_map instead",
+                    sharding.str()));
   std::shared_ptr<const Sharding> s = copy_sharding(sharding);
   if (current_trace() == eval_trace() && x.impl()->is_concrete()) return device_put(x, *s);
   return bind1(g_sharding_constraint, {x}, params_of(std::move(s)));

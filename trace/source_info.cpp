@@ -1,11 +1,10 @@
 #include "trace/source_info.h"
 
-#include <mutex>
-
 #include <execinfo.h>
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 
 #ifdef CJAX_HAVE_LIBBACKTRACE
 #include <backtrace.h>
@@ -51,7 +50,8 @@ bool is_internal(const char* file) {
     rel = f.substr(src.size());
   } else if (f.empty() || f[0] != '/') {
     rel = f;
-    while (rel.rfind("../", 0) == 0 || rel.rfind("./", 0) == 0) rel = rel.substr(rel[0] == '.' && rel[1] == '/' ? 2 : 3);
+    while (rel.rfind("../", 0) == 0 || rel.rfind("./", 0) == 0)
+      rel = rel.substr(rel[0] == '.' && rel[1] == '/' ? 2 : 3);
   } else {
     return false;
   }

@@ -31,9 +31,10 @@ std::string AxisSpec::str() const {
 void AxisSpec::flatten(const TreeDef& t, const std::string& what, std::vector<std::optional<int>>& out) const {
   if (kind_ == Kind::Axis) {
     if (t.kind() == TreeDef::Kind::None)
-      throw ValueError(fmt::format("vmap: {} is not an Array tree (a static value) but its axis spec is {}; "
-                                   "use None for static arguments",
-                                   what, axis_));
+      throw ValueError(
+          fmt::format("vmap: {} is not an Array tree (a static value) but its axis spec is {}; "
+                      "use None for static arguments",
+                      what, axis_));
     for (size_t i = 0; i < t.num_leaves(); ++i) out.push_back(axis_);
     return;
   }
@@ -42,9 +43,10 @@ void AxisSpec::flatten(const TreeDef& t, const std::string& what, std::vector<st
     return;
   }
   auto mismatch = [&] {
-    return ValueError(fmt::format("vmap: the axis spec {} for {} is not a tree prefix of its structure {}; "
-                                  "give one entry per child or a single int/None",
-                                  str(), what, t.node_str()));
+    return ValueError(
+        fmt::format("vmap: the axis spec {} for {} is not a tree prefix of its structure {}; "
+                    "give one entry per child or a single int/None",
+                    str(), what, t.node_str()));
   };
   if (kind_ == Kind::List) {
     bool seq = t.kind() == TreeDef::Kind::List || t.kind() == TreeDef::Kind::Tuple ||
@@ -66,9 +68,10 @@ namespace vmap_detail {
 
 void check_in_axes_arity(const AxisSpec& in_axes, size_t num_args) {
   if (in_axes.is_list() && in_axes.list().size() != num_args)
-    throw ValueError(fmt::format("vmap in_axes must be an int, None, or a list with one entry per argument; got "
-                                 "{} entries {} for {} arguments",
-                                 in_axes.list().size(), in_axes.str(), num_args));
+    throw ValueError(
+        fmt::format("vmap in_axes must be an int, None, or a list with one entry per argument; got "
+                    "{} entries {} for {} arguments",
+                    in_axes.list().size(), in_axes.str(), num_args));
 }
 
 std::vector<Array> vmap(const FlatFn& f, const std::vector<Array>& args, const std::vector<std::optional<int>>& in_axes,
@@ -83,9 +86,10 @@ std::vector<Array> vmap(const FlatFn& f, const std::vector<Array>& args, const s
     }
     int nd = args[i].ndim(), a = *in_axes[i];
     if (a < -nd || a >= nd)
-      throw ValueError(fmt::format("vmap was requested to map its argument along axis {}, which implies that its "
-                                   "rank should be at least {}, but is only {} (its shape is {})",
-                                   a, a < 0 ? -a : a + 1, nd, args[i].aval().str()));
+      throw ValueError(
+          fmt::format("vmap was requested to map its argument along axis {}, which implies that its "
+                      "rank should be at least {}, but is only {} (its shape is {})",
+                      a, a < 0 ? -a : a + 1, nd, args[i].aval().str()));
     if (a < 0) a += nd;
     axes.push_back(a);
     int64_t n = args[i].shape()[size_t(a)];
@@ -99,8 +103,7 @@ std::vector<Array> vmap(const FlatFn& f, const std::vector<Array>& args, const s
                                                      : fmt::format(", while {}", size_from)));
     }
   }
-  if (!size)
-    throw ValueError("vmap must have at least one non-None value in in_axes (or set VmapOptions::axis_size)");
+  if (!size) throw ValueError("vmap must have at least one non-None value in in_axes (or set VmapOptions::axis_size)");
   BatchAxis axis{*size, opts.axis_name, opts.spmd_axis_name};
   auto out_axis = [&](size_t j, int rank) -> int {
     if (j >= out_axes.size()) throw Error("internal: vmap out_axes shorter than the outputs");

@@ -20,15 +20,17 @@ class InProcessCommunicator final : public Communicator {
  public:
   explicit InProcessCommunicator(int64_t n) : n_(n), slots_(size_t(n)), whats_(size_t(n)), done_(size_t(n), false) {}
 
-  std::vector<std::vector<Array>> exchange(int64_t device, std::vector<Array> values, const std::string& what) override {
+  std::vector<std::vector<Array>> exchange(int64_t device, std::vector<Array> values,
+                                           const std::string& what) override {
     std::unique_lock lk(m_);
     if (failed_) throw CollectiveError(failure_);
     for (int64_t d = 0; d < n_; ++d)
       if (done_[size_t(d)])
-        fail_locked(fmt::format("device {} finished the shard_map body while device {} waits at {}: the devices ran "
-                                "different collectives (for example a collective inside a cond branch that only some "
-                                "devices took)",
-                                d, device, what));
+        fail_locked(
+            fmt::format("device {} finished the shard_map body while device {} waits at {}: the devices ran "
+                        "different collectives (for example a collective inside a cond branch that only some "
+                        "devices took)",
+                        d, device, what));
     slots_[size_t(device)] = std::move(values);
     whats_[size_t(device)] = what;
     ++arrived_;
@@ -38,9 +40,10 @@ class InProcessCommunicator final : public Communicator {
         if (whats_[size_t(d)] != whats_[0]) {
           std::vector<std::string> lines;
           for (int64_t k = 0; k < n_; ++k) lines.push_back(fmt::format("  device {}: {}", k, whats_[size_t(k)]));
-          fail_locked(fmt::format("the devices of a shard_map arrived at different collectives:\n{}\nEvery device must "
-                                  "run the same collectives in the same order",
-                                  fmt::join(lines, "\n")));
+          fail_locked(
+              fmt::format("the devices of a shard_map arrived at different collectives:\n{}\nEvery device must "
+                          "run the same collectives in the same order",
+                          fmt::join(lines, "\n")));
         }
       published_ = std::make_shared<std::vector<std::vector<Array>>>(std::move(slots_));
       slots_.assign(size_t(n_), {});
@@ -52,9 +55,10 @@ class InProcessCommunicator final : public Communicator {
     }
     auto timeout = std::chrono::duration<double>(config::collective_timeout_seconds());
     if (!cv_.wait_for(lk, timeout, [&] { return generation_ != gen || failed_; })) {
-      fail_locked(fmt::format("timed out after {} s waiting at {}: {} of {} devices arrived (raise the limit with "
-                              "config::set_collective_timeout_seconds or CJAX_COLLECTIVE_TIMEOUT_S)",
-                              config::collective_timeout_seconds(), what, arrived_, n_));
+      fail_locked(
+          fmt::format("timed out after {} s waiting at {}: {} of {} devices arrived (raise the limit with "
+                      "config::set_collective_timeout_seconds or CJAX_COLLECTIVE_TIMEOUT_S)",
+                      config::collective_timeout_seconds(), what, arrived_, n_));
     }
     if (failed_) throw CollectiveError(failure_);
     return *published_;
@@ -69,10 +73,11 @@ class InProcessCommunicator final : public Communicator {
       std::string waiting;
       for (int64_t d = 0; d < n_; ++d)
         if (!whats_[size_t(d)].empty() && !done_[size_t(d)]) waiting = whats_[size_t(d)];
-      fail_locked(fmt::format("device {} finished the shard_map body while {} device(s) wait at {}: the devices ran "
-                              "different collectives (for example a collective inside a cond branch that only some "
-                              "devices took)",
-                              device, arrived_, waiting));
+      fail_locked(
+          fmt::format("device {} finished the shard_map body while {} device(s) wait at {}: the devices ran "
+                      "different collectives (for example a collective inside a cond branch that only some "
+                      "devices took)",
+                      device, arrived_, waiting));
     }
   }
   void failed(int64_t device, const std::string& what) {

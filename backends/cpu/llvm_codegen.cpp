@@ -7,6 +7,8 @@
 // with FMA contraction allowed and reductions reassociated. Transcendental functions are our own
 // inline approximations (llvm_math.h), so they vectorize too; the few without one (tan, asin, ...
 // in some types) call libm per element and that loop stays scalar.
+#include "backends/cpu/llvm_codegen.h"
+
 #include <absl/container/flat_hash_map.h>
 #include <fmt/format.h>
 #include <llvm/IR/IRBuilder.h>
@@ -27,7 +29,6 @@
 #include "backends/cpu/llvm_math.h"
 #include "backends/cpu/llvm_scalar.h"
 #include "cjax/errors.h"
-#include "backends/cpu/llvm_codegen.h"
 
 namespace cjax {
 namespace {
@@ -78,7 +79,7 @@ class KernelEmitter : private cpu::ScalarCodegen {
   Value* scratch_ = nullptr;
   Value* row_ = nullptr;
   Value* col_ = nullptr;
-  std::unordered_map<int, Value*> row_vals_;   // row-level nodes, this row
+  std::unordered_map<int, Value*> row_vals_;  // row-level nodes, this row
   // 1 / v for a floating row-level v that divides full-level values: x / v becomes x * (1 / v),
   // one division per row instead of one per element (softmax's normalization; as PyTorch's CPU
   // softmax does). The product is within 1.5 ulp of the quotient (the division: 0.5 ulp).
@@ -160,7 +161,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
   }
   Value* scratch_ptr(int i) {
     int slot = spec_.scratch_slot[size_t(i)];
-    Value* base = b_.CreateInBoundsGEP(b_.getInt8Ty(), scratch_, b_.getInt64(uint64_t(slot) * uint64_t(spec_.cols) * 8));
+    Value* base =
+        b_.CreateInBoundsGEP(b_.getInt8Ty(), scratch_, b_.getInt64(uint64_t(slot) * uint64_t(spec_.cols) * 8));
     return b_.CreateInBoundsGEP(compute_type(spec_.nodes[size_t(i)].dtype), base, col_);
   }
   Value* compute(int i, int pass) {
@@ -214,7 +216,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
       if (n.op == Op::Load) {
         const KernelInput& in = spec_.inputs[size_t(n.input)];
         v = from_storage(b_.CreateLoad(storage_type(in.dtype),
-                                       b_.CreateInBoundsGEP(storage_type(in.dtype), in_ptr_[size_t(n.input)], in_off_[size_t(n.input)])),
+                                       b_.CreateInBoundsGEP(storage_type(in.dtype), in_ptr_[size_t(n.input)],
+                                                            in_off_[size_t(n.input)])),
                          in.dtype);
       } else {
         full_vals_.clear();
@@ -292,7 +295,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
       Value* v = n.row_level ? row_value(out.node) : node_value(out.node, pass);
       // In place: the very address expression of the input's load (equal by layout), so
       // LLVM sees a same-iteration dependence and vectorizes without run-time overlap checks.
-      Value* index = out.in_place_of >= 0 ? b_.CreateAdd(in_off_[size_t(out.in_place_of)], c) : b_.CreateAdd(row_base, c);
+      Value* index =
+          out.in_place_of >= 0 ? b_.CreateAdd(in_off_[size_t(out.in_place_of)], c) : b_.CreateAdd(row_base, c);
       Type* elem = storage_type(out.dtype);
       Value* p = b_.CreateInBoundsGEP(elem, out_ptr_[o], index);
       llvm::StoreInst* st = b_.CreateAlignedStore(to_storage(v, out.dtype), p, elem_align(elem));
@@ -313,7 +317,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
     bool minmax = false;
     for (const KernelNode& n : spec_.nodes) {
       if (n.pass != pass || (n.row_level && n.op != Op::Reduce)) continue;
-      if (n.op == Op::Reduce && is_floating(n.dtype) && (n.reduce == KernelReduce::Max || n.reduce == KernelReduce::Min))
+      if (n.op == Op::Reduce && is_floating(n.dtype) &&
+          (n.reduce == KernelReduce::Max || n.reduce == KernelReduce::Min))
         minmax = true;
       if (n.op == Op::Scalar && libm_name(n.scalar_op)) return false;  // a transcendental
     }
@@ -360,7 +365,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
     Value* aligned = b_.getTrue();
     for (size_t o = 0; o < spec_.outputs.size(); ++o)
       if (spec_.outputs[o].full)
-        aligned = b_.CreateAnd(aligned, b_.CreateICmpEQ(b_.CreateAnd(b_.CreatePtrToInt(out_ptr_[o], i64), 63), b_.getInt64(0)));
+        aligned = b_.CreateAnd(aligned,
+                               b_.CreateICmpEQ(b_.CreateAnd(b_.CreatePtrToInt(out_ptr_[o], i64), 63), b_.getInt64(0)));
     Value* lanes = b_.getInt64(kVectorLanes);
     Value* first = b_.CreateAdd(row_base, cb);
     Value* head = b_.CreateURem(b_.CreateSub(lanes, b_.CreateURem(first, lanes)), lanes);
@@ -381,7 +387,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
       if (in.col_stride != 1 || ahead == 0) continue;
       Value* at = b_.CreateAdd(b_.CreateAdd(in_off_[i], b_.getInt64(uint64_t(ahead))), c);
       Value* p = b_.CreateGEP(storage_type(in.dtype), in_ptr_[i], at);
-      b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {p->getType()}, {p, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+      b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {p->getType()},
+                         {p, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
     }
   }
 
@@ -390,10 +397,13 @@ class KernelEmitter : private cpu::ScalarCodegen {
     auto [vb, ve] = streaming_range(cb, ce, row_base);
     counted_loop(cb, vb, {}, "col.head", column);
     lanes_ = kVectorLanes;
-    counted_loop(vb, ve, {}, "col.stream", [&](Value* c, const std::vector<Value*>&) {
-      stream_vector(pass, c, row_base, pass > 0 && !spec_.outer.empty() ? 2 : 0);
-      return std::vector<Value*>{};
-    }, kVectorLanes);
+    counted_loop(
+        vb, ve, {}, "col.stream",
+        [&](Value* c, const std::vector<Value*>&) {
+          stream_vector(pass, c, row_base, pass > 0 && !spec_.outer.empty() ? 2 : 0);
+          return std::vector<Value*>{};
+        },
+        kVectorLanes);
     lanes_ = 1;
     counted_loop(ve, ce, {}, "col.tail", column);
     streamed_ = true;
@@ -452,7 +462,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
     std::vector<Value*> acc = emit_column(pass, c, reduces, {cur.begin(), cur.begin() + long(k)}, row_base);
     if (k == 0) return acc;
     const int64_t block = kBlockVectors * kVectorLanes;
-    Value* at_end = b_.CreateICmpEQ(b_.CreateAnd(b_.CreateSub(c, cb), b_.getInt64(block - 1)), b_.getInt64(block - kVectorLanes));
+    Value* at_end =
+        b_.CreateICmpEQ(b_.CreateAnd(b_.CreateSub(c, cb), b_.getInt64(block - 1)), b_.getInt64(block - kVectorLanes));
     llvm::BasicBlock* from = b_.GetInsertBlock();
     auto* fold = llvm::BasicBlock::Create(ctx_, "block.fold", body_);
     auto* join = llvm::BasicBlock::Create(ctx_, "block.join", body_);
@@ -495,20 +506,25 @@ class KernelEmitter : private cpu::ScalarCodegen {
     std::vector<Value*> vacc = vector_init(init);
     Value* own_begin = cb;
     if (guest) {
-      vacc = counted_loop(cb, guest_end, vacc, "col.fused", [&](Value* c, const std::vector<Value*>& cur) {
-        std::vector<Value*> next = vector_column(pass, c, cb, reduces, cur, row_base);
-        guest(c);
-        return next;
-      }, kVectorLanes);
+      vacc = counted_loop(
+          cb, guest_end, vacc, "col.fused",
+          [&](Value* c, const std::vector<Value*>& cur) {
+            std::vector<Value*> next = vector_column(pass, c, cb, reduces, cur, row_base);
+            guest(c);
+            return next;
+          },
+          kVectorLanes);
       own_begin = guest_end;
     }
-    vacc = counted_loop(own_begin, ve, vacc, "col.vec", [&](Value* c, const std::vector<Value*>& cur) {
-      return vector_column(pass, c, cb, reduces, cur, row_base);
-    }, kVectorLanes);
+    vacc = counted_loop(
+        own_begin, ve, vacc, "col.vec",
+        [&](Value* c, const std::vector<Value*>& cur) { return vector_column(pass, c, cb, reduces, cur, row_base); },
+        kVectorLanes);
     lanes_ = 1;
-    return counted_loop(ve, ce, vector_result(reduces, vacc), "col.tail", [&](Value* c, const std::vector<Value*>& cur) {
-      return emit_column(pass, c, reduces, cur, row_base);
-    });
+    return counted_loop(ve, ce, vector_result(reduces, vacc), "col.tail",
+                        [&](Value* c, const std::vector<Value*>& cur) {
+                          return emit_column(pass, c, reduces, cur, row_base);
+                        });
   }
 
   // ---- rows ----
@@ -542,7 +558,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
     for (const KernelInput& in : spec_.inputs) {
       Value* o = b_.getInt64(0);
       for (size_t d = 0; d < idx.size(); ++d)
-        if (in.outer_strides[d] != 0) o = b_.CreateAdd(o, b_.CreateMul(idx[d], b_.getInt64(uint64_t(in.outer_strides[d]))));
+        if (in.outer_strides[d] != 0)
+          o = b_.CreateAdd(o, b_.CreateMul(idx[d], b_.getInt64(uint64_t(in.outer_strides[d]))));
       off.push_back(o);
     }
     return off;
@@ -555,7 +572,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
     r.scratch = scratch_root_;
     if (fused_pass_ >= 0)
       r.scratch = b_.CreateInBoundsGEP(b_.getInt8Ty(), scratch_root_,
-                                       b_.CreateMul(b_.CreateAnd(row, b_.getInt64(1)), b_.getInt64(uint64_t(spec_.scratch_bytes() / 2))));
+                                       b_.CreateMul(b_.CreateAnd(row, b_.getInt64(1)),
+                                                    b_.getInt64(uint64_t(spec_.scratch_bytes() / 2))));
     r.in_off = input_offsets(row);
     return r;
   }
@@ -594,9 +612,10 @@ class KernelEmitter : private cpu::ScalarCodegen {
     } else if (vector_pass(pass)) {
       acc = emit_vector_columns(pass, cb, ce, reduces, init, row_base);
     } else {
-      acc = counted_loop(cb, ce, init, "col", [&](Value* c, const std::vector<Value*>& cur) {
-        return emit_column(pass, c, reduces, cur, row_base);
-      }, 1, minmax_only_pass(pass) ? 8 : 0);
+      acc = counted_loop(
+          cb, ce, init, "col",
+          [&](Value* c, const std::vector<Value*>& cur) { return emit_column(pass, c, reduces, cur, row_base); }, 1,
+          minmax_only_pass(pass) ? 8 : 0);
     }
     finish_reductions(reduces, acc);
   }
@@ -662,7 +681,8 @@ class KernelEmitter : private cpu::ScalarCodegen {
       stream_vector(last, b_.CreateAdd(vb, b_.CreateSub(c, cb)), row_base_, 3);  // 3: the row after this one
       swap_row(prev);
     };
-    std::vector<Value*> acc = emit_vector_columns(pass, cb, ce, reduces, init, row_base, guest, b_.CreateAdd(cb, b_.CreateSub(ve, vb)));
+    std::vector<Value*> acc =
+        emit_vector_columns(pass, cb, ce, reduces, init, row_base, guest, b_.CreateAdd(cb, b_.CreateSub(ve, vb)));
     swap_row(prev);
     counted_loop(ve, ce, {}, "prev.tail", prev_columns);
     swap_row(prev);
@@ -686,11 +706,11 @@ class KernelEmitter : private cpu::ScalarCodegen {
       return pack_row();
     };
     std::vector<Value*> first = all_but_last(rb, nullptr);
-    std::vector<Value*> final_vals =
-        counted_loop(b_.CreateAdd(rb, b_.getInt64(1)), re, first, "row.pipe", [&](Value* row, const std::vector<Value*>& cur) {
-          RowState prev = unpack_row(b_.CreateSub(row, b_.getInt64(1)), cur);
-          return all_but_last(row, &prev);
-        });
+    std::vector<Value*> final_vals = counted_loop(b_.CreateAdd(rb, b_.getInt64(1)), re, first, "row.pipe",
+                                                  [&](Value* row, const std::vector<Value*>& cur) {
+                                                    RowState prev = unpack_row(b_.CreateSub(row, b_.getInt64(1)), cur);
+                                                    return all_but_last(row, &prev);
+                                                  });
     RowState last_row = unpack_row(b_.CreateSub(re, b_.getInt64(1)), final_vals);
     swap_row(last_row);
     run_pass(last, cb, ce);

@@ -13,8 +13,8 @@
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SmallVectorMemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
-#include <llvm/Support/xxhash.h>
 #include <llvm/Support/raw_ostream.h>
+#include <llvm/Support/xxhash.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/Host.h>
 #include <unistd.h>
@@ -31,8 +31,8 @@
 #include <unordered_map>
 
 #include "cjax/errors.h"
-#include "core/backend/kernel_cache.h"
 #include "core/array/util.h"
+#include "core/backend/kernel_cache.h"
 
 namespace cjax::cpu {
 namespace {

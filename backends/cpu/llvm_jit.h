@@ -52,9 +52,9 @@ std::unique_ptr<llvm::MemoryBuffer> cached_object(const std::string& key);
 void store_object(const std::string& key, const llvm::MemoryBuffer& object);
 
 // The shared kernel cache (core/backend/kernel_cache.h), under this module's names.
-using cjax::KernelCacheStats;
-using cjax::kernel_cache_stats;
-using cjax::trim_disk_kernel_cache;
 using cjax::clear_memory_kernel_cache;
+using cjax::kernel_cache_stats;
+using cjax::KernelCacheStats;
+using cjax::trim_disk_kernel_cache;
 
 }  // namespace cjax::cpu

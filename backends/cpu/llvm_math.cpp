@@ -17,7 +17,6 @@
 // in 40-digit arithmetic with mpmath, then rounded to the target type; the comments give the
 // approximated function, the interval and the minimax error.
 #include "backends/cpu/llvm_math.h"
-#include "backends/cpu/llvm_math_coefficients.h"
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/Intrinsics.h>
@@ -28,6 +27,8 @@
 #include <cstdint>
 #include <iterator>
 #include <utility>
+
+#include "backends/cpu/llvm_math_coefficients.h"
 
 namespace cjax::cpu {
 namespace {
@@ -170,9 +171,9 @@ class Em {
 
   // f32 exp in about 24 vector ops (the shared path above takes 35; softmax and the attention
   // kernels are bound by it). The reduction drops the low part of r (its rounding costs under
-  // 0.25 ulp), the polynomial has four terms (2e-8 relative; 1.19 ulp in all), k comes out of the rounding addition's low bits (no float-to-int conversion, so a
-  // NaN lane is never poison), and 2^k goes straight into p's exponent field; only arguments
-  // below -80 (denormal results) take a second multiply, by 2^-64.
+  // 0.25 ulp), the polynomial has four terms (2e-8 relative; 1.19 ulp in all), k comes out of the rounding addition's
+  // low bits (no float-to-int conversion, so a NaN lane is never poison), and 2^k goes straight into p's exponent
+  // field; only arguments below -80 (denormal results) take a second multiply, by 2^-64.
   Value* exp_f32(Value* x) {
     Value* xc = sel(lt(x, C(-104)), C(-104), x);  // NaN stays NaN
     ExpCore e = exp_f32_core(xc);

@@ -13,9 +13,10 @@ constexpr double kExpS_f[] = {0x1.5555560000000p-3, 0x1.5555160000000p-5, 0x1.11
 // kExpS4_f: the same with four terms (Chebyshev fit, f32 exp): exp's relative error 2.0e-8.
 constexpr double kExpS4_f[] = {0x1.5555260000000p-3, 0x1.55553e0000000p-5, 0x1.11d9480000000p-7, 0x1.6cdeea0000000p-10};
 // kExpS_d: (expm1(r) - r - r^2/2) / r^3; r in [-0.35, 0.35], minimax relative error 5.2e-17.
-constexpr double kExpS_d[] = {
-    0x1.5555555555556p-3,  0x1.5555555555553p-5,  0x1.111111111091fp-7,  0x1.6c16c16c182d2p-10, 0x1.a01a01a8371a8p-13,
-    0x1.a01a019835849p-16, 0x1.71de0bf240c96p-19, 0x1.27e503105d072p-22, 0x1.af3cc2e5c33fap-26, 0x1.1f2b578431aeap-29};
+constexpr double kExpS_d[] = {0x1.5555555555556p-3,  0x1.5555555555553p-5,  0x1.111111111091fp-7,
+                              0x1.6c16c16c182d2p-10, 0x1.a01a01a8371a8p-13, 0x1.a01a019835849p-16,
+                              0x1.71de0bf240c96p-19, 0x1.27e503105d072p-22, 0x1.af3cc2e5c33fap-26,
+                              0x1.1f2b578431aeap-29};
 // kExpS_df: (expm1(r) - r - r^2/2) / r^3, float accuracy; r in [-0.35, 0.35], minimax relative error 9.5e-10.
 constexpr double kExpS_df[] = {0x1.5555555ac3aadp-3,  0x1.555555472d2c5p-5,  0x1.1110df1ab88b3p-7,
                                0x1.6c16dc262f22cp-10, 0x1.a12a0e1c07574p-13, 0x1.a086b1a59786cp-16};
@@ -56,13 +57,14 @@ constexpr double kErfcP_df[] = {0x1.6e9827d2bc286p-3,  -0x1.4e102b9b4cd02p-2, 0x
                                 0x1.17aec4db1f199p-8,  0x1.7398aee13f178p-11, -0x1.34ff51bf46463p-11,
                                 0x1.45b4b69db9d79p-15, 0x1.96a0e9caf6d63p-15};
 // kErfcP_d: (x + 1/2) exp(x^2) erfc(x) in t = (x - 3) / (x + 3); x in [0.75, 27.3], minimax relative error 2.7e-19.
-constexpr double kErfcP_d[] = {
-    0x1.40c522d7e4987p-1,  -0x1.15c084bb9e8f3p-4,  -0x1.85a15c58aa620p-6,  0x1.098366a5b46f6p-4,
-    -0x1.e88b803a486e9p-5, 0x1.17ca2877ef961p-5,   -0x1.8574c40c2860fp-7,  0x1.4b884e48f9cabp-10,
-    0x1.ef1bdd9a6c3f4p-11, -0x1.98db52351ef97p-12, -0x1.b9129f963a22ep-15, 0x1.065a5fe5d0172p-14,
-    0x1.4c320a523c8f6p-19, -0x1.51427b42b44b3p-17, -0x1.897e357a7cd0dp-22, 0x1.d2d30fc87f68ep-20,
-    0x1.7febd7432e1eap-23, -0x1.517b6ee3baa55p-22, -0x1.2638ea9de8b5ep-24, 0x1.f0ed884d3e8c4p-25,
-    0x1.087558762f33fp-26, -0x1.4eb09438487e3p-27};
+constexpr double kErfcP_d[] = {0x1.40c522d7e4987p-1,   -0x1.15c084bb9e8f3p-4,  -0x1.85a15c58aa620p-6,
+                               0x1.098366a5b46f6p-4,   -0x1.e88b803a486e9p-5,  0x1.17ca2877ef961p-5,
+                               -0x1.8574c40c2860fp-7,  0x1.4b884e48f9cabp-10,  0x1.ef1bdd9a6c3f4p-11,
+                               -0x1.98db52351ef97p-12, -0x1.b9129f963a22ep-15, 0x1.065a5fe5d0172p-14,
+                               0x1.4c320a523c8f6p-19,  -0x1.51427b42b44b3p-17, -0x1.897e357a7cd0dp-22,
+                               0x1.d2d30fc87f68ep-20,  0x1.7febd7432e1eap-23,  -0x1.517b6ee3baa55p-22,
+                               -0x1.2638ea9de8b5ep-24, 0x1.f0ed884d3e8c4p-25,  0x1.087558762f33fp-26,
+                               -0x1.4eb09438487e3p-27};
 // kSinS_df: (sin(r) - r) / r^3 in z = r^2, float accuracy; r in [0, pi/4], minimax relative error 1.7e-10.
 constexpr double kSinS_df[] = {-0x1.555555545a810p-3, 0x1.11110de8a17d5p-7, -0x1.a013a0623aaafp-13,
                                0x1.6dbc0e4c98873p-19};

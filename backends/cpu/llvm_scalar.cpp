@@ -17,9 +17,14 @@ using llvm::Value;
 
 Type* ScalarCodegen::storage_type(DType d) {
   switch (d) {
-    case DType::bool_: case DType::int8: case DType::uint8: return b_.getInt8Ty();
-    case DType::int16: case DType::bfloat16: case DType::float16: return b_.getInt16Ty();
-    case DType::int32: case DType::uint32: return b_.getInt32Ty();
+    case DType::bool_:
+    case DType::int8:
+    case DType::uint8: return b_.getInt8Ty();
+    case DType::int16:
+    case DType::bfloat16:
+    case DType::float16: return b_.getInt16Ty();
+    case DType::int32:
+    case DType::uint32: return b_.getInt32Ty();
     case DType::int64: return b_.getInt64Ty();
     case DType::float32: return b_.getFloatTy();
     case DType::float64: return b_.getDoubleTy();
@@ -60,7 +65,8 @@ Value* ScalarCodegen::to_storage(Value* v, DType d) {
       return b_.CreateTrunc(b_.CreateSelect(is_nan, nan, rounded), t->getWithNewType(b_.getInt16Ty()));
     }
     case DType::float16:
-      return b_.CreateBitCast(b_.CreateFPTrunc(v, t->getWithNewType(b_.getHalfTy())), t->getWithNewType(b_.getInt16Ty()));
+      return b_.CreateBitCast(b_.CreateFPTrunc(v, t->getWithNewType(b_.getHalfTy())),
+                              t->getWithNewType(b_.getInt16Ty()));
     default: return v;
   }
 }
@@ -167,8 +173,7 @@ Value* ScalarCodegen::scalar(ScalarOp op, DType d, std::vector<Value*> a) {
     case ScalarOp::Floor: return intrinsic(llvm::Intrinsic::floor, {x});
     case ScalarOp::Ceil: return intrinsic(llvm::Intrinsic::ceil, {x});
     case ScalarOp::Round: return intrinsic(llvm::Intrinsic::roundeven, {x});
-    case ScalarOp::IsFinite:
-      return b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, {x}), fconst(t, HUGE_VAL));
+    case ScalarOp::IsFinite: return b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, {x}), fconst(t, HUGE_VAL));
     case ScalarOp::Sqrt: return intrinsic(llvm::Intrinsic::sqrt, {x});
     case ScalarOp::Rsqrt: return b_.CreateFDiv(fconst(t, 1), intrinsic(llvm::Intrinsic::sqrt, {x}));
     case ScalarOp::Not: return b_.CreateNot(x);
@@ -180,8 +185,10 @@ Value* ScalarCodegen::scalar(ScalarOp op, DType d, std::vector<Value*> a) {
       if (fl) return b_.CreateFDiv(x, y);
       // XLA: x / 0 = -1 (all ones); INT_MIN / -1 = INT_MIN.
       Value* by_zero = b_.CreateICmpEQ(y, zero);
-      if (un) return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateUDiv(x, b_.CreateSelect(by_zero, iconst(t, 1), y)));
-      Value* ovf = b_.CreateAnd(b_.CreateICmpEQ(x, llvm::ConstantInt::get(t, llvm::APInt::getSignedMinValue(t->getScalarSizeInBits()))),
+      if (un)
+        return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateUDiv(x, b_.CreateSelect(by_zero, iconst(t, 1), y)));
+      Value* ovf = b_.CreateAnd(b_.CreateICmpEQ(x, llvm::ConstantInt::get(t, llvm::APInt::getSignedMinValue(
+                                                                                 t->getScalarSizeInBits()))),
                                 b_.CreateICmpEQ(y, iconst(t, -1)));
       Value* safe = b_.CreateSelect(b_.CreateOr(by_zero, ovf), iconst(t, 1), y);
       return b_.CreateSelect(by_zero, iconst(t, -1), b_.CreateSelect(ovf, x, b_.CreateSDiv(x, safe)));
@@ -224,7 +231,9 @@ Value* ScalarCodegen::convert(Value* v, DType from, DType to) {
   Type* src = v->getType();
   if (src == dst) return v;
   bool ffrom = is_float_like(from), fto = is_float_like(to);
-  if (ffrom && fto) return src->getPrimitiveSizeInBits() < dst->getPrimitiveSizeInBits() ? b_.CreateFPExt(v, dst) : b_.CreateFPTrunc(v, dst);
+  if (ffrom && fto)
+    return src->getPrimitiveSizeInBits() < dst->getPrimitiveSizeInBits() ? b_.CreateFPExt(v, dst)
+                                                                         : b_.CreateFPTrunc(v, dst);
   if (to == DType::bool_) return ffrom ? b_.CreateFCmpUNE(v, fconst(src, 0)) : b_.CreateICmpNE(v, iconst(src, 0));
   if (ffrom)  // NaN -> 0, saturating (XLA's CPU semantics, as the eager kernel)
     return b_.CreateIntrinsic(is_unsigned_integer(to) ? llvm::Intrinsic::fptoui_sat : llvm::Intrinsic::fptosi_sat,

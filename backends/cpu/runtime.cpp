@@ -1,6 +1,7 @@
 // The CPU platform: N virtual devices, each with a caching allocator and memory accounting, and
 // one intra-op thread pool shared by all of them.
 #include <cblas.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
 
@@ -12,7 +13,6 @@
 #include <deque>
 #include <future>
 #include <limits>
-#include <fmt/format.h>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -85,9 +85,10 @@ class CachingAllocator {
   // refused before any page is touched, whatever vm.overcommit_memory says.
   void* allocate(size_t nbytes, const Device& device) {
     if (nbytes > host_memory_bytes())
-      throw BackendError(fmt::format("out of host memory: cannot allocate {} bytes ({}) on {}: more than this host's "
-                                     "memory and swap together ({})",
-                                     nbytes, human_bytes(nbytes), device.str(), human_bytes(host_memory_bytes())));
+      throw BackendError(
+          fmt::format("out of host memory: cannot allocate {} bytes ({}) on {}: more than this host's "
+                      "memory and swap together ({})",
+                      nbytes, human_bytes(nbytes), device.str(), human_bytes(host_memory_bytes())));
     size_t sz = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
     stats_.num_allocs++;
@@ -108,9 +109,10 @@ class CachingAllocator {
     }
     if (!p) {
       stats_.bytes_in_use -= int64_t(sz);
-      throw BackendError(fmt::format("out of host memory: cannot allocate {} bytes ({}) on {}; {} bytes are in use on "
-                                     "that device",
-                                     nbytes, human_bytes(nbytes), device.str(), stats_.bytes_in_use));
+      throw BackendError(
+          fmt::format("out of host memory: cannot allocate {} bytes ({}) on {}; {} bytes are in use on "
+                      "that device",
+                      nbytes, human_bytes(nbytes), device.str(), stats_.bytes_in_use));
     }
     if (sz >= kHugePage) madvise(p, sz, MADV_HUGEPAGE);
     return p;
@@ -173,7 +175,8 @@ inline void cpu_relax() {
   std::this_thread::yield();
 #endif
 }
-template <class Done> void spin_until(Done done) {
+template <class Done>
+void spin_until(Done done) {
   for (int i = 0; i < kSpinIterations && !done(); ++i) cpu_relax();
 }
 
@@ -219,8 +222,8 @@ class ThreadPool {
     RangeFn fn;
     int64_t n = 0, nchunks = 0;
     std::atomic<int64_t> next{0};
-    int64_t finished = 0;  // guarded by mu_
-    int active = 0;        // workers inside work_on; guarded by mu_
+    int64_t finished = 0;              // guarded by mu_
+    int active = 0;                    // workers inside work_on; guarded by mu_
     std::atomic<bool> settled{false};  // finished == nchunks && active == 0 (for spinning)
     std::exception_ptr error;
   };
@@ -366,8 +369,8 @@ CpuRuntime& runtime() {
 CachingAllocator& allocator_for(const Device& d) {
   auto& rt = runtime();
   if (d.platform() != Platform::cpu || d.id() < 0 || d.id() >= int(rt.allocators.size()))
-    throw BackendError(fmt::format("no such device {}: this process has {} CPU devices (CJAX_NUM_CPU_DEVICES)",
-                                   d.str(), rt.allocators.size()));
+    throw BackendError(fmt::format("no such device {}: this process has {} CPU devices (CJAX_NUM_CPU_DEVICES)", d.str(),
+                                   rt.allocators.size()));
   return *rt.allocators[size_t(d.id())];
 }
 }  // namespace
@@ -413,17 +416,19 @@ namespace config {
 void set_num_cpu_devices(int n) {
   if (n <= 0) throw ValueError(fmt::format("set_num_cpu_devices({}): the count must be positive", n));
   if (g_started && g_requested_devices.load() != n)
-    throw BackendError(fmt::format("set_num_cpu_devices({}) called after the runtime started with {} devices; "
-                                   "call it before creating any array, or set CJAX_NUM_CPU_DEVICES",
-                                   n, g_requested_devices.load()));
+    throw BackendError(
+        fmt::format("set_num_cpu_devices({}) called after the runtime started with {} devices; "
+                    "call it before creating any array, or set CJAX_NUM_CPU_DEVICES",
+                    n, g_requested_devices.load()));
   g_requested_devices = n;
 }
 void set_num_threads(int n) {
   if (n <= 0) throw ValueError(fmt::format("set_num_threads({}): the count must be positive", n));
   if (g_started && g_requested_threads.load() != n)
-    throw BackendError(fmt::format("set_num_threads({}) called after the runtime started with {} threads; "
-                                   "call it before creating any array, or set CJAX_NUM_THREADS",
-                                   n, g_requested_threads.load()));
+    throw BackendError(
+        fmt::format("set_num_threads({}) called after the runtime started with {} threads; "
+                    "call it before creating any array, or set CJAX_NUM_THREADS",
+                    n, g_requested_threads.load()));
   g_requested_threads = n;
 }
 }  // namespace config

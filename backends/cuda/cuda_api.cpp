@@ -30,11 +30,11 @@ DriverState load_driver() {
     return s;
   }
   // The symbol string is the macro-expanded name (cuMemAlloc -> "cuMemAlloc_v2").
-#define CJAX_X(f)                                                                     \
-  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f)));              \
-  if (!s.api.f) {                                                                     \
+#define CJAX_X(f)                                                                               \
+  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f)));                       \
+  if (!s.api.f) {                                                                               \
     s.reason = fmt::format("the NVIDIA driver lacks {} (too old for this build)", CJAX_STR(f)); \
-    return s;                                                                         \
+    return s;                                                                                   \
   }
   CJAX_CUDA_DRIVER_FUNCTIONS(CJAX_X)
 #undef CJAX_X
@@ -42,15 +42,16 @@ DriverState load_driver() {
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;
     s.api.cuGetErrorName(r, &name);
-    s.reason = fmt::format("cuInit failed: {}{}", name ? name : "unknown error",
-                           r == CUDA_ERROR_STUB_LIBRARY ? " (the toolkit's stub libcuda was loaded, not a driver)" : "");
+    s.reason =
+        fmt::format("cuInit failed: {}{}", name ? name : "unknown error",
+                    r == CUDA_ERROR_STUB_LIBRARY ? " (the toolkit's stub libcuda was loaded, not a driver)" : "");
     return s;
   }
   s.api.cuDriverGetVersion(&s.api.version);
   if (s.api.version < CUDA_VERSION) {
-    s.reason = fmt::format("the NVIDIA driver supports CUDA {}.{}, older than the CUDA {}.{} this build needs",
-                           s.api.version / 1000, s.api.version % 1000 / 10, CUDA_VERSION / 1000,
-                           CUDA_VERSION % 1000 / 10);
+    s.reason =
+        fmt::format("the NVIDIA driver supports CUDA {}.{}, older than the CUDA {}.{} this build needs",
+                    s.api.version / 1000, s.api.version % 1000 / 10, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);
     return s;
   }
   s.ok = true;
@@ -88,15 +89,15 @@ NvrtcState load_nvrtc() {
     tried += (tried.empty() ? "" : ", ") + c;
   }
   if (!lib) {
-    s.reason = fmt::format("NVRTC (libnvrtc.so.13) not found; tried {}. Install the CUDA 13 toolkit or set CUDA_HOME",
-                           tried);
+    s.reason =
+        fmt::format("NVRTC (libnvrtc.so.13) not found; tried {}. Install the CUDA 13 toolkit or set CUDA_HOME", tried);
     return s;
   }
-#define CJAX_X(f)                                                                     \
-  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f)));              \
-  if (!s.api.f) {                                                                     \
-    s.reason = fmt::format("{} lacks {}", s.api.path, CJAX_STR(f));                   \
-    return s;                                                                         \
+#define CJAX_X(f)                                                         \
+  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f))); \
+  if (!s.api.f) {                                                         \
+    s.reason = fmt::format("{} lacks {}", s.api.path, CJAX_STR(f));       \
+    return s;                                                             \
   }
   CJAX_NVRTC_FUNCTIONS(CJAX_X)
 #undef CJAX_X

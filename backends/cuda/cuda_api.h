@@ -9,31 +9,31 @@
 namespace cjax::cuda {
 
 // X(name): looked up under the versioned export that cuda.h's macros give the name (cuMemAlloc_v2).
-#define CJAX_CUDA_DRIVER_FUNCTIONS(X)             \
-  X(cuInit)                                       \
-  X(cuDriverGetVersion)                           \
-  X(cuGetErrorName)                               \
-  X(cuGetErrorString)                             \
-  X(cuDeviceGetCount)                             \
-  X(cuDeviceGet)                                  \
-  X(cuDeviceGetName)                              \
-  X(cuDeviceGetAttribute)                         \
-  X(cuDeviceTotalMem)                             \
-  X(cuDevicePrimaryCtxRetain)                     \
-  X(cuCtxSetCurrent)                              \
-  X(cuCtxSynchronize)                             \
-  X(cuDeviceGetDefaultMemPool)                    \
-  X(cuMemPoolSetAttribute)                        \
-  X(cuMemPoolGetAttribute)                        \
-  X(cuMemAllocAsync)                              \
-  X(cuMemFreeAsync)                               \
-  X(cuMemcpyHtoD)                                 \
-  X(cuMemcpyDtoH)                                 \
-  X(cuMemcpyDtoD)                                 \
-  X(cuMemsetD8Async)                              \
-  X(cuMemGetInfo)                                 \
-  X(cuModuleLoadData)                             \
-  X(cuModuleGetFunction)                          \
+#define CJAX_CUDA_DRIVER_FUNCTIONS(X) \
+  X(cuInit)                           \
+  X(cuDriverGetVersion)               \
+  X(cuGetErrorName)                   \
+  X(cuGetErrorString)                 \
+  X(cuDeviceGetCount)                 \
+  X(cuDeviceGet)                      \
+  X(cuDeviceGetName)                  \
+  X(cuDeviceGetAttribute)             \
+  X(cuDeviceTotalMem)                 \
+  X(cuDevicePrimaryCtxRetain)         \
+  X(cuCtxSetCurrent)                  \
+  X(cuCtxSynchronize)                 \
+  X(cuDeviceGetDefaultMemPool)        \
+  X(cuMemPoolSetAttribute)            \
+  X(cuMemPoolGetAttribute)            \
+  X(cuMemAllocAsync)                  \
+  X(cuMemFreeAsync)                   \
+  X(cuMemcpyHtoD)                     \
+  X(cuMemcpyDtoH)                     \
+  X(cuMemcpyDtoD)                     \
+  X(cuMemsetD8Async)                  \
+  X(cuMemGetInfo)                     \
+  X(cuModuleLoadData)                 \
+  X(cuModuleGetFunction)              \
   X(cuLaunchKernel)
 
 #define CJAX_NVRTC_FUNCTIONS(X) \

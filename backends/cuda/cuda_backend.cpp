@@ -5,9 +5,8 @@
 // copies (cuMemcpyHtoD/DtoH) synchronise with it, so a host read sees every kernel issued before
 // it and a freed buffer is reused only after the kernels that used it. Per-device streams and
 // events replace this when jit programs run on the GPU.
-#include <fmt/format.h>
-
 #include <absl/container/flat_hash_map.h>
+#include <fmt/format.h>
 
 #include <atomic>
 #include <cstring>
@@ -53,9 +52,10 @@ class CudaBackend final : public Backend {
       size_t free = 0, total = 0;
       api.cuMemGetInfo(&free, &total);
       std::lock_guard lock(g.mu);
-      throw BackendError(fmt::format("out of memory on {} ({}): allocating {} bytes with {} bytes in use by cjax "
-                                     "arrays, {} of {} bytes free on the GPU",
-                                     d.str(), g.info.name, nbytes, g.stats.bytes_in_use, free, total));
+      throw BackendError(
+          fmt::format("out of memory on {} ({}): allocating {} bytes with {} bytes in use by cjax "
+                      "arrays, {} of {} bytes free on the GPU",
+                      d.str(), g.info.name, nbytes, g.stats.bytes_in_use, free, total));
     }
     check(r, "cuMemAllocAsync");
     std::lock_guard lock(g.mu);

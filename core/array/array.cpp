@@ -7,9 +7,9 @@
 #include "cjax/eval_shape.h"
 #include "cjax/sharding.h"
 #include "core/array/array_impl.h"
-#include "core/backend/backend.h"
 #include "core/array/spmd.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/backend.h"
 
 namespace cjax {
 
@@ -18,13 +18,14 @@ int64_t shape_size(const Shape& s) {
   bool overflow = false;
   for (int64_t d : s) overflow |= __builtin_mul_overflow(n, d, &n);
   if (overflow)
-    throw ShapeError(fmt::format("shape {} has more elements than a 64-bit count can hold; use smaller dimensions",
-                                 shape_str(s)));
+    throw ShapeError(
+        fmt::format("shape {} has more elements than a 64-bit count can hold; use smaller dimensions", shape_str(s)));
   return n;
 }
 void check_aval(const AbstractValue& a) {
   for (int64_t d : a.shape)
-    if (d < 0) throw ShapeError(fmt::format("shape {} has a negative dimension; sizes must be >= 0", shape_str(a.shape)));
+    if (d < 0)
+      throw ShapeError(fmt::format("shape {} has a negative dimension; sizes must be >= 0", shape_str(a.shape)));
   int64_t bytes = 0;
   if (__builtin_mul_overflow(shape_size(a.shape), int64_t(itemsize(a.dtype)), &bytes))
     throw ShapeError(fmt::format("shape {} of {} needs more bytes than a 64-bit size can hold; use smaller dimensions",
@@ -70,19 +71,25 @@ Array make_from_host(const void* data, AbstractValue aval, Device device) {
   Array a = make_uninitialized(std::move(aval), device);
   if (!nbytes) return a;
   const Device& d = concrete(a)->buffer()->device();
-  if (host_accessible(d)) std::memcpy(raw_ptr(a), data, nbytes);
-  else backend_for(d.platform()).copy_from_host(d, raw_ptr(a), data, nbytes);
+  if (host_accessible(d))
+    std::memcpy(raw_ptr(a), data, nbytes);
+  else
+    backend_for(d.platform()).copy_from_host(d, raw_ptr(a), data, nbytes);
   return a;
 }
-bool host_accessible(const Device& d) { return d.platform() == Platform::cpu || backend_for(d.platform()).host_accessible(); }
+bool host_accessible(const Device& d) {
+  return d.platform() == Platform::cpu || backend_for(d.platform()).host_accessible();
+}
 Array to_host(const Array& a) {
   ConcreteArray& c = require_concrete(a, "a host read");
   a.block_until_ready();
-  if (c.buffers.size() != 1) return device_put(a, SingleDeviceSharding(c.device().platform() == Platform::cpu ? c.device() : host_device()));
+  if (c.buffers.size() != 1)
+    return device_put(a, SingleDeviceSharding(c.device().platform() == Platform::cpu ? c.device() : host_device()));
   const Buffer& buf = *c.buffer();
   if (host_accessible(buf.device())) return a;
   Array out = make_uninitialized(a.aval(), host_device());
-  if (buf.nbytes()) backend_for(buf.device().platform()).copy_to_host(buf.device(), buf.data(), raw_ptr(out), buf.nbytes());
+  if (buf.nbytes())
+    backend_for(buf.device().platform()).copy_to_host(buf.device(), buf.data(), raw_ptr(out), buf.nbytes());
   return out;
 }
 Array on_default_device(Array host_value) {
@@ -109,13 +116,16 @@ Array make_scalar(double value, DType dtype, bool weak) {
   Array a = make_uninitialized(AbstractValue{{}, dtype, weak, {}}, host_device());
   visit_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (is_half_v<T>) *data_ptr<T>(a) = T(float(value));
-    else *data_ptr<T>(a) = T(value);
+    if constexpr (is_half_v<T>)
+      *data_ptr<T>(a) = T(float(value));
+    else
+      *data_ptr<T>(a) = T(value);
   });
   return a;
 }
 namespace {
-template <class T> Array exact_scalar(T v, bool weak) {
+template <class T>
+Array exact_scalar(T v, bool weak) {
   Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, weak, {}}, host_device());
   *data_ptr<T>(a) = v;
   return a;
@@ -166,9 +176,10 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what) {
   Array keep;
   const ArrayImpl* ci = concrete_impl(impl, keep);
   if (!ci && dynamic_cast<const ShapedArray*>(&impl))
-    throw ConcretizationError(fmt::format("{} needs a concrete value, but got an abstract value {} (a shape_dtype_struct "
-                                          "or an eval_shape result), which has no data",
-                                          what, impl.aval.str()));
+    throw ConcretizationError(
+        fmt::format("{} needs a concrete value, but got an abstract value {} (a shape_dtype_struct "
+                    "or an eval_shape result), which has no data",
+                    what, impl.aval.str()));
   if (!ci)
     throw ConcretizationError(fmt::format(
         "{} needs a concrete value, but got an abstract tracer of type {}. {}. Use lax::cond / lax::select / "
@@ -194,12 +205,14 @@ void ConcreteArray::await_live(std::string_view what) const {
 }
 
 void raise_deleted(std::string_view what) {
-  throw ValueError(fmt::format("{}: the Array has been deleted: it was donated to a jit call (donate_argnums) "
-                               "and its buffer reused; use the call's outputs instead",
-                               what));
+  throw ValueError(
+      fmt::format("{}: the Array has been deleted: it was donated to a jit call (donate_argnums) "
+                  "and its buffer reused; use the call's outputs instead",
+                  what));
 }
 
-template <class T> std::vector<T> Array::to_vector() const {
+template <class T>
+std::vector<T> Array::to_vector() const {
   ConcreteArray& c = require_concrete(*this, "to_vector()");
   block_until_ready();
   if (c.buffers.size() != 1) return device_put(*this, SingleDeviceSharding(c.device())).to_vector<T>();
@@ -210,20 +223,23 @@ template <class T> std::vector<T> Array::to_vector() const {
     using S = typename decltype(tag)::type;
     const S* src = static_cast<const S*>(c.buffer()->data());
     for (int64_t i = 0; i < n; ++i) {
-      if constexpr (is_half_v<S> || is_half_v<T>) out[size_t(i)] = T(float(src[i]));
-      else out[size_t(i)] = static_cast<T>(src[i]);
+      if constexpr (is_half_v<S> || is_half_v<T>)
+        out[size_t(i)] = T(float(src[i]));
+      else
+        out[size_t(i)] = static_cast<T>(src[i]);
     }
   });
   return out;
 }
-template <class T> T Array::item() const {
+template <class T>
+T Array::item() const {
   require_concrete(*this, "item()");
   if (size() != 1)
-    throw ShapeError(fmt::format("item() needs an array of size 1, got shape {}; index or reduce it first",
-                                 shape_str(shape())));
+    throw ShapeError(
+        fmt::format("item() needs an array of size 1, got shape {}; index or reduce it first", shape_str(shape())));
   return to_vector<T>()[0];
 }
-#define CJAX_INSTANTIATE(T) \
+#define CJAX_INSTANTIATE(T)                            \
   template std::vector<T> Array::to_vector<T>() const; \
   template T Array::item<T>() const;
 CJAX_INSTANTIATE(bool)
@@ -274,7 +290,8 @@ std::vector<Shard> Array::addressable_shards() const {
   AbstractValue block{ns->shard_shape(shape()), dtype(), weak_type(), {}};
   std::vector<Shard> out;
   for (size_t k = 0; k < c.buffers.size(); ++k)
-    out.push_back(Shard{c.buffers[k]->device(), indices[k], Array(std::make_shared<ConcreteArray>(block, c.buffers[k]))});
+    out.push_back(
+        Shard{c.buffers[k]->device(), indices[k], Array(std::make_shared<ConcreteArray>(block, c.buffers[k]))});
   return out;
 }
 // Eager results are ready when returned; outputs of dispatched jit calls when their producer is
@@ -318,8 +335,7 @@ void PendingValue::wait() {
     // A blocking wait: record how far behind the newest dispatched call its producer is.
     ++g_host_waits;
     int64_t lag = g_dispatched.load() - sequence;
-    for (int64_t m = g_max_wait_lag.load(); lag > m && !g_max_wait_lag.compare_exchange_weak(m, lag);) {
-    }
+    for (int64_t m = g_max_wait_lag.load(); lag > m && !g_max_wait_lag.compare_exchange_weak(m, lag);) {}
     std::unique_lock lk(mu);
     cv.wait(lk, [&] { return done.load(std::memory_order_acquire); });
   }

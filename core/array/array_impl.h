@@ -53,8 +53,7 @@ struct PendingValue {
 // its data goes through concrete() / buffer(), which wait for it.
 class ConcreteArray final : public ArrayImpl {
  public:
-  ConcreteArray(AbstractValue a, std::shared_ptr<Buffer> buf)
-      : ArrayImpl(std::move(a)), buffers{std::move(buf)} {}
+  ConcreteArray(AbstractValue a, std::shared_ptr<Buffer> buf) : ArrayImpl(std::move(a)), buffers{std::move(buf)} {}
   // A value still being computed: no buffers until `pending` is done.
   ConcreteArray(AbstractValue a, std::shared_ptr<PendingValue> p) : ArrayImpl(std::move(a)), pending(std::move(p)) {}
   bool is_concrete() const override { return true; }
@@ -139,7 +138,8 @@ ConcreteArray& require_concrete(const Array& a, std::string_view what);
 // Raises ValueError: `what` used an Array deleted by donation (its buffers were released).
 [[noreturn]] void raise_deleted(std::string_view what);
 
-template <class T> T* data_ptr(const Array& a) {
+template <class T>
+T* data_ptr(const Array& a) {
   return static_cast<T*>(static_cast<ConcreteArray*>(a.impl())->buffer()->data());
 }
 inline void* raw_ptr(const Array& a) { return static_cast<ConcreteArray*>(a.impl())->buffer()->data(); }

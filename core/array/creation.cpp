@@ -6,19 +6,21 @@
 
 namespace cjax::numpy {
 
-template <class T> Array array(const std::vector<T>& data, Shape shape) {
+template <class T>
+Array array(const std::vector<T>& data, Shape shape) {
   if (shape.empty() && data.size() != 1) shape = {int64_t(data.size())};
   if (shape.empty() && data.size() == 1) shape = {1};
   int64_t n = shape_size(shape);
   for (int64_t d : shape)
     if (d < 0) throw ShapeError(fmt::format("array(): negative dimension in shape {}", shape_str(shape)));
   if (n != int64_t(data.size()))
-    throw ShapeError(fmt::format("array(): {} values cannot fill shape {} ({} elements)", data.size(),
-                                 shape_str(shape), n));
+    throw ShapeError(
+        fmt::format("array(): {} values cannot fill shape {} ({} elements)", data.size(), shape_str(shape), n));
   // The dtype is the element type's own (std::vector<double> -> float64): a C++ caller names it.
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(data.begin(), data.end());
-    return on_default_device(make_from_host(bytes.data(), AbstractValue{shape, DType::bool_, false, {}}, host_device()));
+    return on_default_device(
+        make_from_host(bytes.data(), AbstractValue{shape, DType::bool_, false, {}}, host_device()));
   } else {
     return on_default_device(make_from_host(data.data(), AbstractValue{shape, dtype_v<T>, false, {}}, host_device()));
   }

@@ -35,8 +35,8 @@ constexpr std::array<DTypeRow, kNumDTypes> kRows{{
 [[noreturn]] void invalid_dtype(DType d) {
   std::string valid;
   for (const auto& r : kRows) valid += (valid.empty() ? "" : ", ") + std::string(r.name);
-  throw DTypeError("invalid dtype value " + std::to_string(int(d)) + " (a DType is one of " + valid +
-                   ", values 0.." + std::to_string(kNumDTypes - 1) + ")");
+  throw DTypeError("invalid dtype value " + std::to_string(int(d)) + " (a DType is one of " + valid + ", values 0.." +
+                   std::to_string(kNumDTypes - 1) + ")");
 }
 const DTypeRow& row(DType d) {
   if (size_t(d) >= kRows.size()) [[unlikely]]
@@ -120,13 +120,14 @@ TypeInfo result_type(std::span<const TypeInfo> inputs) {
   for (int n = 0; n < kNodes; ++n)
     if ((common & bit(n)) && kLattice.up[n] == common) lub = n;
   if (lub < 0) throw DTypeError("no common dtype for the given inputs");
-  static constexpr DType strong[kNodes] = {DType::bool_,  DType::uint8,   DType::uint32,  DType::uint32,
-                                           DType::float64, DType::int32,  DType::int8,    DType::int16,
-                                           DType::int32,  DType::int64,   DType::float32, DType::bfloat16,
+  static constexpr DType strong[kNodes] = {DType::bool_,   DType::uint8,   DType::uint32,  DType::uint32,
+                                           DType::float64, DType::int32,   DType::int8,    DType::int16,
+                                           DType::int32,   DType::int64,   DType::float32, DType::bfloat16,
                                            DType::float16, DType::float32, DType::float64};
   if (lub == U16 || lub == U64) {
-    throw DTypeError("type promotion reached an unsigned type cjax does not have (uint16/uint64); "
-                     "cast the operands explicitly with astype");
+    throw DTypeError(
+        "type promotion reached an unsigned type cjax does not have (uint16/uint64); "
+        "cast the operands explicitly with astype");
   }
   if (lub == IW || lub == FW) {
     // A weak result takes the default dtype of its kind (int32 / float32), as in JAX, except when
@@ -150,7 +151,7 @@ uint16_t float16_t::from_float(float f) {
   uint32_t absx = x & 0x7fffffffu;
   if (absx >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
   if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: overflow to inf
-  if (absx < 0x38800000u) {  // subnormal half (or zero)
+  if (absx < 0x38800000u) {                                  // subnormal half (or zero)
     float a = std::bit_cast<float>(absx);
     // Adding 0.5 scales the value so that the FPU's round-to-nearest-even produces the
     // half subnormal mantissa in the low bits.

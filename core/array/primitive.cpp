@@ -1,9 +1,10 @@
 #include "core/array/primitive.h"
 
 #include <absl/hash/hash.h>
-#include <deque>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 
@@ -15,8 +16,10 @@ Params::Params(std::initializer_list<std::pair<std::string, ParamValue>> items) 
 void Params::set(std::string name, ParamValue v) {
   auto it = std::lower_bound(items_.begin(), items_.end(), name,
                              [](const auto& kv, const std::string& n) { return kv.first < n; });
-  if (it != items_.end() && it->first == name) it->second = std::move(v);
-  else items_.insert(it, {std::move(name), std::move(v)});
+  if (it != items_.end() && it->first == name)
+    it->second = std::move(v);
+  else
+    items_.insert(it, {std::move(name), std::move(v)});
 }
 const ParamValue* Params::find(std::string_view name) const {
   for (auto& kv : items_)
@@ -51,10 +54,14 @@ size_t Params::hash() const {
     size_t hv = std::visit(
         [](const auto& x) -> size_t {
           using T = std::decay_t<decltype(x)>;
-          if constexpr (std::is_same_v<T, std::monostate>) return 0;
-          else if constexpr (std::is_same_v<T, std::shared_ptr<const ParamObject>>) return x ? x->hash() : 0;
-          else if constexpr (std::is_same_v<T, DType>) return size_t(x) * 31 + 7;
-          else return absl::HashOf(x);
+          if constexpr (std::is_same_v<T, std::monostate>)
+            return 0;
+          else if constexpr (std::is_same_v<T, std::shared_ptr<const ParamObject>>)
+            return x ? x->hash() : 0;
+          else if constexpr (std::is_same_v<T, DType>)
+            return size_t(x) * 31 + 7;
+          else
+            return absl::HashOf(x);
         },
         v);
     h = absl::HashOf(h, k, hv);
@@ -66,12 +73,18 @@ std::string param_value_str(const ParamValue& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::monostate>) return "None";
-        else if constexpr (std::is_same_v<T, bool>) return x ? "True" : "False";
-        else if constexpr (std::is_same_v<T, int64_t>) return std::to_string(x);
-        else if constexpr (std::is_same_v<T, double>) return fmt::format("{}", x);
-        else if constexpr (std::is_same_v<T, std::string>) return x;
-        else if constexpr (std::is_same_v<T, DType>) return std::string(dtype_name(x));
+        if constexpr (std::is_same_v<T, std::monostate>)
+          return "None";
+        else if constexpr (std::is_same_v<T, bool>)
+          return x ? "True" : "False";
+        else if constexpr (std::is_same_v<T, int64_t>)
+          return std::to_string(x);
+        else if constexpr (std::is_same_v<T, double>)
+          return fmt::format("{}", x);
+        else if constexpr (std::is_same_v<T, std::string>)
+          return x;
+        else if constexpr (std::is_same_v<T, DType>)
+          return std::string(dtype_name(x));
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
           if (x.size() == 1) return fmt::format("({},)", x[0]);
           return fmt::format("({})", fmt::join(x, ", "));
@@ -105,7 +118,7 @@ namespace {
 void check_count(std::string_view name, const Arity& a, size_t got) {
   if (got >= a.min && got <= a.max) return;
   auto n = [](size_t k) { return fmt::format("{} operand{}", k, k == 1 ? "" : "s"); };
-  std::string want = a.min == a.max                 ? n(a.min)
+  std::string want = a.min == a.max               ? n(a.min)
                      : a.max == Arity::kUnbounded ? "at least " + n(a.min)
                                                   : fmt::format("{} to {}", a.min, n(a.max));
   throw ValueError(fmt::format("{} takes {}, got {}", name, want, got));
@@ -117,8 +130,8 @@ void check_operand_count(const PrimitiveDef& def, size_t n) { check_count(def.na
 const PrimitiveDef& register_primitive(PrimitiveDef def) {
   if (!def.arity) throw Error(fmt::format("internal: primitive '{}' is registered without an arity", def.name));
   if (def.abstract_eval) {
-    def.abstract_eval = [name = def.name, arity = *def.arity, eval = std::move(def.abstract_eval)](
-                            std::span<const Array> in, const Params& p) {
+    def.abstract_eval = [name = def.name, arity = *def.arity,
+                         eval = std::move(def.abstract_eval)](std::span<const Array> in, const Params& p) {
       check_count(name, arity, in.size());
       return eval(in, p);
     };

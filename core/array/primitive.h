@@ -2,10 +2,10 @@
 // A family file (elementwise.cpp, shape.cpp, ...) defines its primitives and registers them;
 // later layers (autodiff, batching, sharding, codegen) find their rules through the same def.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,9 +25,8 @@ struct ParamObject {
   virtual bool equals(const ParamObject& other) const = 0;
 };
 
-using ParamValue = std::variant<std::monostate, bool, int64_t, double, std::string, DType,
-                                std::vector<int64_t>, std::vector<std::vector<int64_t>>,
-                                std::shared_ptr<const ParamObject>>;
+using ParamValue = std::variant<std::monostate, bool, int64_t, double, std::string, DType, std::vector<int64_t>,
+                                std::vector<std::vector<int64_t>>, std::shared_ptr<const ParamObject>>;
 
 // Sorted name -> value map (sorted because jaxprs print params sorted).
 class Params {
@@ -37,12 +36,14 @@ class Params {
   void set(std::string name, ParamValue v);
   bool has(std::string_view name) const { return find(name) != nullptr; }
   const ParamValue& at(std::string_view name) const;  // raises Error naming a missing param
-  template <class T> const T& get(std::string_view name) const {
+  template <class T>
+  const T& get(std::string_view name) const {
     const ParamValue& v = at(name);
     if (auto* p = std::get_if<T>(&v)) return *p;
     bad_type(name);
   }
-  template <class T> std::shared_ptr<const T> object(std::string_view name) const {
+  template <class T>
+  std::shared_ptr<const T> object(std::string_view name) const {
     auto p = std::dynamic_pointer_cast<const T>(get<std::shared_ptr<const ParamObject>>(name));
     if (!p) bad_type(name);
     return p;
@@ -61,7 +62,17 @@ class Params {
 };
 std::string param_value_str(const ParamValue& v);  // JAX's text: (0, 1), True, float32
 
-enum class PrimKind : uint8_t { Elementwise, Broadcast, Reduction, Shape, Indexing, Linalg, Collective, HigherOrder, Opaque };
+enum class PrimKind : uint8_t {
+  Elementwise,
+  Broadcast,
+  Reduction,
+  Shape,
+  Indexing,
+  Linalg,
+  Collective,
+  HigherOrder,
+  Opaque
+};
 
 // How many operands a primitive takes. register_primitive requires one and checks it before
 // every abstract_eval, so no rule reads past its operands (the jaxpr parser and custom rules can
@@ -91,7 +102,7 @@ struct PrimitiveDef {
   // each backend registers their kernels per platform (register_kernel in core/array/kernel_table.h, the CPU's
   // in backends/cpu/kernels/).
   ImplFn impl;
-  std::optional<ScalarOp> scalar_op;  // elementwise primitives: the row of the scalar-op table
+  std::optional<ScalarOp> scalar_op;        // elementwise primitives: the row of the scalar-op table
   std::vector<std::string> leading_params;  // printed first, in this order (others follow sorted)
   // Has an effect besides its outputs (printing, I/O): never removed, merged or constant-folded by
   // the jit passes. Collectives are treated the same way through their kind.

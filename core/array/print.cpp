@@ -112,9 +112,12 @@ Decimal shortest(float16_t h) {
   return shortest(double(float(h)));  // not reached: 5 digits always identify a float16
 }
 
-template <class T> double to_double(T v) {
-  if constexpr (is_half_v<T>) return double(float(v));
-  else return double(v);
+template <class T>
+double to_double(T v) {
+  if constexpr (is_half_v<T>)
+    return double(float(v));
+  else
+    return double(v);
 }
 
 // Positional text split at the point: {"-12", "5"} for -12.5. At most `max_frac` fractional digits
@@ -125,7 +128,8 @@ template <class T> double to_double(T v) {
 struct Parts {
   std::string int_part, frac;
 };
-template <class T> Parts positional(T v, int max_frac, bool exact_integer_digits) {
+template <class T>
+Parts positional(T v, int max_frac, bool exact_integer_digits) {
   Decimal d = shortest(v);
   int nd = int(d.digits.size());
   int frac_len = std::max(0, nd - 1 - d.exp);
@@ -161,14 +165,16 @@ struct SciParts {
 // `fixed_frac` >= 0: exactly that many mantissa digits of the exact value, correctly rounded
 // (numpy's unique mode with min_digits: the digits past the shortest ones are real digits,
 // float16 3.140625 with 3 digits is "3.141e+00", not "3.140e+00").
-template <class T> SciParts scientific(T v, int max_frac, int fixed_frac = -1) {
+template <class T>
+SciParts scientific(T v, int max_frac, int fixed_frac = -1) {
   Decimal d = shortest(v);
   if (fixed_frac >= 0 || (max_frac >= 0 && int(d.digits.size()) - 1 > max_frac)) {
     int digits = fixed_frac >= 0 ? fixed_frac : max_frac;
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.*e", digits, std::fabs(to_double(v)));
     d = parse_scientific(buf, d.negative);
-    if (fixed_frac >= 0) d.digits.append(size_t(fixed_frac + 1) - std::min(size_t(fixed_frac + 1), d.digits.size()), '0');
+    if (fixed_frac >= 0)
+      d.digits.append(size_t(fixed_frac + 1) - std::min(size_t(fixed_frac + 1), d.digits.size()), '0');
   }
   SciParts p;
   p.int_part = (d.negative ? "-" : "") + d.digits.substr(0, 1);
@@ -201,7 +207,8 @@ class BoolFormat {
   std::string true_str_;
 };
 
-template <class T> class IntFormat {
+template <class T>
+class IntFormat {
  public:
   IntFormat(const std::vector<T>& shown, bool) {
     if (shown.empty()) return;
@@ -212,21 +219,26 @@ template <class T> class IntFormat {
 
  private:
   static std::string text(T x) {
-    if constexpr (std::is_signed_v<T>) return std::to_string(int64_t(x));
-    else return std::to_string(uint64_t(x));
+    if constexpr (std::is_signed_v<T>)
+      return std::to_string(int64_t(x));
+    else
+      return std::to_string(uint64_t(x));
   }
   size_t width_ = 0;
 };
 
-template <class T> class FloatFormat {
+template <class T>
+class FloatFormat {
  public:
   FloatFormat(const std::vector<T>& shown, bool) {
     std::vector<T> finite;
     bool has_neg_inf = false;
     for (T x : shown) {
       double d = to_double(x);
-      if (std::isfinite(d)) finite.push_back(x);
-      else if (std::isinf(d) && d < 0) has_neg_inf = true;
+      if (std::isfinite(d))
+        finite.push_back(x);
+      else if (std::isinf(d) && d < 0)
+        has_neg_inf = true;
     }
     // Scientific notation is chosen from the nonzero finite magnitudes, compared in T (NEP 50).
     bool any_nonzero = false;
@@ -240,8 +252,7 @@ template <class T> class FloatFormat {
     }
     if (any_nonzero) {
       double ratio = to_double(T(to_double(max_v) / to_double(min_v)));  // rounded to T, like numpy
-      exp_format_ = to_double(max_v) >= to_double(T(1e8)) || to_double(min_v) < to_double(T(1e-4)) ||
-                    ratio > 1000.0;
+      exp_format_ = to_double(max_v) >= to_double(T(1e8)) || to_double(min_v) < to_double(T(1e-4)) || ratio > 1000.0;
     }
     if (finite.empty()) {
       pad_left_ = pad_right_ = 0;
@@ -284,8 +295,10 @@ template <class T> class FloatFormat {
 
  private:
   static T abs_t(T x) {
-    if constexpr (is_half_v<T>) return T(std::fabs(float(x)));
-    else return std::fabs(x);
+    if constexpr (is_half_v<T>)
+      return T(std::fabs(float(x)));
+    else
+      return std::fabs(x);
   }
   bool exp_format_ = false;
   int pad_left_ = 0, pad_right_ = 0;
@@ -307,20 +320,38 @@ class ReprFormat {
   std::string operator()(bfloat16_t x) const { return ostream_float(float(x)); }
 };
 
-template <class T> struct FormatterFor;
-template <> struct FormatterFor<bool> { using type = BoolFormat; };
-template <> struct FormatterFor<bfloat16_t> { using type = ReprFormat; };
-template <> struct FormatterFor<float16_t> { using type = FloatFormat<float16_t>; };
-template <> struct FormatterFor<float> { using type = FloatFormat<float>; };
-template <> struct FormatterFor<double> { using type = FloatFormat<double>; };
 template <class T>
-  requires std::is_integral_v<T> && (!std::is_same_v<T, bool>)
-struct FormatterFor<T> { using type = IntFormat<T>; };
+struct FormatterFor;
+template <>
+struct FormatterFor<bool> {
+  using type = BoolFormat;
+};
+template <>
+struct FormatterFor<bfloat16_t> {
+  using type = ReprFormat;
+};
+template <>
+struct FormatterFor<float16_t> {
+  using type = FloatFormat<float16_t>;
+};
+template <>
+struct FormatterFor<float> {
+  using type = FloatFormat<float>;
+};
+template <>
+struct FormatterFor<double> {
+  using type = FloatFormat<double>;
+};
+template <class T>
+requires std::is_integral_v<T> &&(!std::is_same_v<T, bool>)struct FormatterFor<T> {
+  using type = IntFormat<T>;
+};
 
 // ------------------------------------------------------------------------------------------------
 // Scalars: numpy's str() of a 0-d array is str() of its scalar, Python's float text.
 
-template <class T> std::string scalar_str(T v) {
+template <class T>
+std::string scalar_str(T v) {
   if constexpr (std::is_same_v<T, bool>) {
     return v ? "True" : "False";
   } else if constexpr (std::is_integral_v<T>) {
@@ -352,7 +383,8 @@ struct View {
   bool summarised(size_t axis) const { return summarise && shape[axis] > 2 * kEdgeItems; }
 };
 
-template <class F> void for_each_shown(const View& v, size_t axis, int64_t offset, F&& f) {
+template <class F>
+void for_each_shown(const View& v, size_t axis, int64_t offset, F&& f) {
   if (axis == v.shape.size()) return f(offset);
   int64_t n = v.shape[axis];
   for (int64_t i = 0; i < n; ++i) {
@@ -374,7 +406,8 @@ void extend_line(std::string& s, std::string& line, const std::string& word, siz
   line += word;
 }
 
-template <class T, class Fmt> class Layout {
+template <class T, class Fmt>
+class Layout {
  public:
   Layout(const T* data, const View& view, const Fmt& fmt, std::string separator)
       : data_(data), view_(view), fmt_(fmt), sep_(std::move(separator)) {
@@ -428,7 +461,8 @@ template <class T, class Fmt> class Layout {
 };
 
 // Runs f(const T* data) on host-readable elements of a concrete array.
-template <class T, class F> decltype(auto) with_host_data(const Array& x, F&& f) {
+template <class T, class F>
+decltype(auto) with_host_data(const Array& x, F&& f) {
   ConcreteArray& c = require_concrete(x, "printing an array");
   x.block_until_ready();
   if (c.buffers.size() == 1 && c.device().platform() == Platform::cpu)
@@ -457,8 +491,8 @@ std::string array2string(const Array& x, const std::string& separator, const std
 
 std::string traced_str(const ArrayImpl& impl) {
   if (dynamic_cast<const ShapedArray*>(&impl))  // JAX's repr(jax.ShapeDtypeStruct)
-    return fmt::format("ShapeDtypeStruct(shape={}, dtype={}{})", shape_str(impl.aval.shape), dtype_name(impl.aval.dtype),
-                       impl.aval.weak_type ? ", weak_type=True" : "");
+    return fmt::format("ShapeDtypeStruct(shape={}, dtype={}{})", shape_str(impl.aval.shape),
+                       dtype_name(impl.aval.dtype), impl.aval.weak_type ? ", weak_type=True" : "");
   if (auto* t = dynamic_cast<const Tracer*>(&impl)) {
     std::string v = t->value_str();
     if (!v.empty()) return v;
@@ -490,8 +524,7 @@ std::string repr(const Array& x) {
   if (!impl) return "Array(empty)";
   if (!impl->is_concrete()) return traced_str(*impl);
   const std::string prefix = "Array(";
-  std::string dtype_str =
-      fmt::format("dtype={}{})", dtype_name(x.dtype()), x.weak_type() ? ", weak_type=True" : "");
+  std::string dtype_str = fmt::format("dtype={}{})", dtype_name(x.dtype()), x.weak_type() ? ", weak_type=True" : "");
   std::string s = x.size() == 0 ? "[], shape=" + shape_str(x.shape())
                                 : array2string(x, ", ", prefix, kLineWidth - 1 /* the suffix "," */);
   size_t nl = s.rfind('\n');

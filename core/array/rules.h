@@ -44,8 +44,8 @@ struct BatchOut {
   std::vector<Array> outs;
   std::vector<int> bdims;
 };
-using BatchRule = std::function<BatchOut(std::span<const Array> args, std::span<const int> bdims,
-                                         const BatchAxis& axis, const Params&)>;
+using BatchRule = std::function<BatchOut(std::span<const Array> args, std::span<const int> bdims, const BatchAxis& axis,
+                                         const Params&)>;
 
 // Partial evaluation of a higher-order primitive under linearize: `known[i]` says whether input
 // i is known (a value of the parent trace) or unknown (a tracer of the current, staging trace).

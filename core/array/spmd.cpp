@@ -53,12 +53,13 @@ int64_t bound_group_size(const std::vector<std::string>& axes, std::string_view 
     if (!m) {
       std::vector<std::string> bound;
       for (const ManualAxis& b : tl_axes) bound.push_back("'" + b.name + "'" + (b.batch ? " (vmap)" : ""));
-      throw AxisNameError(fmt::format(
-          "Found an unbound axis name: {}. To fix this, call {} inside shard_map over a mesh with an axis named "
-          "'{}', or inside vmap with axis_name '{}' (axes in scope: {}).",
-          a, op, a, a,
-          bound.empty() ? std::string("none: not inside shard_map or a named vmap")
-                        : fmt::format("{}", fmt::join(bound, ", "))));
+      throw AxisNameError(
+          fmt::format("Found an unbound axis name: {}. To fix this, call {} inside shard_map over a mesh with an axis "
+                      "named "
+                      "'{}', or inside vmap with axis_name '{}' (axes in scope: {}).",
+                      a, op, a, a,
+                      bound.empty() ? std::string("none: not inside shard_map or a named vmap")
+                                    : fmt::format("{}", fmt::join(bound, ", "))));
     }
     n *= m->size;
   }

@@ -68,7 +68,8 @@ class Communicator {
   // Publishes this device's values and returns every device's values (in mesh device order) once
   // all have arrived. `what` describes the collective ("psum over ('i',) of f32[4]") and must be
   // the same on every device.
-  virtual std::vector<std::vector<Array>> exchange(int64_t device, std::vector<Array> values, const std::string& what) = 0;
+  virtual std::vector<std::vector<Array>> exchange(int64_t device, std::vector<Array> values,
+                                                   const std::string& what) = 0;
   // Returns when every device has arrived.
   virtual void barrier(int64_t device, const std::string& what) = 0;
 };
@@ -116,9 +117,9 @@ class Jaxpr;
 // device's outputs. Implemented by the jit layer (it compiles the body once); the shard_map
 // primitive calls it. Bodies without effects and without collectives inside control flow run in
 // lockstep (Executable::run_lockstep): the instructions between two collectives for every device,
-// on the thread pool, then the collective once for all devices. The others run concurrently on every device's worker thread,
-// their collectives meeting through one communicator (with a timeout instead of a hang).
-// CJAX_SPMD_THREADS=1 runs every body on the device workers.
+// on the thread pool, then the collective once for all devices. The others run concurrently on every device's worker
+// thread, their collectives meeting through one communicator (with a timeout instead of a hang). CJAX_SPMD_THREADS=1
+// runs every body on the device workers.
 using SpmdRunner = std::vector<std::vector<Array>> (*)(const std::shared_ptr<const Jaxpr>& body, const Mesh& mesh,
                                                        const std::vector<ManualAxis>& axes,
                                                        std::vector<std::vector<Array>> inputs);

@@ -42,11 +42,11 @@ std::string tracer_origin(const Array& a) {
 }
 
 void raise_escaped_tracer(const Array& a, const PrimitiveDef& def) {
-  throw EscapedTracerError(fmt::format(
-      "an intermediate value of type {} from a finished transformation was passed to '{}'. A tracer "
-      "escaped its trace (for example it was stored in a global or captured by a lambda that outlived "
-      "jit/grad); return it from the transformed function instead.{}",
-      a.aval().str(), def.name, tracer_origin(a)));
+  throw EscapedTracerError(
+      fmt::format("an intermediate value of type {} from a finished transformation was passed to '{}'. A tracer "
+                  "escaped its trace (for example it was stored in a global or captured by a lambda that outlived "
+                  "jit/grad); return it from the transformed function instead.{}",
+                  a.aval().str(), def.name, tracer_origin(a)));
 }
 
 namespace {
@@ -86,9 +86,11 @@ std::optional<Platform> device_platform(const PrimitiveDef& def, std::span<const
       found = p;
       first = i;
     } else if (*found != p) {
-      throw BackendError(fmt::format("'{}' got operand {} on {} and operand {} on {}: operands must live on one "
-                                     "platform; device_put one of them to the other's device",
-                                     def.name, first, concrete(inputs[first])->device().str(), i, concrete(inputs[i])->device().str()));
+      throw BackendError(
+          fmt::format("'{}' got operand {} on {} and operand {} on {}: operands must live on one "
+                      "platform; device_put one of them to the other's device",
+                      def.name, first, concrete(inputs[first])->device().str(), i,
+                      concrete(inputs[i])->device().str()));
     }
   }
   if (any_follower && !found) return std::nullopt;  // only CPU scalars
@@ -122,10 +124,11 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   for (const Array& a : inputs) {
     if (!a.defined()) throw ValueError(fmt::format("'{}' received an empty Array handle", def.name));
     if (dynamic_cast<const ShapedArray*>(a.impl()))
-      throw ValueError(fmt::format("'{}' received an abstract value {} (a shape_dtype_struct or an eval_shape result) "
-                                   "that has no data; it can only stand for an argument where types are enough "
-                                   "(eval_shape, make_jaxpr, jit(f).lower)",
-                                   def.name, a.aval().str()));
+      throw ValueError(
+          fmt::format("'{}' received an abstract value {} (a shape_dtype_struct or an eval_shape result) "
+                      "that has no data; it can only stand for an argument where types are enough "
+                      "(eval_shape, make_jaxpr, jit(f).lower)",
+                      def.name, a.aval().str()));
     if (!a.impl()->is_concrete()) raise_escaped_tracer(a, def);
     auto* c = static_cast<ConcreteArray*>(a.impl());
     c->await_live(fmt::format("'{}'", def.name));
@@ -134,13 +137,14 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
   // shard_map takes sharded operands block by block; other primitives run per shard.
   if (sharded && !def.takes_sharded_operands) {
     if (!sharded_eager_fn())
-      throw Error(fmt::format("internal: '{}' got sharded operands but no eager per-shard handler is registered",
-                              def.name));
+      throw Error(
+          fmt::format("internal: '{}' got sharded operands but no eager per-shard handler is registered", def.name));
     return sharded_eager_fn()(def, inputs, params);
   }
   // Concrete values carry no varying axes (those are types of traced shard_map bodies).
   std::vector<AbstractValue> out_avals = def.abstract_eval(inputs, params);
-  if (std::optional<Platform> p = device_platform(def, inputs)) return run_on_platform(def, *p, inputs, out_avals, params);
+  if (std::optional<Platform> p = device_platform(def, inputs))
+    return run_on_platform(def, *p, inputs, out_avals, params);
   const PrimitiveKernel& kernel = implementation_for(def, Platform::cpu);
   try {
     std::vector<Array> outs = kernel(inputs, out_avals, params);
@@ -155,9 +159,10 @@ std::vector<Array> EvalTrace::process_primitive(const PrimitiveDef& def, std::sp
     // Device buffers fail with the allocator's BackendError; this is a kernel's host scratch memory.
     std::string outs;
     for (const AbstractValue& a : out_avals) outs += (outs.empty() ? "" : ", ") + a.str();
-    throw BackendError(fmt::format("out of host memory running '{}' (outputs {}): a host allocation failed "
-                                   "(std::bad_alloc)",
-                                   def.name, outs));
+    throw BackendError(
+        fmt::format("out of host memory running '{}' (outputs {}): a host allocation failed "
+                    "(std::bad_alloc)",
+                    def.name, outs));
   }
 }
 

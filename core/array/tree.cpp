@@ -1,11 +1,11 @@
 // Pytrees: key paths, TreeDef (structure, printing, hashing, comparison) and the Dict node.
+#include "cjax/tree.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <numeric>
 #include <ostream>
-
-#include "cjax/tree.h"
 
 namespace cjax {
 
@@ -17,13 +17,20 @@ std::string py_repr(std::string_view s) {
   char q = (has_sq && !has_dq) ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += std::string("\\") + char(c);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += char(c);
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += std::string("\\") + char(c);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += char(c);
   }
   out += q;
   return out;
@@ -124,10 +131,11 @@ TreeDef TreeDef::tuple(std::vector<TreeDef> children) {
   return TreeDef(finish(n));
 }
 namespace {
-template <class K> void sort_keys(std::vector<K>& keys, std::vector<TreeDef>& children, const char* fn) {
+template <class K>
+void sort_keys(std::vector<K>& keys, std::vector<TreeDef>& children, const char* fn) {
   if (keys.size() != children.size())
-    throw ValueError(fmt::format("{}: {} keys but {} children; pass one child per key", fn, keys.size(),
-                                 children.size()));
+    throw ValueError(
+        fmt::format("{}: {} keys but {} children; pass one child per key", fn, keys.size(), children.size()));
   std::vector<size_t> perm(keys.size());
   std::iota(perm.begin(), perm.end(), size_t(0));
   std::stable_sort(perm.begin(), perm.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
@@ -165,8 +173,8 @@ TreeDef TreeDef::int_dict(std::vector<int64_t> keys, std::vector<TreeDef> childr
 }
 TreeDef TreeDef::struct_node(std::string type_name, std::vector<std::string> fields, std::vector<TreeDef> children) {
   if (fields.size() != children.size())
-    throw ValueError(fmt::format("TreeDef::struct_node({}): {} fields but {} children", type_name, fields.size(),
-                                 children.size()));
+    throw ValueError(
+        fmt::format("TreeDef::struct_node({}): {} fields but {} children", type_name, fields.size(), children.size()));
   auto n = std::make_shared<Node>();
   n->kind = Kind::Struct;
   n->type_name = std::move(type_name);
@@ -215,7 +223,8 @@ std::string TreeDef::node_str() const {
       return s + "}";
     case Kind::IntDict:
       s = "{";
-      for (size_t i = 0; i < n.children.size(); ++i) s += fmt::format("{}{}: {}", i ? ", " : "", n.int_keys[i], kids(i));
+      for (size_t i = 0; i < n.children.size(); ++i)
+        s += fmt::format("{}{}: {}", i ? ", " : "", n.int_keys[i], kids(i));
       return s + "}";
     case Kind::Struct: {
       std::string fields = "(";
@@ -272,18 +281,20 @@ std::string TreeDef::difference(const TreeDef& other) const {
 namespace tree_detail {
 const Array& LeafCursor::next() {
   if (it_ == end_)
-    throw ValueError(fmt::format("tree::unflatten: too few leaves: got {}, but the structure has more; pass one "
-                                 "leaf per leaf of the structure",
-                                 consumed()));
+    throw ValueError(
+        fmt::format("tree::unflatten: too few leaves: got {}, but the structure has more; pass one "
+                    "leaf per leaf of the structure",
+                    consumed()));
   return *it_++;
 }
 
 void throw_mismatch(const KeyPath& path, const TreeDef& first, const TreeDef& other, int which) {
-  throw ValueError(fmt::format(
-      "tree::map: tree {} has a different structure than tree 1 at {}: tree 1 has {} there, tree {} has {}. "
-      "Tree 1's structure must be a prefix of every other tree's (same containers and keys down to tree 1's "
-      "leaves)",
-      which, where(path), first.node_str(), which, other.node_str()));
+  throw ValueError(
+      fmt::
+          format("tree::map: tree {} has a different structure than tree 1 at {}: tree 1 has {} there, tree {} has {}. "
+                 "Tree 1's structure must be a prefix of every other tree's (same containers and keys down to tree 1's "
+                 "leaves)",
+                 which, where(path), first.node_str(), which, other.node_str()));
 }
 
 StructInfo::StructInfo(const char* type_name, const char* field_list) : name(type_name) {
@@ -353,7 +364,8 @@ namespace {
 std::string describe(const Dict& d) {
   switch (d.kind()) {
     case Dict::Kind::None: return "None (an entry created by operator[] and never assigned?)";
-    case Dict::Kind::Leaf: return "an array leaf " + (d.array().defined() ? d.array().aval().str() : std::string("(empty handle)"));
+    case Dict::Kind::Leaf:
+      return "an array leaf " + (d.array().defined() ? d.array().aval().str() : std::string("(empty handle)"));
     case Dict::Kind::Map: {
       std::vector<std::string> ks;
       for (const auto& [k, v] : d.items()) ks.push_back(py_repr(k));
@@ -373,16 +385,13 @@ void Dict::kind_error(const char* wanted) const {
   throw ValueError(fmt::format("Dict: the node at {} is {}; {}", where(path_), describe(*this), wanted));
 }
 
-size_t Dict::size() const {
-  return kind_ == Kind::Map ? map_.size() : kind_ == Kind::List ? list_.size() : 0;
-}
+size_t Dict::size() const { return kind_ == Kind::Map ? map_.size() : kind_ == Kind::List ? list_.size() : 0; }
 bool Dict::contains(const std::string& key) const { return kind_ == Kind::Map && map_.count(key); }
 bool Dict::contains(int64_t key) const { return kind_ == Kind::List && list_.count(key); }
 
 Dict& Dict::operator[](const std::string& key) {
   if (kind_ == Kind::None) kind_ = Kind::Map;
-  if (kind_ != Kind::Map)
-    kind_error(fmt::format("it cannot be indexed with the string key {}", py_repr(key)).c_str());
+  if (kind_ != Kind::Map) kind_error(fmt::format("it cannot be indexed with the string key {}", py_repr(key)).c_str());
   auto [it, inserted] = map_.try_emplace(key);
   if (inserted) it->second.path_ = path_.child(PathKey::key(key));
   return it->second;
@@ -397,8 +406,7 @@ Dict& Dict::index_mut(int64_t i) {
   return it->second;
 }
 const Dict& Dict::operator[](const std::string& key) const {
-  if (kind_ != Kind::Map)
-    kind_error(fmt::format("it cannot be indexed with the string key {}", py_repr(key)).c_str());
+  if (kind_ != Kind::Map) kind_error(fmt::format("it cannot be indexed with the string key {}", py_repr(key)).c_str());
   auto it = map_.find(key);
   if (it == map_.end())
     throw ValueError(fmt::format("Dict: no key {} at {}; the node is {}", py_repr(key), where(path_), describe(*this)));
@@ -537,7 +545,10 @@ Dict TreeTraits<Dict>::unflatten(const Dict& like, tree_detail::LeafCursor& in) 
 Dict TreeTraits<Dict>::from_structure(const TreeDef& td, tree_detail::LeafCursor& in) {
   Dict d;
   switch (td.kind()) {
-    case TreeDef::Kind::Leaf: d.kind_ = Dict::Kind::Leaf; d.leaf_ = in.next(); return d;
+    case TreeDef::Kind::Leaf:
+      d.kind_ = Dict::Kind::Leaf;
+      d.leaf_ = in.next();
+      return d;
     case TreeDef::Kind::None: return d;
     case TreeDef::Kind::List:
     case TreeDef::Kind::Tuple:
@@ -578,9 +589,10 @@ bool TreeTraits<Dict>::same_node(const Dict& a, const Dict& b) {
 namespace tree {
 Dict unflatten(const TreeDef& treedef, const std::vector<Array>& leaves) {
   if (leaves.size() != treedef.num_leaves())
-    throw ValueError(fmt::format("tree::unflatten: the structure {} has {} leaves but {} were given; pass exactly "
-                                 "one array per leaf",
-                                 treedef.str(), treedef.num_leaves(), leaves.size()));
+    throw ValueError(
+        fmt::format("tree::unflatten: the structure {} has {} leaves but {} were given; pass exactly "
+                    "one array per leaf",
+                    treedef.str(), treedef.num_leaves(), leaves.size()));
   tree_detail::LeafCursor in(leaves.data(), leaves.data() + leaves.size());
   Dict d;
   d = TreeTraits<Dict>::from_structure(treedef, in);  // assignment sets every node's key path

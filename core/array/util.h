@@ -32,8 +32,8 @@ inline CpuIsa requested_cpu_isa() {
 // the function, the axis and the rank otherwise.
 inline int64_t canonicalize_axis(int64_t axis, int64_t ndim, std::string_view fn) {
   if (axis < -ndim || axis >= ndim)
-    throw ValueError(fmt::format("{}: axis {} is out of bounds for an array of rank {} (valid: {}..{})", fn, axis,
-                                 ndim, -ndim, ndim - 1));
+    throw ValueError(fmt::format("{}: axis {} is out of bounds for an array of rank {} (valid: {}..{})", fn, axis, ndim,
+                                 -ndim, ndim - 1));
   return axis < 0 ? axis + ndim : axis;
 }
 // Same for a list; also rejects repeated axes.

@@ -5,9 +5,13 @@
 
 namespace cjax {
 
-template <class T> struct Tag { using type = T; };
+template <class T>
+struct Tag {
+  using type = T;
+};
 
-template <class F> decltype(auto) visit_dtype(DType d, F&& f) {
+template <class F>
+decltype(auto) visit_dtype(DType d, F&& f) {
   switch (d) {
     case DType::bool_: return f(Tag<bool>{});
     case DType::int8: return f(Tag<int8_t>{});
@@ -27,13 +31,24 @@ template <class F> decltype(auto) visit_dtype(DType d, F&& f) {
 }
 
 // The type arithmetic is done in: float for the half types, the type itself otherwise.
-template <class T> struct compute_type { using type = T; };
-template <> struct compute_type<bfloat16_t> { using type = float; };
-template <> struct compute_type<float16_t> { using type = float; };
-template <class T> using compute_t = typename compute_type<T>::type;
+template <class T>
+struct compute_type {
+  using type = T;
+};
+template <>
+struct compute_type<bfloat16_t> {
+  using type = float;
+};
+template <>
+struct compute_type<float16_t> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename compute_type<T>::type;
 
-template <class T> inline constexpr bool is_half_v =
-    std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>;
-template <class T> inline constexpr bool is_float_like_v = is_half_v<T> || std::is_floating_point_v<T>;
+template <class T>
+inline constexpr bool is_half_v = std::is_same_v<T, bfloat16_t> || std::is_same_v<T, float16_t>;
+template <class T>
+inline constexpr bool is_float_like_v = is_half_v<T> || std::is_floating_point_v<T>;
 
 }  // namespace cjax

@@ -32,9 +32,10 @@ Backend* find_backend(Platform platform) { return backends()[size_t(platform)].l
 
 Backend& backend_for(Platform platform) {
   if (Backend* b = find_backend(platform)) return *b;
-  throw BackendError(fmt::format("platform '{}' is not built into this cjax (the {} backend is compiled only "
-                                 "when its toolkit is found at build time)",
-                                 platform_name(platform), platform_name(platform)));
+  throw BackendError(
+      fmt::format("platform '{}' is not built into this cjax (the {} backend is compiled only "
+                  "when its toolkit is found at build time)",
+                  platform_name(platform), platform_name(platform)));
 }
 
 void check_device(const Device& d) {
@@ -51,9 +52,7 @@ void check_device(const Device& d) {
 }
 
 void* device_allocate(const Device& d, size_t nbytes) { return backend_for(d.platform()).allocate(d, nbytes); }
-void device_deallocate(const Device& d, void* p, size_t nbytes) {
-  backend_for(d.platform()).deallocate(d, p, nbytes);
-}
+void device_deallocate(const Device& d, void* p, size_t nbytes) { backend_for(d.platform()).deallocate(d, p, nbytes); }
 
 std::string Device::str() const { return fmt::format("{}:{}", platform_name(platform_), id_); }
 std::string Device::repr() const {
@@ -64,8 +63,8 @@ namespace {
 Platform parse_platform(std::string_view platform, std::string_view where) {
   if (platform == "cpu") return Platform::cpu;
   if (platform == "cuda" || platform == "gpu") return Platform::cuda;
-  throw BackendError(fmt::format("{}: unknown platform '{}'; the platforms are 'cpu' and 'cuda' (alias 'gpu')", where,
-                                 platform));
+  throw BackendError(
+      fmt::format("{}: unknown platform '{}'; the platforms are 'cpu' and 'cuda' (alias 'gpu')", where, platform));
 }
 // The devices of `p`, or BackendError naming why it has none.
 std::vector<Device> require_devices(Platform p, std::string_view where) {

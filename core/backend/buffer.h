@@ -14,8 +14,7 @@ void device_deallocate(const Device& d, void* p, size_t nbytes);
 
 class Buffer {
  public:
-  Buffer(Device device, size_t nbytes)
-      : device_(device), nbytes_(nbytes), data_(device_allocate(device, nbytes)) {}
+  Buffer(Device device, size_t nbytes) : device_(device), nbytes_(nbytes), data_(device_allocate(device, nbytes)) {}
   ~Buffer() { device_deallocate(device_, data_, nbytes_); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;

@@ -131,8 +131,10 @@ void store_kernel(const std::string& fkey, std::string_view object) {
     }
   }
   std::filesystem::rename(tmp, file, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
-  else ++c.disk_writes;
+  if (ec)
+    std::filesystem::remove(tmp, ec);
+  else
+    ++c.disk_writes;
   // Trim on this process's first write and every 64th after: a directory listing per write would
   // cost more than it saves.
   if ((c.disk_writes.load() - 1) % 64 == 0) trim_disk_kernel_cache();

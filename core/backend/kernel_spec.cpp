@@ -31,7 +31,10 @@ void KernelSpec::finalize() {
     switch (n.op) {
       case Op::Load: row = inputs[size_t(n.input)].col_stride == 0; break;
       case Op::Const: row = true; break;
-      case Op::Reduce: row = true; has_reduction = true; break;
+      case Op::Reduce:
+        row = true;
+        has_reduction = true;
+        break;
       default: break;
     }
     n.row_level = row;

@@ -42,13 +42,13 @@ struct KernelNode {
   enum class Op : uint8_t { Load, Const, Scalar, Convert, Select, IntegerPow, Reduce };
   KernelNode(Op o, DType d) : op(o), dtype(d) {}
   Op op;
-  DType dtype;                   // result dtype (bf16/f16 are computed in f32 and rounded per op)
-  std::vector<int> args;         // node indices (Select: predicate then cases)
-  int input = -1;                // Load: index into KernelSpec::inputs
-  ScalarOp scalar_op{};          // Scalar
-  double fvalue = 0;             // Const (floating / bool)
-  int64_t ivalue = 0;            // Const (integers), IntegerPow exponent
-  KernelReduce reduce{};         // Reduce
+  DType dtype;            // result dtype (bf16/f16 are computed in f32 and rounded per op)
+  std::vector<int> args;  // node indices (Select: predicate then cases)
+  int input = -1;         // Load: index into KernelSpec::inputs
+  ScalarOp scalar_op{};   // Scalar
+  double fvalue = 0;      // Const (floating / bool)
+  int64_t ivalue = 0;     // Const (integers), IntegerPow exponent
+  KernelReduce reduce{};  // Reduce
   // Filled by finalize(): level and the pass that computes the node (full level) or after
   // which it is available (row level).
   bool row_level = false;
@@ -65,16 +65,16 @@ struct KernelOutput {
 };
 
 struct KernelSpec {
-  std::string name;                 // symbol of the generated function
-  std::vector<int64_t> outer;       // coalesced outer extents (product R; empty: R = 1)
-  int64_t cols = 1;                 // C
+  std::string name;            // symbol of the generated function
+  std::vector<int64_t> outer;  // coalesced outer extents (product R; empty: R = 1)
+  int64_t cols = 1;            // C
   bool has_reduction = false;
   std::vector<KernelInput> inputs;
-  std::vector<KernelNode> nodes;    // topologically ordered
+  std::vector<KernelNode> nodes;  // topologically ordered
   std::vector<KernelOutput> outputs;
   // Computed by finalize():
   int num_passes = 1;
-  std::vector<int> scratch_slot;    // per node: index of its scratch row, or -1
+  std::vector<int> scratch_slot;  // per node: index of its scratch row, or -1
   int num_scratch = 0;
 
   int64_t rows() const;

@@ -12,7 +12,8 @@ bool in_parallel_region();
 class RangeFn {
  public:
   template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, RangeFn>>>
-  RangeFn(F& f) : obj_(static_cast<void*>(&f)), call_([](void* o, int64_t b, int64_t e) { (*static_cast<F*>(o))(b, e); }) {}
+  RangeFn(F& f)
+      : obj_(static_cast<void*>(&f)), call_([](void* o, int64_t b, int64_t e) { (*static_cast<F*>(o))(b, e); }) {}
   void operator()(int64_t b, int64_t e) const { call_(obj_, b, e); }
 
  private:
@@ -25,7 +26,8 @@ void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn);
 // range is small, when one thread is configured, or when called from inside a parallel region.
 // Chunk boundaries depend only on n, grain and the thread count, so reductions that combine
 // per-chunk results in chunk order are deterministic.
-template <class F> inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
+template <class F>
+inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
   if (n <= 0) return;
   if (n <= grain) {
     fn(int64_t(0), n);

@@ -12,6 +12,7 @@ namespace cjax {
 //   Any: every dtype. Cmp: any dtype, returns bool. Pred: floating, returns bool.
 enum class ScalarDomain : uint8_t { Float, Int, Num, Logic, Any, Cmp, Pred };
 
+// clang-format off
 //  X(Enum,            "jax name",             arity, domain)
 #define CJAX_SCALAR_OPS(X)                                 \
   X(Neg, "neg", 1, Num)                                    \
@@ -71,6 +72,7 @@ enum class ScalarDomain : uint8_t { Float, Int, Num, Logic, Any, Cmp, Pred };
   X(Gt, "gt", 2, Cmp)                                      \
   X(Ge, "ge", 2, Cmp)                                      \
   X(Clamp, "clamp", 3, Num)
+// clang-format on
 
 enum class ScalarOp : uint8_t {
 #define CJAX_X(e, n, a, d) e,

@@ -11,9 +11,9 @@
 
 #include "cjax/lax.h"
 #include "core/array/array_impl.h"
+#include "core/array/visit_dtype.h"
 #include "core/lax/elementwise.h"
 #include "core/lax/linalg.h"
-#include "core/array/visit_dtype.h"
 
 namespace cjax {
 
@@ -69,25 +69,28 @@ std::vector<AbstractValue> conv_abstract_eval(std::span<const Array> in, const P
   const Array &lhs = in[0], &rhs = in[1];
   auto dn = p.object<ConvDimsParam>("dimension_numbers");
   if (lhs.dtype() != rhs.dtype())
-    throw DTypeError(fmt::format("conv_general_dilated requires lhs and rhs to have the same dtype, got {} and {} "
-                                 "(convert one with lax::convert_element_type)",
-                                 dtype_name(lhs.dtype()), dtype_name(rhs.dtype())));
+    throw DTypeError(
+        fmt::format("conv_general_dilated requires lhs and rhs to have the same dtype, got {} and {} "
+                    "(convert one with lax::convert_element_type)",
+                    dtype_name(lhs.dtype()), dtype_name(rhs.dtype())));
   if (lhs.dtype() == DType::bool_)
     throw DTypeError("conv_general_dilated does not accept bool operands; convert them to a numeric dtype first");
   size_t nd = dn->lhs_spec.size();
   if (lhs.ndim() != int(nd) || rhs.ndim() != int(nd))
-    throw ShapeError(fmt::format("conv_general_dilated: lhs {} and rhs {} must both have rank {} (the length of the "
-                                 "dimension numbers {}); they need the same number of spatial dimensions",
-                                 shape_str(lhs.shape()), shape_str(rhs.shape()), nd, dn->str()));
+    throw ShapeError(
+        fmt::format("conv_general_dilated: lhs {} and rhs {} must both have rank {} (the length of the "
+                    "dimension numbers {}); they need the same number of spatial dimensions",
+                    shape_str(lhs.shape()), shape_str(rhs.shape()), nd, dn->str()));
   if (nd < 3)
-    throw ShapeError(fmt::format("conv_general_dilated needs at least one spatial dimension, got operands of rank {}",
-                                 nd));
+    throw ShapeError(
+        fmt::format("conv_general_dilated needs at least one spatial dimension, got operands of rank {}", nd));
   size_t nsp = nd - 2;
   auto check_len = [&](const char* name, size_t len) {
     if (len != nsp)
-      throw ValueError(fmt::format("conv_general_dilated: {} has {} entries but the operands have {} spatial "
-                                   "dimensions",
-                                   name, len, nsp));
+      throw ValueError(
+          fmt::format("conv_general_dilated: {} has {} entries but the operands have {} spatial "
+                      "dimensions",
+                      name, len, nsp));
   };
   auto& ws = p.ints("window_strides");
   auto& ld = p.ints("lhs_dilation");
@@ -101,26 +104,27 @@ std::vector<AbstractValue> conv_abstract_eval(std::span<const Array> in, const P
     if (ws[i] <= 0)
       throw ValueError(fmt::format("conv_general_dilated: window_strides must be positive, got {}", spec_str(ws)));
     if (ld[i] <= 0 || rd[i] <= 0)
-      throw ValueError(fmt::format("conv_general_dilated: dilations must be positive, got lhs_dilation {} and "
-                                   "rhs_dilation {}",
-                                   spec_str(ld), spec_str(rd)));
-    if (pad[i].size() != 2)
-      throw ValueError("conv_general_dilated: each padding entry must be a (low, high) pair");
+      throw ValueError(
+          fmt::format("conv_general_dilated: dilations must be positive, got lhs_dilation {} and "
+                      "rhs_dilation {}",
+                      spec_str(ld), spec_str(rd)));
+    if (pad[i].size() != 2) throw ValueError("conv_general_dilated: each padding entry must be a (low, high) pair");
   }
   if (p.i("batch_group_count") != 1)
     throw ValueError(fmt::format("conv_general_dilated: batch_group_count={} is not supported by cjax (only 1)",
                                  p.i("batch_group_count")));
   ConvGeom g = conv_geometry(lhs, rhs, p);
-  if (g.G < 1)
-    throw ValueError(fmt::format("conv_general_dilated: feature_group_count must be >= 1, got {}", g.G));
+  if (g.G < 1) throw ValueError(fmt::format("conv_general_dilated: feature_group_count must be >= 1, got {}", g.G));
   if (g.C != g.I * g.G)
-    throw ShapeError(fmt::format("conv_general_dilated: lhs feature dimension (size {}) must equal the rhs input "
-                                 "feature dimension (size {}) times feature_group_count ({}); lhs {} rhs {}",
-                                 g.C, g.I, g.G, shape_str(lhs.shape()), shape_str(rhs.shape())));
+    throw ShapeError(
+        fmt::format("conv_general_dilated: lhs feature dimension (size {}) must equal the rhs input "
+                    "feature dimension (size {}) times feature_group_count ({}); lhs {} rhs {}",
+                    g.C, g.I, g.G, shape_str(lhs.shape()), shape_str(rhs.shape())));
   if (g.O % g.G != 0)
-    throw ShapeError(fmt::format("conv_general_dilated: rhs output feature dimension (size {}) must be a multiple of "
-                                 "feature_group_count ({})",
-                                 g.O, g.G));
+    throw ShapeError(
+        fmt::format("conv_general_dilated: rhs output feature dimension (size {}) must be a multiple of "
+                    "feature_group_count ({})",
+                    g.O, g.G));
   Shape out(nd);
   out[size_t(dn->out_spec[0])] = g.N;
   out[size_t(dn->out_spec[1])] = g.O;
@@ -153,9 +157,10 @@ const PrimitiveDef& g_conv = register_primitive([] {
 std::vector<int64_t> spec_perm(const std::string& spec, const std::string& rhs_spec, char a, char b, int which) {
   static const char* names[] = {"lhs_spec", "rhs_spec", "out_spec"};
   if (std::count(spec.begin(), spec.end(), a) != 1 || std::count(spec.begin(), spec.end(), b) != 1)
-    throw ValueError(fmt::format("conv_general_dilated: dimension_numbers.{} \"{}\" must contain the characters '{}' "
-                                 "and '{}' exactly once (e.g. \"{}\")",
-                                 names[which], spec, a, b, which == 1 ? "OIHW" : "NCHW"));
+    throw ValueError(
+        fmt::format("conv_general_dilated: dimension_numbers.{} \"{}\" must contain the characters '{}' "
+                    "and '{}' exactly once (e.g. \"{}\")",
+                    names[which], spec, a, b, which == 1 ? "OIHW" : "NCHW"));
   for (size_t i = 0; i < spec.size(); ++i)
     if (spec.find(spec[i], i + 1) != std::string::npos)
       throw ValueError(fmt::format("conv_general_dilated: dimension_numbers.{} \"{}\" has the character '{}' twice",
@@ -182,9 +187,10 @@ std::shared_ptr<const ParamObject> conv_dims(const lax::ConvDimensionNumbers& dn
     return out;
   }
   if (dn.lhs_spec.size() != dn.rhs_spec.size() || dn.lhs_spec.size() != dn.out_spec.size())
-    throw ValueError(fmt::format("conv_general_dilated: dimension_numbers (\"{}\", \"{}\", \"{}\") must have equal "
-                                 "lengths",
-                                 dn.lhs_spec, dn.rhs_spec, dn.out_spec));
+    throw ValueError(
+        fmt::format("conv_general_dilated: dimension_numbers (\"{}\", \"{}\", \"{}\") must have equal "
+                    "lengths",
+                    dn.lhs_spec, dn.rhs_spec, dn.out_spec));
   out->lhs_spec = spec_perm(dn.lhs_spec, dn.rhs_spec, 'N', 'C', 0);
   out->rhs_spec = spec_perm(dn.rhs_spec, dn.rhs_spec, 'O', 'I', 1);
   out->out_spec = spec_perm(dn.out_spec, dn.rhs_spec, 'N', 'C', 2);
@@ -197,9 +203,10 @@ std::shared_ptr<const ParamObject> conv_dims(const lax::ConvDimensionNumbers& dn
   };
   if (spatial(dn.lhs_spec, 'N', 'C') != spatial(dn.rhs_spec, 'O', 'I') ||
       spatial(dn.out_spec, 'N', 'C') != spatial(dn.rhs_spec, 'O', 'I'))
-    throw ValueError(fmt::format("conv_general_dilated: dimension_numbers (\"{}\", \"{}\", \"{}\") must each have "
-                                 "the same set of spatial characters",
-                                 dn.lhs_spec, dn.rhs_spec, dn.out_spec));
+    throw ValueError(
+        fmt::format("conv_general_dilated: dimension_numbers (\"{}\", \"{}\", \"{}\") must each have "
+                    "the same set of spatial characters",
+                    dn.lhs_spec, dn.rhs_spec, dn.out_spec));
   return out;
 }
 
@@ -217,23 +224,26 @@ Array conv_general_dilated(const Array& lhs, const Array& rhs, const std::vector
   auto dims = conv_dims(dn, lhs.ndim());
   auto& cd = static_cast<const ConvDimsParam&>(*dims);
   if (lhs.ndim() != int(cd.lhs_spec.size()) || rhs.ndim() != int(cd.rhs_spec.size()))
-    throw ShapeError(fmt::format("conv_general_dilated: lhs {} and rhs {} must have rank {} to match the dimension "
-                                 "numbers (\"{}\", \"{}\", \"{}\")",
-                                 shape_str(lhs.shape()), shape_str(rhs.shape()), cd.lhs_spec.size(), dn.lhs_spec,
-                                 dn.rhs_spec, dn.out_spec));
+    throw ShapeError(
+        fmt::format("conv_general_dilated: lhs {} and rhs {} must have rank {} to match the dimension "
+                    "numbers (\"{}\", \"{}\", \"{}\")",
+                    shape_str(lhs.shape()), shape_str(rhs.shape()), cd.lhs_spec.size(), dn.lhs_spec, dn.rhs_spec,
+                    dn.out_spec));
   size_t nsp = cd.lhs_spec.size() - 2;
   std::vector<int64_t> ld = lhs_dilation.empty() ? std::vector<int64_t>(nsp, 1) : lhs_dilation;
   std::vector<int64_t> rd = rhs_dilation.empty() ? std::vector<int64_t>(nsp, 1) : rhs_dilation;
   if (window_strides.size() != nsp || ld.size() != nsp || rd.size() != nsp)
-    throw ValueError(fmt::format("conv_general_dilated: window_strides {}, lhs_dilation {} and rhs_dilation {} need "
-                                 "one entry per spatial dimension ({})",
-                                 spec_str(window_strides), spec_str(ld), spec_str(rd), nsp));
+    throw ValueError(
+        fmt::format("conv_general_dilated: window_strides {}, lhs_dilation {} and rhs_dilation {} need "
+                    "one entry per spatial dimension ({})",
+                    spec_str(window_strides), spec_str(ld), spec_str(rd), nsp));
   std::vector<std::vector<int64_t>> pads;
   if (padding.mode.empty()) {
     if (padding.explicit_.size() != nsp)
-      throw ValueError(fmt::format("conv_general_dilated: explicit padding has {} (low, high) pairs but the operands "
-                                   "have {} spatial dimensions",
-                                   padding.explicit_.size(), nsp));
+      throw ValueError(
+          fmt::format("conv_general_dilated: explicit padding has {} (low, high) pairs but the operands "
+                      "have {} spatial dimensions",
+                      padding.explicit_.size(), nsp));
     for (auto& [lo, hi] : padding.explicit_) pads.push_back({lo, hi});
   } else if (padding.mode == "VALID") {
     pads.assign(nsp, {0, 0});
@@ -244,8 +254,8 @@ Array conv_general_dilated(const Array& lhs, const Array& rhs, const std::vector
       int64_t k = rhs.shape()[size_t(cd.rhs_spec[i + 2])];
       int64_t s = window_strides[i];
       if (s <= 0)
-        throw ValueError(fmt::format("conv_general_dilated: window_strides must be positive, got {}",
-                                     spec_str(window_strides)));
+        throw ValueError(
+            fmt::format("conv_general_dilated: window_strides must be positive, got {}", spec_str(window_strides)));
       int64_t dk = k == 0 ? 0 : (k - 1) * rd[i] + 1;
       int64_t outn = (in + s - 1) / s;
       int64_t total = std::max<int64_t>(0, (outn - 1) * s + dk - in);
@@ -253,9 +263,10 @@ Array conv_general_dilated(const Array& lhs, const Array& rhs, const std::vector
       pads.push_back({lo, total - lo});
     }
   } else {
-    throw ValueError(fmt::format("conv_general_dilated: unknown padding \"{}\"; use \"SAME\", \"SAME_LOWER\", "
-                                 "\"VALID\" or explicit (low, high) pairs",
-                                 padding.mode));
+    throw ValueError(
+        fmt::format("conv_general_dilated: unknown padding \"{}\"; use \"SAME\", \"SAME_LOWER\", "
+                    "\"VALID\" or explicit (low, high) pairs",
+                    padding.mode));
   }
   Params params{{"batch_group_count", int64_t(1)},
                 {"dimension_numbers", dims},

@@ -27,9 +27,10 @@ size_t count_placeholders(std::string_view f) {
       ++n;
       ++i;
     } else if (f[i] == '{' || f[i] == '}') {
-      throw ValueError(fmt::format("debug::print: format '{}' has a lone brace at position {}; use {{}} for a value "
-                                   "and {{{{ or }}}} for a literal brace",
-                                   f, i));
+      throw ValueError(
+          fmt::format("debug::print: format '{}' has a lone brace at position {}; use {{}} for a value "
+                      "and {{{{ or }}}} for a literal brace",
+                      f, i));
     }
   }
   return n;

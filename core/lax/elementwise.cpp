@@ -12,9 +12,9 @@
 #include "cjax/lax.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
+#include "core/array/visit_dtype.h"
 #include "core/backend/backend.h"
 #include "core/lax/scalar_fns.h"
-#include "core/array/visit_dtype.h"
 
 namespace cjax {
 namespace {
@@ -40,21 +40,24 @@ AbstractValue elementwise_out(std::string_view name, std::span<const Array> in, 
   for (size_t i = first; i < in.size(); ++i) {
     const Array& a = in[i];
     if (a.dtype() != in[first].dtype())
-      throw DTypeError(fmt::format("{} requires arguments to have the same dtypes, got {} and {} "
-                                   "(use jnp functions for automatic promotion, or astype)",
-                                   name, dtype_name(in[first].dtype()), dtype_name(a.dtype())));
+      throw DTypeError(
+          fmt::format("{} requires arguments to have the same dtypes, got {} and {} "
+                      "(use jnp functions for automatic promotion, or astype)",
+                      name, dtype_name(in[first].dtype()), dtype_name(a.dtype())));
     all_weak &= a.weak_type();
     if (a.ndim() == 0) continue;
     if (big && big->shape() != a.shape())
-      throw ShapeError(fmt::format("{} got incompatible shapes for broadcasting: {} and {} "
-                                   "(lax ops need equal shapes; jnp functions broadcast)",
-                                   name, shape_str(big->shape()), shape_str(a.shape())));
+      throw ShapeError(
+          fmt::format("{} got incompatible shapes for broadcasting: {} and {} "
+                      "(lax ops need equal shapes; jnp functions broadcast)",
+                      name, shape_str(big->shape()), shape_str(a.shape())));
     if (!big) big = &a;
   }
   return AbstractValue{big ? big->shape() : Shape{}, in[first].dtype(), all_weak, {}};
 }
 
-template <ScalarOp op, int arity> PrimitiveDef make_elementwise_def() {
+template <ScalarOp op, int arity>
+PrimitiveDef make_elementwise_def() {
   const ScalarOpInfo& info = scalar_op_info(op);
   PrimitiveDef def;
   def.name = std::string(info.name);
@@ -65,8 +68,8 @@ template <ScalarOp op, int arity> PrimitiveDef make_elementwise_def() {
     const ScalarOpInfo& info = scalar_op_info(op);
     AbstractValue out = elementwise_out(info.name, in);
     if (!dtype_in_domain(out.dtype, info.domain))
-      throw DTypeError(fmt::format("{} does not accept dtype {}: it needs a {} dtype", info.name,
-                                   dtype_name(out.dtype), domain_desc(info.domain)));
+      throw DTypeError(fmt::format("{} does not accept dtype {}: it needs a {} dtype", info.name, dtype_name(out.dtype),
+                                   domain_desc(info.domain)));
     if (info.domain == ScalarDomain::Cmp || info.domain == ScalarDomain::Pred) {
       out.dtype = DType::bool_;
       out.weak_type = false;
@@ -102,9 +105,10 @@ const PrimitiveDef& g_bitcast = register_primitive([] {
   def.abstract_eval = [](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     DType to = p.get<DType>("new_dtype");
     if (itemsize(to) != itemsize(in[0].dtype()))
-      throw DTypeError(fmt::format("bitcast_convert_type from {} to {}: item sizes differ ({} vs {} bytes); "
-                                   "cjax only bitcasts between types of equal width",
-                                   dtype_name(in[0].dtype()), dtype_name(to), itemsize(in[0].dtype()), itemsize(to)));
+      throw DTypeError(
+          fmt::format("bitcast_convert_type from {} to {}: item sizes differ ({} vs {} bytes); "
+                      "cjax only bitcasts between types of equal width",
+                      dtype_name(in[0].dtype()), dtype_name(to), itemsize(in[0].dtype()), itemsize(to)));
     return {AbstractValue{in[0].shape(), to, false, {}}};
   };
   def.impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
@@ -148,9 +152,10 @@ const PrimitiveDef& g_integer_pow = register_primitive([] {
     DType d = in[0].dtype();
     if (d == DType::bool_) throw DTypeError("integer_pow does not accept bool; cast to an integer or float first");
     if (is_integer(d) && p.i("y") < 0)
-      throw ValueError(fmt::format("integer_pow of an {} array with negative exponent {}: integers have no "
-                                   "reciprocal; cast to float first",
-                                   dtype_name(d), p.i("y")));
+      throw ValueError(
+          fmt::format("integer_pow of an {} array with negative exponent {}: integers have no "
+                      "reciprocal; cast to float first",
+                      dtype_name(d), p.i("y")));
     return {AbstractValue{in[0].shape(), d, in[0].weak_type(), {}}};
   };
   return def;

@@ -12,8 +12,8 @@
 #include <limits>
 
 #include "core/array/array_impl.h"
-#include "core/lax/scalar_fns.h"
 #include "core/array/visit_dtype.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax {
 namespace {
@@ -46,9 +46,10 @@ void check_index_dtype(std::string_view prim, const Array& indices) {
     throw DTypeError(fmt::format("{}: indices must have an integer dtype, got {} (convert them with astype(int32))",
                                  prim, dtype_name(indices.dtype())));
   if (indices.ndim() < 1)
-    throw ShapeError(fmt::format("{}: indices must have rank >= 1 (the last dimension is the index vector), got "
-                                 "shape {}; reshape a scalar index to (1,)",
-                                 prim, shape_str(indices.shape())));
+    throw ShapeError(
+        fmt::format("{}: indices must have rank >= 1 (the last dimension is the index vector), got "
+                    "shape {}; reshape a scalar index to (1,)",
+                    prim, shape_str(indices.shape())));
 }
 
 // ---------------------------------------------------------------- gather
@@ -65,14 +66,16 @@ GatherGeom gather_geometry(const Array& operand, const Array& indices, const lax
   g.K = is.back();
   g.batch_shape.assign(is.begin(), is.end() - 1);
   if (int64_t(ss.size()) != R)
-    throw ShapeError(fmt::format("gather: slice_sizes={} must have one entry per operand dimension; the operand has "
-                                 "shape {} (rank {})",
-                                 tuple_str(ss), shape_str(os), R));
+    throw ShapeError(
+        fmt::format("gather: slice_sizes={} must have one entry per operand dimension; the operand has "
+                    "shape {} (rank {})",
+                    tuple_str(ss), shape_str(os), R));
   for (int64_t d = 0; d < R; ++d)
     if (ss[size_t(d)] < 0 || ss[size_t(d)] > os[size_t(d)])
-      throw ShapeError(fmt::format("gather: slice size {} for operand dimension {} must be in [0, {}] (operand shape "
-                                   "{}, slice_sizes={})",
-                                   ss[size_t(d)], d, os[size_t(d)], shape_str(os), tuple_str(ss)));
+      throw ShapeError(
+          fmt::format("gather: slice size {} for operand dimension {} must be in [0, {}] (operand shape "
+                      "{}, slice_sizes={})",
+                      ss[size_t(d)], d, os[size_t(d)], shape_str(os), tuple_str(ss)));
   check_dims(P, "collapsed_slice_dims", dn.collapsed_slice_dims, R, true, "an operand of rank");
   check_dims(P, "operand_batching_dims", dn.operand_batching_dims, R, true, "an operand of rank");
   check_dims(P, "start_index_map", dn.start_index_map, R, false, "an operand of rank");
@@ -87,34 +90,38 @@ GatherGeom gather_geometry(const Array& operand, const Array& indices, const lax
   }
   for (int64_t d : dn.operand_batching_dims) {
     if (ss[size_t(d)] > 1)
-      throw ShapeError(fmt::format("gather: operand batching dimension {} must have slice size <= 1, got {}", d,
-                                   ss[size_t(d)]));
+      throw ShapeError(
+          fmt::format("gather: operand batching dimension {} must have slice size <= 1, got {}", d, ss[size_t(d)]));
     if (contains(dn.start_index_map, d))
       throw ShapeError(fmt::format("gather: operand batching dimension {} may not appear in start_index_map={}", d,
                                    tuple_str(dn.start_index_map)));
   }
   if (int64_t(dn.start_index_map.size()) != g.K)
-    throw ShapeError(fmt::format("gather: start_index_map={} has {} entries but the index vector (last dimension of "
-                                 "indices of shape {}) has length {}",
-                                 tuple_str(dn.start_index_map), dn.start_index_map.size(), shape_str(is), g.K));
+    throw ShapeError(
+        fmt::format("gather: start_index_map={} has {} entries but the index vector (last dimension of "
+                    "indices of shape {}) has length {}",
+                    tuple_str(dn.start_index_map), dn.start_index_map.size(), shape_str(is), g.K));
   if (dn.operand_batching_dims.size() != dn.start_indices_batching_dims.size())
-    throw ShapeError(fmt::format("gather: operand_batching_dims={} and start_indices_batching_dims={} must have the "
-                                 "same length",
-                                 tuple_str(dn.operand_batching_dims), tuple_str(dn.start_indices_batching_dims)));
+    throw ShapeError(
+        fmt::format("gather: operand_batching_dims={} and start_indices_batching_dims={} must have the "
+                    "same length",
+                    tuple_str(dn.operand_batching_dims), tuple_str(dn.start_indices_batching_dims)));
   for (size_t i = 0; i < dn.operand_batching_dims.size(); ++i) {
     int64_t od = dn.operand_batching_dims[i], id = dn.start_indices_batching_dims[i];
     if (os[size_t(od)] != is[size_t(id)])
-      throw ShapeError(fmt::format("gather: operand batching dimension {} (size {}) and indices batching dimension {} "
-                                   "(size {}) must have equal sizes (operand {}, indices {})",
-                                   od, os[size_t(od)], id, is[size_t(id)], shape_str(os), shape_str(is)));
+      throw ShapeError(
+          fmt::format("gather: operand batching dimension {} (size {}) and indices batching dimension {} "
+                      "(size {}) must have equal sizes (operand {}, indices {})",
+                      od, os[size_t(od)], id, is[size_t(id)], shape_str(os), shape_str(is)));
   }
   int64_t n_window = R - int64_t(dn.collapsed_slice_dims.size()) - int64_t(dn.operand_batching_dims.size());
   if (int64_t(dn.offset_dims.size()) != n_window)
-    throw ShapeError(fmt::format("gather: offset_dims={} must have one entry per operand dimension that is neither "
-                                 "collapsed nor batching ({} of them for rank {}, collapsed_slice_dims={}, "
-                                 "operand_batching_dims={})",
-                                 tuple_str(dn.offset_dims), n_window, R, tuple_str(dn.collapsed_slice_dims),
-                                 tuple_str(dn.operand_batching_dims)));
+    throw ShapeError(
+        fmt::format("gather: offset_dims={} must have one entry per operand dimension that is neither "
+                    "collapsed nor batching ({} of them for rank {}, collapsed_slice_dims={}, "
+                    "operand_batching_dims={})",
+                    tuple_str(dn.offset_dims), n_window, R, tuple_str(dn.collapsed_slice_dims),
+                    tuple_str(dn.operand_batching_dims)));
   int64_t out_rank = nb + n_window;
   check_dims(P, "offset_dims", dn.offset_dims, out_rank, true, "an output of rank");
   g.out_shape.assign(size_t(out_rank), 0);
@@ -165,9 +172,10 @@ ScatterGeom scatter_geometry(std::string_view P, const Array& operand, const Arr
                              const lax::ScatterDimensionNumbers& dn) {
   check_index_dtype(P, indices);
   if (updates.dtype() != operand.dtype())
-    throw DTypeError(fmt::format("{}: updates must have the operand's dtype, got operand {} and updates {} (convert "
-                                 "the updates with astype)",
-                                 P, dtype_name(operand.dtype()), dtype_name(updates.dtype())));
+    throw DTypeError(
+        fmt::format("{}: updates must have the operand's dtype, got operand {} and updates {} (convert "
+                    "the updates with astype)",
+                    P, dtype_name(operand.dtype()), dtype_name(updates.dtype())));
   const Shape& os = operand.shape();
   const Shape& is = indices.shape();
   const Shape& us = updates.shape();
@@ -182,46 +190,53 @@ ScatterGeom scatter_geometry(std::string_view P, const Array& operand, const Arr
   check_dims(P, "scatter_indices_batching_dims", dn.scatter_indices_batching_dims, nb, false,
              "the batch dimensions of indices, count");
   if (int64_t(dn.scatter_dims_to_operand_dims.size()) != g.K)
-    throw ShapeError(fmt::format("{}: scatter_dims_to_operand_dims={} has {} entries but the index vector (last "
-                                 "dimension of indices of shape {}) has length {}",
-                                 P, tuple_str(dn.scatter_dims_to_operand_dims), dn.scatter_dims_to_operand_dims.size(),
-                                 shape_str(is), g.K));
+    throw ShapeError(
+        fmt::format("{}: scatter_dims_to_operand_dims={} has {} entries but the index vector (last "
+                    "dimension of indices of shape {}) has length {}",
+                    P, tuple_str(dn.scatter_dims_to_operand_dims), dn.scatter_dims_to_operand_dims.size(),
+                    shape_str(is), g.K));
   for (int64_t d : dn.inserted_window_dims)
     if (contains(dn.operand_batching_dims, d))
-      throw ShapeError(fmt::format("{}: dimension {} is both an inserted window and an operand batching dimension", P,
-                                   d));
+      throw ShapeError(
+          fmt::format("{}: dimension {} is both an inserted window and an operand batching dimension", P, d));
   for (int64_t d : dn.operand_batching_dims)
     if (contains(dn.scatter_dims_to_operand_dims, d))
-      throw ShapeError(fmt::format("{}: operand batching dimension {} may not appear in scatter_dims_to_operand_dims={}",
-                                   P, d, tuple_str(dn.scatter_dims_to_operand_dims)));
+      throw ShapeError(
+          fmt::format("{}: operand batching dimension {} may not appear in scatter_dims_to_operand_dims={}", P, d,
+                      tuple_str(dn.scatter_dims_to_operand_dims)));
   if (dn.operand_batching_dims.size() != dn.scatter_indices_batching_dims.size())
-    throw ShapeError(fmt::format("{}: operand_batching_dims={} and scatter_indices_batching_dims={} must have the same "
-                                 "length",
-                                 P, tuple_str(dn.operand_batching_dims), tuple_str(dn.scatter_indices_batching_dims)));
+    throw ShapeError(
+        fmt::format("{}: operand_batching_dims={} and scatter_indices_batching_dims={} must have the same "
+                    "length",
+                    P, tuple_str(dn.operand_batching_dims), tuple_str(dn.scatter_indices_batching_dims)));
   for (size_t i = 0; i < dn.operand_batching_dims.size(); ++i) {
     int64_t od = dn.operand_batching_dims[i], id = dn.scatter_indices_batching_dims[i];
     if (os[size_t(od)] != is[size_t(id)])
-      throw ShapeError(fmt::format("{}: operand batching dimension {} (size {}) and indices batching dimension {} (size "
-                                   "{}) must have equal sizes",
-                                   P, od, os[size_t(od)], id, is[size_t(id)]));
+      throw ShapeError(
+          fmt::format("{}: operand batching dimension {} (size {}) and indices batching dimension {} (size "
+                      "{}) must have equal sizes",
+                      P, od, os[size_t(od)], id, is[size_t(id)]));
   }
   int64_t n_window = R - int64_t(dn.inserted_window_dims.size()) - int64_t(dn.operand_batching_dims.size());
   if (int64_t(dn.update_window_dims.size()) != n_window)
-    throw ShapeError(fmt::format("{}: update_window_dims={} must have one entry per operand dimension that is neither "
-                                 "inserted nor batching ({} for operand rank {})",
-                                 P, tuple_str(dn.update_window_dims), n_window, R));
+    throw ShapeError(
+        fmt::format("{}: update_window_dims={} must have one entry per operand dimension that is neither "
+                    "inserted nor batching ({} for operand rank {})",
+                    P, tuple_str(dn.update_window_dims), n_window, R));
   if (UR != n_window + nb)
-    throw ShapeError(fmt::format("{}: updates of shape {} must have rank {} ({} window dims + {} scatter dims of "
-                                 "indices {})",
-                                 P, shape_str(us), n_window + nb, n_window, nb, shape_str(is)));
+    throw ShapeError(
+        fmt::format("{}: updates of shape {} must have rank {} ({} window dims + {} scatter dims of "
+                    "indices {})",
+                    P, shape_str(us), n_window + nb, n_window, nb, shape_str(is)));
   for (int64_t j = 0; j < UR; ++j)
     if (!contains(dn.update_window_dims, j)) g.update_scatter_dims.push_back(j);
   for (int64_t k = 0; k < nb; ++k)
     if (us[size_t(g.update_scatter_dims[size_t(k)])] != is[size_t(k)])
-      throw ShapeError(fmt::format("{}: updates of shape {} do not match indices of shape {}: update scatter dimension "
-                                   "{} has size {} but indices dimension {} has size {}",
-                                   P, shape_str(us), shape_str(is), g.update_scatter_dims[size_t(k)],
-                                   us[size_t(g.update_scatter_dims[size_t(k)])], k, is[size_t(k)]));
+      throw ShapeError(
+          fmt::format("{}: updates of shape {} do not match indices of shape {}: update scatter dimension "
+                      "{} has size {} but indices dimension {} has size {}",
+                      P, shape_str(us), shape_str(is), g.update_scatter_dims[size_t(k)],
+                      us[size_t(g.update_scatter_dims[size_t(k)])], k, is[size_t(k)]));
   std::vector<int64_t> ustr = row_major_strides(us);
   g.window.assign(size_t(R), 1);
   g.upd_stride_of_dim.assign(size_t(R), 0);
@@ -232,16 +247,15 @@ ScatterGeom scatter_geometry(std::string_view P, const Array& operand, const Arr
     g.window[size_t(d)] = us[size_t(ud)];
     g.upd_stride_of_dim[size_t(d)] = ustr[size_t(ud)];
     if (us[size_t(ud)] > os[size_t(d)])
-      throw ShapeError(fmt::format("{}: update window dimension {} (size {}) exceeds operand dimension {} (size {}); "
-                                   "updates {} vs operand {}",
-                                   P, ud, us[size_t(ud)], d, os[size_t(d)], shape_str(us), shape_str(os)));
+      throw ShapeError(
+          fmt::format("{}: update window dimension {} (size {}) exceeds operand dimension {} (size {}); "
+                      "updates {} vs operand {}",
+                      P, ud, us[size_t(ud)], d, os[size_t(d)], shape_str(us), shape_str(os)));
   }
   return g;
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 const char* scatter_name(ScatterKind k) {
   switch (k) {
@@ -256,7 +270,8 @@ const char* scatter_name(ScatterKind k) {
 
 namespace {
 
-template <ScatterKind kind> PrimitiveDef make_scatter_def() {
+template <ScatterKind kind>
+PrimitiveDef make_scatter_def() {
   PrimitiveDef def;
   def.name = scatter_name(kind);
   def.kind = PrimKind::Indexing;
@@ -288,10 +303,11 @@ std::string gather_scatter_mode_str(lax::GatherScatterMode m) {
 }
 
 std::string GatherDimensionNumbersParam::str() const {
-  return fmt::format("GatherDimensionNumbers(offset_dims={}, collapsed_slice_dims={}, start_index_map={}, "
-                     "operand_batching_dims={}, start_indices_batching_dims={})",
-                     tuple_str(dn.offset_dims), tuple_str(dn.collapsed_slice_dims), tuple_str(dn.start_index_map),
-                     tuple_str(dn.operand_batching_dims), tuple_str(dn.start_indices_batching_dims));
+  return fmt::format(
+      "GatherDimensionNumbers(offset_dims={}, collapsed_slice_dims={}, start_index_map={}, "
+      "operand_batching_dims={}, start_indices_batching_dims={})",
+      tuple_str(dn.offset_dims), tuple_str(dn.collapsed_slice_dims), tuple_str(dn.start_index_map),
+      tuple_str(dn.operand_batching_dims), tuple_str(dn.start_indices_batching_dims));
 }
 size_t GatherDimensionNumbersParam::hash() const {
   return absl::HashOf(std::string_view("gdn"), dn.offset_dims, dn.collapsed_slice_dims, dn.start_index_map,
@@ -304,11 +320,11 @@ bool GatherDimensionNumbersParam::equals(const ParamObject& other) const {
          o->dn.start_indices_batching_dims == dn.start_indices_batching_dims;
 }
 std::string ScatterDimensionNumbersParam::str() const {
-  return fmt::format("ScatterDimensionNumbers(update_window_dims={}, inserted_window_dims={}, "
-                     "scatter_dims_to_operand_dims={}, operand_batching_dims={}, scatter_indices_batching_dims={})",
-                     tuple_str(dn.update_window_dims), tuple_str(dn.inserted_window_dims),
-                     tuple_str(dn.scatter_dims_to_operand_dims), tuple_str(dn.operand_batching_dims),
-                     tuple_str(dn.scatter_indices_batching_dims));
+  return fmt::format(
+      "ScatterDimensionNumbers(update_window_dims={}, inserted_window_dims={}, "
+      "scatter_dims_to_operand_dims={}, operand_batching_dims={}, scatter_indices_batching_dims={})",
+      tuple_str(dn.update_window_dims), tuple_str(dn.inserted_window_dims), tuple_str(dn.scatter_dims_to_operand_dims),
+      tuple_str(dn.operand_batching_dims), tuple_str(dn.scatter_indices_batching_dims));
 }
 size_t ScatterDimensionNumbersParam::hash() const {
   return absl::HashOf(std::string_view("sdn"), dn.update_window_dims, dn.inserted_window_dims,
@@ -452,11 +468,10 @@ Array gather(const Array& operand, const Array& start_indices, const GatherDimen
              const std::vector<int64_t>& slice_sizes, GatherScatterMode mode, std::optional<double> fill_value) {
   return gather_with(operand, start_indices, dimension_numbers, slice_sizes, mode, fill_value, false, false);
 }
-#define CJAX_LAX_SCATTER(fn, K)                                                                        \
-  Array fn(const Array& operand, const Array& scatter_indices, const Array& updates,                     \
-           const ScatterDimensionNumbers& dimension_numbers, GatherScatterMode mode) {                  \
-    return scatter_with(ScatterKind::K, operand, scatter_indices, updates, dimension_numbers, mode, false, \
-                        false);                                                                         \
+#define CJAX_LAX_SCATTER(fn, K)                                                                                    \
+  Array fn(const Array& operand, const Array& scatter_indices, const Array& updates,                               \
+           const ScatterDimensionNumbers& dimension_numbers, GatherScatterMode mode) {                             \
+    return scatter_with(ScatterKind::K, operand, scatter_indices, updates, dimension_numbers, mode, false, false); \
   }
 CJAX_LAX_SCATTER(scatter_add, Add)
 CJAX_LAX_SCATTER(scatter, Set)

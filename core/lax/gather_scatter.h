@@ -81,8 +81,8 @@ std::optional<LeadingBatchGather> leading_batch_gather(const Array& operand, con
 // update element read is b * window_size + sum_d c[d] * update_stride[d].
 struct LeadingBatchScatter {
   int64_t batches = 0, window_size = 0, K = 0;
-  std::vector<int64_t> dims, hi;                // per index component
-  std::vector<int64_t> window, update_stride;   // per operand dim
+  std::vector<int64_t> dims, hi;               // per index component
+  std::vector<int64_t> window, update_stride;  // per operand dim
   bool clip = false;
 };
 std::optional<LeadingBatchScatter> leading_batch_scatter(const Array& operand, const Array& indices,
@@ -100,8 +100,8 @@ Array scatter_with(ScatterKind kind, const Array& operand, const Array& indices,
 // gather's and scatter's shapes, checked against their dimension numbers (the shape rules'
 // ShapeError/DTypeError), as the kernels of every platform read them.
 struct GatherGeom {
-  Shape batch_shape;             // indices.shape[:-1]
-  int64_t K = 0;                 // index vector length
+  Shape batch_shape;                    // indices.shape[:-1]
+  int64_t K = 0;                        // index vector length
   std::vector<int64_t> batch_out_dims;  // output dim of each batch dim
   Shape out_shape;
 };
@@ -122,19 +122,29 @@ const char* scatter_name(ScatterKind k);  // "scatter", "scatter-add", ...
 
 // gather's fill value for FILL_OR_DROP in T: `v`, or JAX's default (NaN for floats, the minimum of
 // a signed integer type, the maximum of an unsigned one, True for bool).
-template <class T> T default_gather_fill() {
-  if constexpr (std::is_same_v<T, bool>) return true;
+template <class T>
+T default_gather_fill() {
+  if constexpr (std::is_same_v<T, bool>)
+    return true;
   else if constexpr (is_float_like_v<T>) {
-    if constexpr (is_half_v<T>) return T(std::numeric_limits<float>::quiet_NaN());
-    else return std::numeric_limits<T>::quiet_NaN();
-  } else if constexpr (std::is_signed_v<T>) return std::numeric_limits<T>::lowest();
-  else return std::numeric_limits<T>::max();
+    if constexpr (is_half_v<T>)
+      return T(std::numeric_limits<float>::quiet_NaN());
+    else
+      return std::numeric_limits<T>::quiet_NaN();
+  } else if constexpr (std::is_signed_v<T>)
+    return std::numeric_limits<T>::lowest();
+  else
+    return std::numeric_limits<T>::max();
 }
-template <class T> T gather_fill(std::optional<double> v) {
+template <class T>
+T gather_fill(std::optional<double> v) {
   if (!v) return default_gather_fill<T>();
-  if constexpr (std::is_same_v<T, bool>) return *v != 0;
-  else if constexpr (is_half_v<T>) return T(float(*v));
-  else return T(*v);
+  if constexpr (std::is_same_v<T, bool>)
+    return *v != 0;
+  else if constexpr (is_half_v<T>)
+    return T(float(*v));
+  else
+    return T(*v);
 }
 
 }  // namespace cjax

@@ -18,9 +18,9 @@
 
 #include "cjax/lax.h"
 #include "core/array/array_impl.h"
-#include "core/lax/scalar_fns.h"
 #include "core/array/spmd.h"
 #include "core/array/visit_dtype.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax {
 
@@ -30,8 +30,8 @@ std::string list_str(const std::vector<int64_t>& v) { return fmt::format("[{}]",
 }  // namespace
 
 std::string DotDimsParam::str() const {
-  return fmt::format("(({}, {}), ({}, {}))", list_str(lhs_contracting), list_str(rhs_contracting),
-                     list_str(lhs_batch), list_str(rhs_batch));
+  return fmt::format("(({}, {}), ({}, {}))", list_str(lhs_contracting), list_str(rhs_contracting), list_str(lhs_batch),
+                     list_str(rhs_batch));
 }
 size_t DotDimsParam::hash() const { return absl::HashOf(lhs_contracting, rhs_contracting, lhs_batch, rhs_batch); }
 bool DotDimsParam::equals(const ParamObject& other) const {
@@ -108,9 +108,10 @@ Shape take(const Shape& s, const std::vector<int64_t>& dims) {
 void check_dims(const char* which, const char* kind, const std::vector<int64_t>& dims, int64_t ndim) {
   for (int64_t d : dims)
     if (d < 0 || d >= ndim)
-      throw ValueError(fmt::format("dot_general: {} {} dimension {} is out of range for an operand of rank {} "
-                                   "(dimension numbers must be in 0..{}; lax does not accept negative dims)",
-                                   which, kind, d, ndim, ndim - 1));
+      throw ValueError(
+          fmt::format("dot_general: {} {} dimension {} is out of range for an operand of rank {} "
+                      "(dimension numbers must be in 0..{}; lax does not accept negative dims)",
+                      which, kind, d, ndim, ndim - 1));
 }
 
 void check_distinct(const char* which, const std::vector<int64_t>& c, const std::vector<int64_t>& b) {
@@ -118,19 +119,21 @@ void check_distinct(const char* which, const std::vector<int64_t>& c, const std:
   all.insert(all.end(), b.begin(), b.end());
   std::sort(all.begin(), all.end());
   if (std::adjacent_find(all.begin(), all.end()) != all.end())
-    throw ValueError(fmt::format("dot_general: {} contracting dimensions {} and batch dimensions {} must be "
-                                 "distinct (no dimension listed twice)",
-                                 which, list_str(c), list_str(b)));
+    throw ValueError(
+        fmt::format("dot_general: {} contracting dimensions {} and batch dimensions {} must be "
+                    "distinct (no dimension listed twice)",
+                    which, list_str(c), list_str(b)));
 }
 
 std::vector<AbstractValue> dot_general_abstract_eval(std::span<const Array> in, const Params& p) {
   const Array &lhs = in[0], &rhs = in[1];
   auto dn = p.object<DotDimsParam>("dimension_numbers");
   if (lhs.dtype() != rhs.dtype())
-    throw DTypeError(fmt::format("dot_general requires lhs and rhs to have the same dtype, got {} and {} "
-                                 "(convert one with lax::convert_element_type, or use jnp.matmul / jnp.dot, which "
-                                 "promote)",
-                                 dtype_name(lhs.dtype()), dtype_name(rhs.dtype())));
+    throw DTypeError(
+        fmt::format("dot_general requires lhs and rhs to have the same dtype, got {} and {} "
+                    "(convert one with lax::convert_element_type, or use jnp.matmul / jnp.dot, which "
+                    "promote)",
+                    dtype_name(lhs.dtype()), dtype_name(rhs.dtype())));
   check_dims("lhs", "contracting", dn->lhs_contracting, lhs.ndim());
   check_dims("rhs", "contracting", dn->rhs_contracting, rhs.ndim());
   check_dims("lhs", "batch", dn->lhs_batch, lhs.ndim());
@@ -138,25 +141,29 @@ std::vector<AbstractValue> dot_general_abstract_eval(std::span<const Array> in, 
   check_distinct("lhs", dn->lhs_contracting, dn->lhs_batch);
   check_distinct("rhs", dn->rhs_contracting, dn->rhs_batch);
   if (dn->lhs_batch.size() != dn->rhs_batch.size())
-    throw ShapeError(fmt::format("dot_general requires equal numbers of lhs and rhs batch dimensions, got lhs batch "
-                                 "{} and rhs batch {}",
-                                 list_str(dn->lhs_batch), list_str(dn->rhs_batch)));
+    throw ShapeError(
+        fmt::format("dot_general requires equal numbers of lhs and rhs batch dimensions, got lhs batch "
+                    "{} and rhs batch {}",
+                    list_str(dn->lhs_batch), list_str(dn->rhs_batch)));
   if (dn->lhs_contracting.size() != dn->rhs_contracting.size())
-    throw ShapeError(fmt::format("dot_general requires equal numbers of lhs and rhs contracting dimensions, got "
-                                 "lhs contracting {} and rhs contracting {}",
-                                 list_str(dn->lhs_contracting), list_str(dn->rhs_contracting)));
+    throw ShapeError(
+        fmt::format("dot_general requires equal numbers of lhs and rhs contracting dimensions, got "
+                    "lhs contracting {} and rhs contracting {}",
+                    list_str(dn->lhs_contracting), list_str(dn->rhs_contracting)));
   Shape lb = take(lhs.shape(), dn->lhs_batch), rb = take(rhs.shape(), dn->rhs_batch);
   if (lb != rb)
-    throw ShapeError(fmt::format("dot_general requires lhs batch dimensions and rhs batch dimensions to have the "
-                                 "same shape, got {} (lhs dims {} of {}) and {} (rhs dims {} of {})",
-                                 shape_str(lb), list_str(dn->lhs_batch), shape_str(lhs.shape()), shape_str(rb),
-                                 list_str(dn->rhs_batch), shape_str(rhs.shape())));
+    throw ShapeError(
+        fmt::format("dot_general requires lhs batch dimensions and rhs batch dimensions to have the "
+                    "same shape, got {} (lhs dims {} of {}) and {} (rhs dims {} of {})",
+                    shape_str(lb), list_str(dn->lhs_batch), shape_str(lhs.shape()), shape_str(rb),
+                    list_str(dn->rhs_batch), shape_str(rhs.shape())));
   Shape lc = take(lhs.shape(), dn->lhs_contracting), rc = take(rhs.shape(), dn->rhs_contracting);
   if (lc != rc)
-    throw ShapeError(fmt::format("dot_general requires contracting dimensions to have the same shape, got {} (lhs "
-                                 "dims {} of {}) and {} (rhs dims {} of {})",
-                                 shape_str(lc), list_str(dn->lhs_contracting), shape_str(lhs.shape()), shape_str(rc),
-                                 list_str(dn->rhs_contracting), shape_str(rhs.shape())));
+    throw ShapeError(
+        fmt::format("dot_general requires contracting dimensions to have the same shape, got {} (lhs "
+                    "dims {} of {}) and {} (rhs dims {} of {})",
+                    shape_str(lc), list_str(dn->lhs_contracting), shape_str(lhs.shape()), shape_str(rc),
+                    list_str(dn->rhs_contracting), shape_str(rhs.shape())));
   DType in_dt = lhs.dtype(), out_dt = in_dt;
   bool weak = lhs.weak_type() && rhs.weak_type();
   if (auto* pet = std::get_if<DType>(&p.at("preferred_element_type"))) {
@@ -164,14 +171,16 @@ std::vector<AbstractValue> dot_general_abstract_eval(std::span<const Array> in, 
     weak = weak && out_dt == in_dt;  // jnp passes the input dtype: jnp.dot(2., 3.) stays weak
     bool in_f = is_floating(in_dt), out_f = is_floating(out_dt);
     if (in_f && !out_f)
-      throw DTypeError(fmt::format("dot_general: input type {} is incompatible with preferred_element_type {}; "
-                                   "compatible combinations are (integral, integral), (integral, floating) and "
-                                   "(floating, floating)",
-                                   dtype_name(in_dt), dtype_name(out_dt)));
+      throw DTypeError(
+          fmt::format("dot_general: input type {} is incompatible with preferred_element_type {}; "
+                      "compatible combinations are (integral, integral), (integral, floating) and "
+                      "(floating, floating)",
+                      dtype_name(in_dt), dtype_name(out_dt)));
     if ((in_f == out_f) && in_dt != DType::bool_ && itemsize(out_dt) < itemsize(in_dt))
-      throw DTypeError(fmt::format("dot_general: preferred_element_type {} must not be narrower than the input "
-                                   "type {}",
-                                   dtype_name(out_dt), dtype_name(in_dt)));
+      throw DTypeError(
+          fmt::format("dot_general: preferred_element_type {} must not be narrower than the input "
+                      "type {}",
+                      dtype_name(out_dt), dtype_name(in_dt)));
   }
   auto lf = free_dims(lhs.ndim(), dn->lhs_contracting, dn->lhs_batch);
   auto rf = free_dims(rhs.ndim(), dn->rhs_contracting, dn->rhs_batch);
@@ -204,9 +213,12 @@ GemmDims gemm_dims(const Shape& ls, const Shape& rs, const DotDimsParam& dn) {
 std::optional<GemmOperand> gemm_operand_view(const Shape& shape, const std::vector<int64_t>& batch,
                                              const std::vector<int64_t>& rows, const std::vector<int64_t>& cols) {
   GemmOperand op;
-  if (try_view(shape, batch, rows, cols, op)) op.trans = false;
-  else if (try_view(shape, batch, cols, rows, op)) op.trans = true;
-  else return std::nullopt;
+  if (try_view(shape, batch, rows, cols, op))
+    op.trans = false;
+  else if (try_view(shape, batch, cols, rows, op))
+    op.trans = true;
+  else
+    return std::nullopt;
   return op;
 }
 
@@ -236,8 +248,8 @@ const PrimitiveDef& g_dot_general_accumulate = register_primitive([] {
     AbstractValue dot = dot_general_abstract_eval(in.first(2), dp)[0];
     AbstractValue out = in[2].aval();
     if (dot.shape != out.shape || dot.dtype != out.dtype)
-      throw ShapeError(fmt::format("dot_general_accumulate: the product is {} but the accumulator is {}", dot.str(),
-                                   out.str()));
+      throw ShapeError(
+          fmt::format("dot_general_accumulate: the product is {} but the accumulator is {}", dot.str(), out.str()));
     for (const Array& x : in) out.vma = vma_union(out.vma, x.aval().vma);  // the standard vma rule
     out.weak_type = false;
     return std::vector<AbstractValue>{out};
@@ -261,8 +273,8 @@ Array dot_general(const Array& lhs, const Array& rhs, const DotDimensionNumbers&
   Params params{{"dimension_numbers", std::shared_ptr<const ParamObject>(std::move(dn))},
                 {"out_sharding", std::monostate{}},
                 {"precision", std::monostate{}},
-                {"preferred_element_type", preferred_element_type ? ParamValue(*preferred_element_type)
-                                                                  : ParamValue(std::monostate{})}};
+                {"preferred_element_type",
+                 preferred_element_type ? ParamValue(*preferred_element_type) : ParamValue(std::monostate{})}};
   return bind1(prims::dot_general(), {lhs, rhs}, params);
 }
 }  // namespace lax

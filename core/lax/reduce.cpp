@@ -14,9 +14,9 @@
 
 #include "cjax/lax.h"
 #include "core/array/array_impl.h"
-#include "core/lax/scalar_fns.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax {
 namespace {
@@ -61,16 +61,18 @@ void check_axes(std::string_view name, const Shape& shape, const std::vector<int
   for (size_t k = 0; k < axes.size(); ++k) {
     int64_t a = axes[k];
     if (a < 0 || a >= nd)
-      throw ValueError(fmt::format("{}: reduction axis {} is out of bounds for an array of rank {} and shape {} "
-                                   "(valid axes: 0..{}; lax wrappers also accept -{}..-1)",
-                                   name, a, nd, shape_str(shape), nd - 1, nd));
+      throw ValueError(
+          fmt::format("{}: reduction axis {} is out of bounds for an array of rank {} and shape {} "
+                      "(valid axes: 0..{}; lax wrappers also accept -{}..-1)",
+                      name, a, nd, shape_str(shape), nd - 1, nd));
     for (size_t m = 0; m < k; ++m)
       if (axes[m] == a)
         throw ValueError(fmt::format("{}: duplicate axis {} in axes {}; name each axis once", name, a, axes_str(axes)));
   }
 }
 
-template <RedOp op> PrimitiveDef make_reduce_def(const char* name) {
+template <RedOp op>
+PrimitiveDef make_reduce_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Reduction;
@@ -78,8 +80,8 @@ template <RedOp op> PrimitiveDef make_reduce_def(const char* name) {
   def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     const Array& x = in[0];
     if (!red_accepts(op, x.dtype()))
-      throw DTypeError(fmt::format("{} does not accept dtype {}: it needs {}", name, dtype_name(x.dtype()),
-                                   red_accepts_desc(op)));
+      throw DTypeError(
+          fmt::format("{} does not accept dtype {}: it needs {}", name, dtype_name(x.dtype()), red_accepts_desc(op)));
     const auto& axes = p.ints("axes");
     check_axes(name, x.shape(), axes);
     Shape out;
@@ -90,7 +92,8 @@ template <RedOp op> PrimitiveDef make_reduce_def(const char* name) {
   return def;
 }
 
-template <bool is_max> PrimitiveDef make_arg_def(const char* name) {
+template <bool is_max>
+PrimitiveDef make_arg_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Reduction;
@@ -98,8 +101,7 @@ template <bool is_max> PrimitiveDef make_arg_def(const char* name) {
   def.abstract_eval = [name](std::span<const Array> in, const Params& p) -> std::vector<AbstractValue> {
     const Array& x = in[0];
     const auto& axes = p.ints("axes");
-    if (axes.size() != 1)
-      throw ValueError(fmt::format("{} takes exactly one axis, got axes {}", name, axes_str(axes)));
+    if (axes.size() != 1) throw ValueError(fmt::format("{} takes exactly one axis, got axes {}", name, axes_str(axes)));
     check_axes(name, x.shape(), axes);
     DType idt = p.get<DType>("index_dtype");
     if (!is_integer(idt))
@@ -115,7 +117,8 @@ template <bool is_max> PrimitiveDef make_arg_def(const char* name) {
   return def;
 }
 
-template <RedOp op> PrimitiveDef make_cum_def(const char* name) {
+template <RedOp op>
+PrimitiveDef make_cum_def(const char* name) {
   PrimitiveDef def;
   def.name = name;
   def.kind = PrimKind::Reduction;
@@ -197,8 +200,12 @@ Array reduce_prod(const Array& x, const std::vector<int64_t>& axes) {
 }
 Array reduce_and(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_and(), x, axes); }
 Array reduce_or(const Array& x, const std::vector<int64_t>& axes) { return reduce_with(prims::reduce_or(), x, axes); }
-Array argmax(const Array& x, int64_t axis, DType index_dtype) { return arg_with(prims::argmax(), x, axis, index_dtype); }
-Array argmin(const Array& x, int64_t axis, DType index_dtype) { return arg_with(prims::argmin(), x, axis, index_dtype); }
+Array argmax(const Array& x, int64_t axis, DType index_dtype) {
+  return arg_with(prims::argmax(), x, axis, index_dtype);
+}
+Array argmin(const Array& x, int64_t axis, DType index_dtype) {
+  return arg_with(prims::argmin(), x, axis, index_dtype);
+}
 Array cumsum(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cumsum(), x, axis, reverse); }
 Array cumprod(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cumprod(), x, axis, reverse); }
 Array cummax(const Array& x, int64_t axis, bool reverse) { return cum_with(prims::cummax(), x, axis, reverse); }

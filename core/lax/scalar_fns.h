@@ -5,13 +5,14 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/array/visit_dtype.h"
 #include "core/backend/scalar_ops.h"
 #include "core/lax/special_fns.h"
-#include "core/array/visit_dtype.h"
 
 namespace cjax {
 // Whether dtype T is in an op's domain (the table's domain column).
-template <class T> constexpr bool scalar_domain_accepts(ScalarDomain d) {
+template <class T>
+constexpr bool scalar_domain_accepts(ScalarDomain d) {
   constexpr bool fl = is_float_like_v<T>, b = std::is_same_v<T, bool>, in = !fl && !b;
   switch (d) {
     case ScalarDomain::Float:
@@ -28,23 +29,34 @@ template <class T> constexpr bool scalar_domain_accepts(ScalarDomain d) {
 
 namespace cjax::scalar {
 
-template <ScalarOp op> struct Fn;
+template <ScalarOp op>
+struct Fn;
 
-#define CJAX_UNARY(E, EXPR)                                      \
-  template <> struct Fn<ScalarOp::E> {                           \
-    template <class T> static inline auto apply(T x) { return EXPR; } \
+#define CJAX_UNARY(E, EXPR)         \
+  template <>                       \
+  struct Fn<ScalarOp::E> {          \
+    template <class T>              \
+    static inline auto apply(T x) { \
+      return EXPR;                  \
+    }                               \
   };
-#define CJAX_BINARY(E, EXPR)                                          \
-  template <> struct Fn<ScalarOp::E> {                                \
-    template <class T> static inline auto apply(T x, T y) { return EXPR; } \
+#define CJAX_BINARY(E, EXPR)             \
+  template <>                            \
+  struct Fn<ScalarOp::E> {               \
+    template <class T>                   \
+    static inline auto apply(T x, T y) { \
+      return EXPR;                       \
+    }                                    \
   };
 
 // Integer arithmetic wraps (two's complement), as in XLA: it is done in an unsigned type at least
 // as wide as `unsigned int`, so narrow types don't promote to a signed int that could overflow.
-template <class T> struct wrap_type {
+template <class T>
+struct wrap_type {
   using type = decltype(std::make_unsigned_t<T>() + 0u);
 };
-template <class T> inline T wrap_add(T x, T y) {
+template <class T>
+inline T wrap_add(T x, T y) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     using W = typename wrap_type<T>::type;
     return T(W(x) + W(y));
@@ -52,7 +64,8 @@ template <class T> inline T wrap_add(T x, T y) {
     return T(x + y);
   }
 }
-template <class T> inline T wrap_sub(T x, T y) {
+template <class T>
+inline T wrap_sub(T x, T y) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     using W = typename wrap_type<T>::type;
     return T(W(x) - W(y));
@@ -60,7 +73,8 @@ template <class T> inline T wrap_sub(T x, T y) {
     return T(x - y);
   }
 }
-template <class T> inline T wrap_mul(T x, T y) {
+template <class T>
+inline T wrap_mul(T x, T y) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     using W = typename wrap_type<T>::type;
     return T(W(x) * W(y));
@@ -68,22 +82,35 @@ template <class T> inline T wrap_mul(T x, T y) {
     return T(x * y);
   }
 }
-template <class T> inline T neg_(T x) {
-  if constexpr (std::is_same_v<T, bool>) return x;
-  else return wrap_sub(T(0), x);
+template <class T>
+inline T neg_(T x) {
+  if constexpr (std::is_same_v<T, bool>)
+    return x;
+  else
+    return wrap_sub(T(0), x);
 }
-template <class T> inline T sign_(T x) {
-  if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? x : T((x > 0) - (x < 0));
-  else if constexpr (std::is_unsigned_v<T>) return T(x > 0);
-  else return T((x > 0) - (x < 0));
+template <class T>
+inline T sign_(T x) {
+  if constexpr (std::is_floating_point_v<T>)
+    return std::isnan(x) ? x : T((x > 0) - (x < 0));
+  else if constexpr (std::is_unsigned_v<T>)
+    return T(x > 0);
+  else
+    return T((x > 0) - (x < 0));
 }
-template <class T> inline T abs_(T x) {
-  if constexpr (std::is_unsigned_v<T>) return x;
-  else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
-  else return x < 0 ? wrap_sub(T(0), x) : x;  // abs(INT_MIN) wraps to INT_MIN, as in XLA
+template <class T>
+inline T abs_(T x) {
+  if constexpr (std::is_unsigned_v<T>)
+    return x;
+  else if constexpr (std::is_floating_point_v<T>)
+    return std::fabs(x);
+  else
+    return x < 0 ? wrap_sub(T(0), x) : x;  // abs(INT_MIN) wraps to INT_MIN, as in XLA
 }
-template <class T> inline T div_(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>) return x / y;
+template <class T>
+inline T div_(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>)
+    return x / y;
   else {
     // Integer division by zero: XLA defines it as -1 (all ones); we match, and INT_MIN / -1 = INT_MIN.
     if (y == 0) return T(-1);
@@ -92,8 +119,10 @@ template <class T> inline T div_(T x, T y) {
     return T(x / y);
   }
 }
-template <class T> inline T rem_(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>) return std::fmod(x, y);
+template <class T>
+inline T rem_(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>)
+    return std::fmod(x, y);
   else {
     if (y == 0) return x;  // XLA: x rem 0 = x
     if constexpr (std::is_signed_v<T>)
@@ -101,33 +130,48 @@ template <class T> inline T rem_(T x, T y) {
     return T(x % y);
   }
 }
-template <class T> inline T max_(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? x : std::isnan(y) ? y : (x > y ? x : y);
-  else return x > y ? x : y;
+template <class T>
+inline T max_(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>)
+    return std::isnan(x) ? x : std::isnan(y) ? y : (x > y ? x : y);
+  else
+    return x > y ? x : y;
 }
-template <class T> inline T min_(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? x : std::isnan(y) ? y : (x < y ? x : y);
-  else return x < y ? x : y;
+template <class T>
+inline T min_(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>)
+    return std::isnan(x) ? x : std::isnan(y) ? y : (x < y ? x : y);
+  else
+    return x < y ? x : y;
 }
-template <class T> inline T not_(T x) {
-  if constexpr (std::is_same_v<T, bool>) return !x;
-  else return T(~x);
+template <class T>
+inline T not_(T x) {
+  if constexpr (std::is_same_v<T, bool>)
+    return !x;
+  else
+    return T(~x);
 }
-template <class T> inline T shl_(T x, T y) {
+template <class T>
+inline T shl_(T x, T y) {
   using U = std::make_unsigned_t<T>;
   return (y < 0 || y >= T(sizeof(T) * 8)) ? T(0) : T(U(x) << U(y));
 }
-template <class T> inline T shr_logical_(T x, T y) {
+template <class T>
+inline T shr_logical_(T x, T y) {
   using U = std::make_unsigned_t<T>;
   return (y < 0 || y >= T(sizeof(T) * 8)) ? T(0) : T(U(x) >> U(y));
 }
-template <class T> inline T shr_arith_(T x, T y) {
+template <class T>
+inline T shr_arith_(T x, T y) {
   using S = std::make_signed_t<T>;
   const T bits = T(sizeof(T) * 8);
   if (y < 0 || y >= bits) return S(x) < 0 ? T(-1) : T(0);
   return T(S(x) >> S(y));
 }
-template <class T> inline T round_even_(T x) { return std::nearbyint(x); }  // default FE mode: half to even
+template <class T>
+inline T round_even_(T x) {
+  return std::nearbyint(x);
+}  // default FE mode: half to even
 
 CJAX_UNARY(Neg, neg_(x))
 CJAX_UNARY(Sign, sign_(x))
@@ -173,7 +217,7 @@ CJAX_BINARY(Max, max_(x, y))
 CJAX_BINARY(Min, min_(x, y))
 CJAX_BINARY(Atan2, std::atan2(x, y))
 CJAX_BINARY(Nextafter, std::nextafter(x, y))
-CJAX_BINARY(And, T(x & y))
+CJAX_BINARY(And, T(x& y))
 CJAX_BINARY(Or, T(x | y))
 CJAX_BINARY(Xor, T(x ^ y))
 CJAX_BINARY(ShiftLeft, shl_(x, y))
@@ -187,8 +231,12 @@ CJAX_BINARY(Gt, bool(x > y))
 CJAX_BINARY(Ge, bool(x >= y))
 
 // clamp(lo, x, hi) as lax.clamp: min(max(x, lo), hi).
-template <> struct Fn<ScalarOp::Clamp> {
-  template <class T> static inline T apply(T lo, T x, T hi) { return min_(max_(x, lo), hi); }
+template <>
+struct Fn<ScalarOp::Clamp> {
+  template <class T>
+  static inline T apply(T lo, T x, T hi) {
+    return min_(max_(x, lo), hi);
+  }
 };
 
 #undef CJAX_UNARY

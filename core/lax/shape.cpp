@@ -30,7 +30,6 @@ std::vector<int64_t> transpose_source_strides(const Shape& in, const std::vector
   return ss;
 }
 
-
 // ============================================================================================
 // Primitives
 // ============================================================================================
@@ -56,27 +55,32 @@ const PrimitiveDef& g_broadcast_in_dim = register_primitive([] {
     const Shape& os = in[0].shape();
     check_dims_nonneg("broadcast_in_dim", "target shape", shape);
     if (os.size() > shape.size())
-      throw ShapeError(fmt::format("broadcast_in_dim target broadcast shape must have equal or higher rank to the "
-                                   "operand shape; got operand shape {} and target broadcast shape {}",
-                                   shape_str(os), shape_str(shape)));
+      throw ShapeError(
+          fmt::format("broadcast_in_dim target broadcast shape must have equal or higher rank to the "
+                      "operand shape; got operand shape {} and target broadcast shape {}",
+                      shape_str(os), shape_str(shape)));
     if (bd.size() != os.size())
-      throw ShapeError(fmt::format("broadcast_in_dim broadcast_dimensions must have length equal to operand ndim; "
-                                   "got broadcast_dimensions {} for operand shape {}",
-                                   tup(bd), shape_str(os)));
+      throw ShapeError(
+          fmt::format("broadcast_in_dim broadcast_dimensions must have length equal to operand ndim; "
+                      "got broadcast_dimensions {} for operand shape {}",
+                      tup(bd), shape_str(os)));
     for (size_t i = 0; i < bd.size(); ++i) {
       if (bd[i] < 0 || bd[i] >= int64_t(shape.size()))
-        throw ShapeError(fmt::format("broadcast_in_dim broadcast_dimensions must be valid indices into the target "
-                                     "shape; got broadcast_dimensions {} for target shape {}",
-                                     tup(bd), shape_str(shape)));
+        throw ShapeError(
+            fmt::format("broadcast_in_dim broadcast_dimensions must be valid indices into the target "
+                        "shape; got broadcast_dimensions {} for target shape {}",
+                        tup(bd), shape_str(shape)));
       if (i > 0 && bd[i] <= bd[i - 1])
-        throw ShapeError(fmt::format("broadcast_in_dim broadcast_dimensions must be strictly increasing; got "
-                                     "broadcast_dimensions {}",
-                                     tup(bd)));
+        throw ShapeError(
+            fmt::format("broadcast_in_dim broadcast_dimensions must be strictly increasing; got "
+                        "broadcast_dimensions {}",
+                        tup(bd)));
       if (os[i] != 1 && os[i] != shape[size_t(bd[i])])
-        throw ShapeError(fmt::format("broadcast_in_dim operand dimension sizes must either be 1, or be equal to their "
-                                     "corresponding dimensions in the target broadcast shape; got operand of shape "
-                                     "{}, target broadcast shape {}, broadcast_dimensions {}",
-                                     shape_str(os), shape_str(shape), tup(bd)));
+        throw ShapeError(
+            fmt::format("broadcast_in_dim operand dimension sizes must either be 1, or be equal to their "
+                        "corresponding dimensions in the target broadcast shape; got operand of shape "
+                        "{}, target broadcast shape {}, broadcast_dimensions {}",
+                        shape_str(os), shape_str(shape), tup(bd)));
     }
     return {AbstractValue{shape, in[0].dtype(), in[0].weak_type(), {}}};
   };
@@ -95,9 +99,10 @@ const PrimitiveDef& g_reshape = register_primitive([] {
       throw ValueError("reshape: the `dimensions` parameter must be None; transpose the operand first");
     check_dims_nonneg("reshape", "new_sizes", ns);
     if (shape_size(ns) != in[0].size())
-      throw ShapeError(fmt::format("reshape total size must be unchanged, got new_sizes {} (size {}) for operand "
-                                   "shape {} (size {})",
-                                   shape_str(ns), shape_size(ns), shape_str(in[0].shape()), in[0].size()));
+      throw ShapeError(
+          fmt::format("reshape total size must be unchanged, got new_sizes {} (size {}) for operand "
+                      "shape {} (size {})",
+                      shape_str(ns), shape_size(ns), shape_str(in[0].shape()), in[0].size()));
     return {AbstractValue{ns, in[0].dtype(), in[0].weak_type(), {}}};
   };
   def.impl = [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params&) {
@@ -119,13 +124,16 @@ const PrimitiveDef& g_transpose = register_primitive([] {
     bool ok = perm.size() == s.size();
     for (int64_t a : perm) {
       if (!ok) break;
-      if (a < 0 || a >= int64_t(s.size()) || seen[size_t(a)]) ok = false;
-      else seen[size_t(a)] = true;
+      if (a < 0 || a >= int64_t(s.size()) || seen[size_t(a)])
+        ok = false;
+      else
+        seen[size_t(a)] = true;
     }
     if (!ok)
-      throw ShapeError(fmt::format("transpose permutation isn't a permutation of operand dimensions, got "
-                                   "permutation {} for operand shape {}; pass each axis 0..{} exactly once",
-                                   tup(perm), shape_str(s), int64_t(s.size()) - 1));
+      throw ShapeError(
+          fmt::format("transpose permutation isn't a permutation of operand dimensions, got "
+                      "permutation {} for operand shape {}; pass each axis 0..{} exactly once",
+                      tup(perm), shape_str(s), int64_t(s.size()) - 1));
     Shape out(s.size());
     for (size_t i = 0; i < perm.size(); ++i) out[i] = s[size_t(perm[i])];
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type(), {}}};
@@ -149,9 +157,10 @@ const PrimitiveDef& g_squeeze = register_primitive([] {
                                      shape_str(s), tup(dims)));
       if (drop[size_t(d)]) throw ValueError(fmt::format("squeeze: repeated dimension {} in {}", d, tup(dims)));
       if (s[size_t(d)] != 1)
-        throw ShapeError(fmt::format("cannot select an axis to squeeze out which has size not equal to one, got "
-                                     "shape={} and dimensions={} (axis {} has size {})",
-                                     shape_str(s), tup(dims), d, s[size_t(d)]));
+        throw ShapeError(
+            fmt::format("cannot select an axis to squeeze out which has size not equal to one, got "
+                        "shape={} and dimensions={} (axis {} has size {})",
+                        shape_str(s), tup(dims), d, s[size_t(d)]));
       drop[size_t(d)] = true;
     }
     Shape out;
@@ -177,9 +186,10 @@ const PrimitiveDef& g_rev = register_primitive([] {
     std::vector<bool> seen(s.size(), false);
     for (int64_t d : dims) {
       if (d < 0 || d >= int64_t(s.size()))
-        throw ValueError(fmt::format("rev dimensions must be valid axes of the operand, got dimensions {} for "
-                                     "operand shape {}",
-                                     tup(dims), shape_str(s)));
+        throw ValueError(
+            fmt::format("rev dimensions must be valid axes of the operand, got dimensions {} for "
+                        "operand shape {}",
+                        tup(dims), shape_str(s)));
       if (seen[size_t(d)]) throw ValueError(fmt::format("rev dimensions must be unique, got {}", tup(dims)));
       seen[size_t(d)] = true;
     }
@@ -200,13 +210,15 @@ const PrimitiveDef& g_concatenate = register_primitive([] {
     bool weak = true;
     for (size_t k = 0; k < in.size(); ++k) {
       if (in[k].dtype() != in[0].dtype())
-        throw DTypeError(fmt::format("concatenate: cannot concatenate arrays with different dtypes, got {} (operand "
-                                     "0) and {} (operand {}); use jnp::concatenate to promote, or astype",
-                                     dtype_name(in[0].dtype()), dtype_name(in[k].dtype()), k));
+        throw DTypeError(
+            fmt::format("concatenate: cannot concatenate arrays with different dtypes, got {} (operand "
+                        "0) and {} (operand {}); use jnp::concatenate to promote, or astype",
+                        dtype_name(in[0].dtype()), dtype_name(in[k].dtype()), k));
       if (in[k].ndim() != int(s0.size()))
-        throw ShapeError(fmt::format("concatenate: arrays must have the same number of dimensions, got shapes {} "
-                                     "(operand 0) and {} (operand {})",
-                                     shape_str(s0), shape_str(in[k].shape()), k));
+        throw ShapeError(
+            fmt::format("concatenate: arrays must have the same number of dimensions, got shapes {} "
+                        "(operand 0) and {} (operand {})",
+                        shape_str(s0), shape_str(in[k].shape()), k));
       weak = weak && in[k].weak_type();
     }
     if (s0.empty())
@@ -219,10 +231,11 @@ const PrimitiveDef& g_concatenate = register_primitive([] {
       const Shape& sk = in[k].shape();
       for (size_t a = 0; a < s0.size(); ++a)
         if (int64_t(a) != dim && sk[a] != s0[a])
-          throw ShapeError(fmt::format("concatenate: all input array dimensions except for the concatenation axis {} "
-                                       "must match exactly, but along dimension {} the array at index 0 has size {} "
-                                       "and the array at index {} has size {} (shapes {} and {})",
-                                       dim, a, s0[a], k, sk[a], shape_str(s0), shape_str(sk)));
+          throw ShapeError(
+              fmt::format("concatenate: all input array dimensions except for the concatenation axis {} "
+                          "must match exactly, but along dimension {} the array at index 0 has size {} "
+                          "and the array at index {} has size {} (shapes {} and {})",
+                          dim, a, s0[a], k, sk[a], shape_str(s0), shape_str(sk)));
       out[size_t(dim)] += sk[size_t(dim)];
     }
     return {AbstractValue{out, in[0].dtype(), weak, {}}};
@@ -248,9 +261,10 @@ const PrimitiveDef& g_pad = register_primitive([] {
       throw DTypeError(fmt::format("pad: operand and padding_value must have the same dtype, got {} and {}",
                                    dtype_name(in[0].dtype()), dtype_name(in[1].dtype())));
     if (cfg.size() != s.size())
-      throw ShapeError(fmt::format("pad: padding_config has {} entries but the operand of shape {} has rank {}; "
-                                   "give one (lo, hi, interior) per dimension",
-                                   cfg.size(), shape_str(s), s.size()));
+      throw ShapeError(
+          fmt::format("pad: padding_config has {} entries but the operand of shape {} has rank {}; "
+                      "give one (lo, hi, interior) per dimension",
+                      cfg.size(), shape_str(s), s.size()));
     Shape out(s.size());
     for (size_t i = 0; i < s.size(); ++i) {
       if (cfg[i].size() != 3)
@@ -259,9 +273,10 @@ const PrimitiveDef& g_pad = register_primitive([] {
         throw ValueError(fmt::format("pad: interior padding must be >= 0, got {} for dimension {}", cfg[i][2], i));
       out[i] = padded_dim(s[i], cfg[i][0], cfg[i][1], cfg[i][2]);
       if (out[i] < 0)
-        throw ShapeError(fmt::format("pad: dimension {} of operand shape {} has size {} after padding ({}, {}, {}); "
-                                     "the size after padding must be at least 0",
-                                     i, shape_str(s), out[i], cfg[i][0], cfg[i][1], cfg[i][2]));
+        throw ShapeError(
+            fmt::format("pad: dimension {} of operand shape {} has size {} after padding ({}, {}, {}); "
+                        "the size after padding must be at least 0",
+                        i, shape_str(s), out[i], cfg[i][0], cfg[i][1], cfg[i][2]));
     }
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type() && in[1].weak_type(), {}}};
   };
@@ -311,11 +326,14 @@ namespace lax {
 Array broadcast_in_dim(const Array& x, const Shape& shape, const std::vector<int64_t>& broadcast_dimensions) {
   if (x.shape() == shape && x.ndim() == int(broadcast_dimensions.size())) {
     bool identity = true;
-    for (size_t i = 0; i < broadcast_dimensions.size(); ++i) identity = identity && broadcast_dimensions[i] == int64_t(i);
+    for (size_t i = 0; i < broadcast_dimensions.size(); ++i)
+      identity = identity && broadcast_dimensions[i] == int64_t(i);
     if (identity) return x;
   }
   return bind1(prims::broadcast_in_dim(), {x},
-               Params{{"shape", shape}, {"broadcast_dimensions", broadcast_dimensions}, {"sharding", std::monostate{}}});
+               Params{{"shape", shape},
+                      {"broadcast_dimensions", broadcast_dimensions},
+                      {"sharding", std::monostate{}}});
 }
 
 Array broadcast(const Array& x, const Shape& sizes) {

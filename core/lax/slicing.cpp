@@ -8,9 +8,9 @@
 
 #include "cjax/lax.h"
 #include "core/array/array_impl.h"
-#include "core/lax/shape.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/lax/shape.h"
 
 namespace cjax {
 namespace {
@@ -30,27 +30,31 @@ const PrimitiveDef& g_slice = register_primitive([] {
     std::vector<int64_t> strides(s.size(), 1);
     if (!std::holds_alternative<std::monostate>(p.at("strides"))) strides = p.ints("strides");
     if (start.size() != s.size() || limit.size() != s.size() || strides.size() != s.size())
-      throw ShapeError(fmt::format("slice start_indices, limit_indices and strides must have length equal to the "
-                                   "operand rank; got start_indices {}, limit_indices {}, strides {} for operand "
-                                   "shape {}",
-                                   tup(start), tup(limit), tup(strides), shape_str(s)));
+      throw ShapeError(
+          fmt::format("slice start_indices, limit_indices and strides must have length equal to the "
+                      "operand rank; got start_indices {}, limit_indices {}, strides {} for operand "
+                      "shape {}",
+                      tup(start), tup(limit), tup(strides), shape_str(s)));
     Shape out(s.size());
     for (size_t i = 0; i < s.size(); ++i) {
       if (start[i] < 0)
-        throw ValueError(fmt::format("slice start_indices must be greater than or equal to zero, got start_indices "
-                                     "{} for operand shape {}",
-                                     tup(start), shape_str(s)));
+        throw ValueError(
+            fmt::format("slice start_indices must be greater than or equal to zero, got start_indices "
+                        "{} for operand shape {}",
+                        tup(start), shape_str(s)));
       if (limit[i] > s[i])
-        throw ValueError(fmt::format("slice limit_indices must be less than or equal to operand shape, got "
-                                     "limit_indices {} for operand shape {}",
-                                     tup(limit), shape_str(s)));
+        throw ValueError(
+            fmt::format("slice limit_indices must be less than or equal to operand shape, got "
+                        "limit_indices {} for operand shape {}",
+                        tup(limit), shape_str(s)));
       if (limit[i] < start[i])
-        throw ValueError(fmt::format("slice limit_indices must be greater than or equal to start_indices, got "
-                                     "start_indices {} and limit_indices {} for operand shape {}",
-                                     tup(start), tup(limit), shape_str(s)));
+        throw ValueError(
+            fmt::format("slice limit_indices must be greater than or equal to start_indices, got "
+                        "start_indices {} and limit_indices {} for operand shape {}",
+                        tup(start), tup(limit), shape_str(s)));
       if (strides[i] <= 0)
-        throw ValueError(fmt::format("slice strides must be positive, got {} for operand shape {}", tup(strides),
-                                     shape_str(s)));
+        throw ValueError(
+            fmt::format("slice strides must be positive, got {} for operand shape {}", tup(strides), shape_str(s)));
       out[i] = (limit[i] - start[i] + strides[i] - 1) / strides[i];
     }
     return {AbstractValue{out, in[0].dtype(), in[0].weak_type(), {}}};
@@ -58,16 +62,16 @@ const PrimitiveDef& g_slice = register_primitive([] {
   return def;
 }());
 
-
 void check_indices(std::string_view name, std::span<const Array> idx, size_t rank, const Shape& s) {
   if (idx.size() != rank)
-    throw ShapeError(fmt::format("{}: got {} start indices for an operand of shape {}; give one scalar index per "
-                                 "dimension ({})",
-                                 name, idx.size(), shape_str(s), rank));
+    throw ShapeError(
+        fmt::format("{}: got {} start indices for an operand of shape {}; give one scalar index per "
+                    "dimension ({})",
+                    name, idx.size(), shape_str(s), rank));
   for (size_t i = 0; i < idx.size(); ++i) {
     if (idx[i].ndim() != 0)
-      throw ShapeError(fmt::format("{}: start index {} must be a scalar, got shape {}", name, i,
-                                   shape_str(idx[i].shape())));
+      throw ShapeError(
+          fmt::format("{}: start index {} must be a scalar, got shape {}", name, i, shape_str(idx[i].shape())));
     if (!is_integer(idx[i].dtype()))
       throw DTypeError(fmt::format("{}: index arguments must be integers of the same type, got {} for index {}", name,
                                    dtype_name(idx[i].dtype()), i));
@@ -76,7 +80,6 @@ void check_indices(std::string_view name, std::span<const Array> idx, size_t ran
                                    dtype_name(idx[0].dtype()), dtype_name(idx[i].dtype())));
   }
 }
-
 
 // ---- dynamic_slice ----
 const PrimitiveDef& g_dynamic_slice = register_primitive([] {
@@ -89,14 +92,16 @@ const PrimitiveDef& g_dynamic_slice = register_primitive([] {
     const auto& sizes = p.ints("slice_sizes");
     check_indices("dynamic_slice", in.subspan(1), s.size(), s);
     if (sizes.size() != s.size())
-      throw ShapeError(fmt::format("dynamic_slice slice_sizes must have the same length as the operand rank, got "
-                                   "slice_sizes {} for operand shape {}",
-                                   tup(sizes), shape_str(s)));
+      throw ShapeError(
+          fmt::format("dynamic_slice slice_sizes must have the same length as the operand rank, got "
+                      "slice_sizes {} for operand shape {}",
+                      tup(sizes), shape_str(s)));
     for (size_t i = 0; i < s.size(); ++i)
       if (sizes[i] < 0 || sizes[i] > s[i])
-        throw ShapeError(fmt::format("dynamic_slice slice_sizes must be between 0 and the operand shape, got "
-                                     "slice_sizes {} for operand shape {} (dimension {})",
-                                     tup(sizes), shape_str(s), i));
+        throw ShapeError(
+            fmt::format("dynamic_slice slice_sizes must be between 0 and the operand shape, got "
+                        "slice_sizes {} for operand shape {} (dimension {})",
+                        tup(sizes), shape_str(s), i));
     return {AbstractValue{sizes, in[0].dtype(), in[0].weak_type(), {}}};
   };
   return def;
@@ -112,18 +117,21 @@ const PrimitiveDef& g_dynamic_update_slice = register_primitive([] {
     const Shape& s = in[0].shape();
     const Shape& u = in[1].shape();
     if (in[0].dtype() != in[1].dtype())
-      throw DTypeError(fmt::format("dynamic_update_slice update dtype must match operand dtype, got operand {} and "
-                                   "update {}",
-                                   dtype_name(in[0].dtype()), dtype_name(in[1].dtype())));
+      throw DTypeError(
+          fmt::format("dynamic_update_slice update dtype must match operand dtype, got operand {} and "
+                      "update {}",
+                      dtype_name(in[0].dtype()), dtype_name(in[1].dtype())));
     if (s.size() != u.size())
-      throw ShapeError(fmt::format("dynamic_update_slice update must have the same rank as operand, got update "
-                                   "shape {} for operand shape {}",
-                                   shape_str(u), shape_str(s)));
+      throw ShapeError(
+          fmt::format("dynamic_update_slice update must have the same rank as operand, got update "
+                      "shape {} for operand shape {}",
+                      shape_str(u), shape_str(s)));
     for (size_t i = 0; i < s.size(); ++i)
       if (u[i] > s[i])
-        throw ShapeError(fmt::format("dynamic_update_slice update shape must be smaller than operand shape, got "
-                                     "update shape {} for operand shape {} (dimension {})",
-                                     shape_str(u), shape_str(s), i));
+        throw ShapeError(
+            fmt::format("dynamic_update_slice update shape must be smaller than operand shape, got "
+                        "update shape {} for operand shape {} (dimension {})",
+                        shape_str(u), shape_str(s), i));
     check_indices("dynamic_update_slice", in.subspan(2), s.size(), s);
     return {AbstractValue{s, in[0].dtype(), in[0].weak_type() && in[1].weak_type(), {}}};
   };
@@ -136,8 +144,10 @@ int64_t read_scalar_index(const Array& a) {
   Array h = to_host(a);
   return visit_dtype(h.dtype(), [&](auto tag) -> int64_t {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_integral_v<T>) return int64_t(*data_ptr<const T>(h));
-    else throw DTypeError("internal: non-integer index");
+    if constexpr (std::is_integral_v<T>)
+      return int64_t(*data_ptr<const T>(h));
+    else
+      throw DTypeError("internal: non-integer index");
   });
 }
 
@@ -146,7 +156,6 @@ std::vector<int64_t> clamped_starts(std::span<const Array> idx, const Shape& s, 
   for (size_t i = 0; i < s.size(); ++i) st[i] = std::clamp<int64_t>(read_scalar_index(idx[i]), 0, s[i] - sizes[i]);
   return st;
 }
-
 
 namespace prims {
 const PrimitiveDef& slice() { return g_slice; }
@@ -164,9 +173,10 @@ namespace {
 // primitive then clamps. Mixed index dtypes are converted to one (int64 if any is int64).
 std::vector<Array> dynamic_slice_indices(std::string_view fn, const Array& x, const std::vector<Array>& idx) {
   if (int(idx.size()) != x.ndim())
-    throw ShapeError(fmt::format("{}: got {} start indices for an operand of shape {}; give one scalar index per "
-                                 "dimension ({})",
-                                 fn, idx.size(), shape_str(x.shape()), x.ndim()));
+    throw ShapeError(
+        fmt::format("{}: got {} start indices for an operand of shape {}; give one scalar index per "
+                    "dimension ({})",
+                    fn, idx.size(), shape_str(x.shape()), x.ndim()));
   bool same = true, any64 = false;
   for (const Array& i : idx) {
     if (!is_integer(i.dtype()))

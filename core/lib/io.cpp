@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <llvm/Support/xxhash.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,7 +18,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/array/array_impl.h"
@@ -73,7 +73,8 @@ class InFile {
   // Reads exactly n bytes at offset (the caller has validated offset + n <= size()).
   void read(uint64_t offset, void* dst, uint64_t n) const {
     if (offset > size_ || n > size_ - offset)
-      fail(fn_, path_, fmt::format("truncated: needs bytes [{}, {}) but the file has {} bytes", offset, offset + n, size_));
+      fail(fn_, path_,
+           fmt::format("truncated: needs bytes [{}, {}) but the file has {} bytes", offset, offset + n, size_));
     auto* d = static_cast<char*>(dst);
     while (n > 0) {
       ssize_t r = ::pread(fd_, d, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)), off_t(offset));
@@ -124,18 +125,21 @@ class AtomicWriter {
       ssize_t w = ::write(fd_, p, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)));
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0)
-        fail(fn_, target_, fmt::format("write failed after {} bytes: {}; the target was left unchanged", written_,
-                                       w < 0 ? std::strerror(errno) : "no progress"));
+        fail(fn_, target_,
+             fmt::format("write failed after {} bytes: {}; the target was left unchanged", written_,
+                         w < 0 ? std::strerror(errno) : "no progress"));
       p += w;
       n -= uint64_t(w);
       written_ += uint64_t(w);
     }
   }
   void commit() {
-    if (::fsync(fd_) != 0) fail(fn_, target_, fmt::format("fsync failed: {}; the target was left unchanged", std::strerror(errno)));
+    if (::fsync(fd_) != 0)
+      fail(fn_, target_, fmt::format("fsync failed: {}; the target was left unchanged", std::strerror(errno)));
     int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) fail(fn_, target_, fmt::format("close failed: {}; the target was left unchanged", std::strerror(errno)));
+    if (::close(fd) != 0)
+      fail(fn_, target_, fmt::format("close failed: {}; the target was left unchanged", std::strerror(errno)));
     if (::rename(tmp_.c_str(), target_.c_str()) != 0)
       fail(fn_, target_, fmt::format("cannot rename the temporary file onto the target: {}", std::strerror(errno)));
     committed_ = true;
@@ -160,9 +164,10 @@ Array host_bytes(const Array& a, std::string_view fn, const fs::path& p, std::st
   ConcreteArray& c = require_concrete(a, fmt::format("{} ('{}', array {})", fn, p.string(), name));
   a.block_until_ready();
   if (c.buffers.size() != 1)
-    throw ShardingError(fmt::format("{}: '{}': array {} is sharded over {} devices; gather it to one device first "
-                                    "(device_put with a single-device sharding)",
-                                    fn, p.string(), name, c.buffers.size()));
+    throw ShardingError(
+        fmt::format("{}: '{}': array {} is sharded over {} devices; gather it to one device first "
+                    "(device_put with a single-device sharding)",
+                    fn, p.string(), name, c.buffers.size()));
   return to_host(a);
 }
 
@@ -177,10 +182,10 @@ struct StDType {
   const char* name;
   DType dtype;
 };
-constexpr StDType kStDTypes[] = {{"BOOL", DType::bool_},    {"I8", DType::int8},     {"I16", DType::int16},
-                                 {"I32", DType::int32},     {"I64", DType::int64},   {"U8", DType::uint8},
-                                 {"U32", DType::uint32},    {"BF16", DType::bfloat16}, {"F16", DType::float16},
-                                 {"F32", DType::float32},   {"F64", DType::float64}};
+constexpr StDType kStDTypes[] = {{"BOOL", DType::bool_},  {"I8", DType::int8},       {"I16", DType::int16},
+                                 {"I32", DType::int32},   {"I64", DType::int64},     {"U8", DType::uint8},
+                                 {"U32", DType::uint32},  {"BF16", DType::bfloat16}, {"F16", DType::float16},
+                                 {"F32", DType::float32}, {"F64", DType::float64}};
 const char* st_name(DType d) {
   for (const auto& e : kStDTypes)
     if (e.dtype == d) return e.name;
@@ -217,12 +222,13 @@ void save_safetensors_entries(const fs::path& path, const std::vector<std::pair<
   for (size_t i = 0; i < order.size(); ++i) {
     const std::string& name = entries[order[i]].first;
     if (name.empty())
-      throw ValueError(fmt::format("{}: '{}': an array has an empty name (a bare Array has no key path); put it in a "
-                                   "Dict or struct",
-                                   fn, path.string()));
+      throw ValueError(
+          fmt::format("{}: '{}': an array has an empty name (a bare Array has no key path); put it in a "
+                      "Dict or struct",
+                      fn, path.string()));
     if (name == "__metadata__")
-      throw ValueError(fmt::format("{}: '{}': '__metadata__' is reserved by the format; rename that entry", fn,
-                                   path.string()));
+      throw ValueError(
+          fmt::format("{}: '{}': '__metadata__' is reserved by the format; rename that entry", fn, path.string()));
     if (i > 0 && entries[order[i - 1]].first == name)
       throw ValueError(fmt::format("{}: '{}': two arrays are both named '{}'", fn, path.string(), name));
   }
@@ -284,15 +290,17 @@ struct StFile {
 
 StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f) {
   if (f.size() < 8)
-    fail(fn, p, fmt::format("the file has {} bytes, too few for the 8-byte header length of a safetensors file", f.size()));
+    fail(fn, p,
+         fmt::format("the file has {} bytes, too few for the 8-byte header length of a safetensors file", f.size()));
   unsigned char len[8];
   f.read(0, len, 8);
   uint64_t n = 0;
   for (int b = 0; b < 8; ++b) n |= uint64_t(len[b]) << (8 * b);
   if (n > f.size() - 8)
-    fail(fn, p, fmt::format("the header length {} goes beyond the end of the file ({} bytes); the file is truncated "
-                            "or not a safetensors file",
-                            n, f.size()));
+    fail(fn, p,
+         fmt::format("the header length {} goes beyond the end of the file ({} bytes); the file is truncated "
+                     "or not a safetensors file",
+                     n, f.size()));
   if (n > kMaxHeader) fail(fn, p, fmt::format("the header length {} exceeds the 100 MiB limit", n));
   std::string text(n, '\0');
   f.read(8, text.data(), n);
@@ -314,8 +322,7 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
     if (name == "__metadata__") {
       if (!v.is_object()) fail(fn, p, "'__metadata__' is not a JSON object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          fail(fn, p, fmt::format("'__metadata__' entry '{}' is not a string", m.key()));
+        if (!m.value().is_string()) fail(fn, p, fmt::format("'__metadata__' entry '{}' is not a string", m.key()));
         out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -330,15 +337,17 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
     std::string dts = dt->get<std::string>();
     auto dtype = st_dtype(dts);
     if (!dtype)
-      fail(fn, p, fmt::format("tensor '{}': unknown or unsupported dtype '{}' (cjax reads BOOL, I8, I16, I32, I64, "
-                              "U8, U32, BF16, F16, F32, F64)",
-                              name, dts));
+      fail(fn, p,
+           fmt::format("tensor '{}': unknown or unsupported dtype '{}' (cjax reads BOOL, I8, I16, I32, I64, "
+                       "U8, U32, BF16, F16, F32, F64)",
+                       name, dts));
     StEntry e{name, *dtype, {}, 0, 0, std::nullopt};
     if (!sh->is_array()) fail(fn, p, fmt::format("tensor '{}': 'shape' is not a list of integers", name));
     uint64_t numel = 1;
     for (const auto& d : *sh) {
       if (!d.is_number_unsigned())
-        fail(fn, p, fmt::format("tensor '{}': 'shape' {} has an entry that is not a non-negative integer", name, sh->dump()));
+        fail(fn, p,
+             fmt::format("tensor '{}': 'shape' {} has an entry that is not a non-negative integer", name, sh->dump()));
       uint64_t dim = d.get<uint64_t>();
       if (dim > uint64_t(std::numeric_limits<int64_t>::max()) || mul_overflows(numel, dim, numel))
         fail(fn, p, fmt::format("tensor '{}': shape {} is too large", name, sh->dump()));
@@ -348,19 +357,22 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
     if (mul_overflows(numel, itemsize(*dtype), nbytes))
       fail(fn, p, fmt::format("tensor '{}': shape {} is too large", name, sh->dump()));
     if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
-      fail(fn, p, fmt::format("tensor '{}': 'data_offsets' {} is not a pair of non-negative integers", name, off->dump()));
+      fail(fn, p,
+           fmt::format("tensor '{}': 'data_offsets' {} is not a pair of non-negative integers", name, off->dump()));
     e.begin = (*off)[0].get<uint64_t>();
     e.end = (*off)[1].get<uint64_t>();
     if (e.begin > e.end)
       fail(fn, p, fmt::format("tensor '{}': data_offsets [{}, {}] end before they begin", name, e.begin, e.end));
     if (e.end > data_size)
-      fail(fn, p, fmt::format("tensor '{}': data_offsets [{}, {}] are out of range: the data section has {} bytes "
-                              "(the file is truncated or the header is corrupt)",
-                              name, e.begin, e.end, data_size));
+      fail(fn, p,
+           fmt::format("tensor '{}': data_offsets [{}, {}] are out of range: the data section has {} bytes "
+                       "(the file is truncated or the header is corrupt)",
+                       name, e.begin, e.end, data_size));
     if (e.end - e.begin != nbytes)
-      fail(fn, p, fmt::format("tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] span {} (shape/size "
-                              "mismatch)",
-                              name, shape_text(e.shape), dts, nbytes, e.begin, e.end, e.end - e.begin));
+      fail(fn, p,
+           fmt::format("tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] span {} (shape/size "
+                       "mismatch)",
+                       name, shape_text(e.shape), dts, nbytes, e.begin, e.end, e.end - e.begin));
     out.entries.push_back(std::move(e));
   }
   // The tensors must tile the data section exactly: no overlaps, no gaps, nothing trailing.
@@ -373,19 +385,22 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
   const StEntry* prev = nullptr;
   for (const StEntry* e : by_off) {
     if (e->begin < pos)
-      fail(fn, p, fmt::format("tensors '{}' [{}, {}] and '{}' [{}, {}] overlap in the data section", prev->name,
-                              prev->begin, prev->end, e->name, e->begin, e->end));
+      fail(fn, p,
+           fmt::format("tensors '{}' [{}, {}] and '{}' [{}, {}] overlap in the data section", prev->name, prev->begin,
+                       prev->end, e->name, e->begin, e->end));
     if (e->begin > pos)
-      fail(fn, p, fmt::format("bytes [{}, {}) of the data section belong to no tensor (before '{}'); the offsets are "
-                              "corrupt",
-                              pos, e->begin, e->name));
+      fail(fn, p,
+           fmt::format("bytes [{}, {}) of the data section belong to no tensor (before '{}'); the offsets are "
+                       "corrupt",
+                       pos, e->begin, e->name));
     pos = e->end;
     prev = e;
   }
   if (pos != data_size)
-    fail(fn, p, fmt::format("the data section has {} bytes but the tensors cover {}; the offsets are corrupt or "
-                            "the file has trailing data",
-                            data_size, pos));
+    fail(fn, p,
+         fmt::format("the data section has {} bytes but the tensors cover {}; the offsets are corrupt or "
+                     "the file has trailing data",
+                     data_size, pos));
   // Per-tensor checksums (files written by cjax): a JSON object {name: 16 hex digits} in the metadata.
   // Tensors without one (files from other tools) load unverified.
   if (auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
@@ -400,8 +415,9 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
       auto e = std::lower_bound(out.entries.begin(), out.entries.end(), s.key(),
                                 [](const StEntry& x, const std::string& k) { return x.name < k; });
       if (e == out.entries.end() || e->name != s.key())
-        fail(fn, p, fmt::format("metadata '{}' has a checksum for tensor '{}', which the file does not have",
-                                kChecksumKey, s.key()));
+        fail(fn, p,
+             fmt::format("metadata '{}' has a checksum for tensor '{}', which the file does not have", kChecksumKey,
+                         s.key()));
       const std::string hex = s.value().is_string() ? s.value().get<std::string>() : std::string();
       uint64_t v = 0;
       bool ok = hex.size() == 16;
@@ -411,8 +427,9 @@ StFile parse_safetensors(std::string_view fn, const fs::path& p, const InFile& f
         v = v << 4 | uint64_t(d & 15);
       }
       if (!ok)
-        fail(fn, p, fmt::format("metadata '{}': the checksum of tensor '{}' is not 16 hex digits: {}", kChecksumKey,
-                                s.key(), s.value().dump()));
+        fail(fn, p,
+             fmt::format("metadata '{}': the checksum of tensor '{}' is not 16 hex digits: {}", kChecksumKey, s.key(),
+                         s.value().dump()));
       e->checksum = v;
     }
     out.metadata.erase(it);
@@ -426,9 +443,10 @@ Array read_entry(std::string_view fn, const fs::path& p, const InFile& f, const 
   if (e.checksum) {
     uint64_t got = checksum(raw_ptr(a), e.end - e.begin);
     if (got != *e.checksum)
-      fail(fn, p, fmt::format("checksum mismatch in tensor '{}': the header records xxh3_64 {:016x} but its {} bytes "
-                              "hash to {:016x}; the file is corrupt",
-                              e.name, *e.checksum, e.end - e.begin, got));
+      fail(fn, p,
+           fmt::format("checksum mismatch in tensor '{}': the header records xxh3_64 {:016x} but its {} bytes "
+                       "hash to {:016x}; the file is corrupt",
+                       e.name, *e.checksum, e.end - e.begin, got));
   }
   if (e.dtype == DType::bool_) normalize_bools(a);
   return on_default_device(a);
@@ -480,12 +498,13 @@ Dict load_safetensors(const fs::path& path) {
         fail(fn, path, fmt::format("tensor name '{}' has an empty segment; names are '.'-joined key paths", e.name));
       bool is_int = int_like(seg);
       if (node->is_leaf())
-        fail(fn, path, fmt::format("tensor '{}' needs '{}' to be a dict, but '{}' is itself a tensor", e.name, prefix,
-                                   prefix));
+        fail(fn, path,
+             fmt::format("tensor '{}' needs '{}' to be a dict, but '{}' is itself a tensor", e.name, prefix, prefix));
       if ((is_int && node->is_map()) || (!is_int && node->is_list()))
-        fail(fn, path, fmt::format("tensor names mix integer and string keys under '{}' (at '{}'); a level is either "
-                                   "a list or a dict",
-                                   prefix.empty() ? std::string("the root") : prefix, e.name));
+        fail(fn, path,
+             fmt::format("tensor names mix integer and string keys under '{}' (at '{}'); a level is either "
+                         "a list or a dict",
+                         prefix.empty() ? std::string("the root") : prefix, e.name));
       Dict& child = is_int ? (*node)[int64_t(std::stoll(std::string(seg)))] : (*node)[seg];
       prefix += (prefix.empty() ? "" : ".") + std::string(seg);
       if (i + 1 == segs.size()) {
@@ -510,8 +529,8 @@ struct NpyDType {
   int size;
   DType dtype;
 };
-constexpr NpyDType kNpyDTypes[] = {{'b', 1, DType::bool_},  {'i', 1, DType::int8},   {'i', 2, DType::int16},
-                                   {'i', 4, DType::int32},  {'i', 8, DType::int64},  {'u', 1, DType::uint8},
+constexpr NpyDType kNpyDTypes[] = {{'b', 1, DType::bool_},  {'i', 1, DType::int8},    {'i', 2, DType::int16},
+                                   {'i', 4, DType::int32},  {'i', 8, DType::int64},   {'u', 1, DType::uint8},
                                    {'u', 4, DType::uint32}, {'f', 2, DType::float16}, {'f', 4, DType::float32},
                                    {'f', 8, DType::float64}};
 
@@ -527,7 +546,7 @@ struct PyVal {
   std::string s;
   int64_t i = 0;
   bool b = false;
-  std::vector<PyVal> items;                          // Tuple / list
+  std::vector<PyVal> items;                         // Tuple / list
   std::vector<std::pair<std::string, PyVal>> dict;  // Dict
 };
 
@@ -629,8 +648,9 @@ class PyParser {
     if (!peek(c)) err(fmt::format("expected '{}'", c));
   }
   [[noreturn]] void err(std::string_view what) {
-    fail(fn_, p_, fmt::format("the .npy header is not a valid Python dict literal ({} at character {}): {}", what,
-                              pos_, std::string(t_.substr(0, 200))));
+    fail(fn_, p_,
+         fmt::format("the .npy header is not a valid Python dict literal ({} at character {}): {}", what, pos_,
+                     std::string(t_.substr(0, 200))));
   }
   std::string_view t_;
   std::string_view fn_;
@@ -643,7 +663,8 @@ void byteswap_inplace(void* data, int64_t n, size_t size) {
   for (int64_t i = 0; i < n; ++i, p += size) std::reverse(p, p + size);
 }
 
-template <class U> void f_to_c(const U* src, U* dst, const Shape& shape) {
+template <class U>
+void f_to_c(const U* src, U* dst, const Shape& shape) {
   size_t nd = shape.size();
   std::vector<int64_t> fstride(nd), idx(nd, 0);
   int64_t acc = 1;
@@ -673,8 +694,10 @@ void save_npy(const fs::path& path, const Array& a) {
     fail(fn, path, "dtype bfloat16 has no .npy representation; use io::save_safetensors, or astype(f32) first");
   Array host = host_bytes(a, fn, path, "");
   const void* data = raw_ptr(host);
-  std::string shape = a.ndim() == 1 ? fmt::format("({},)", a.shape()[0]) : fmt::format("({})", fmt::join(a.shape(), ", "));
-  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", npy_descr(a.dtype()), shape);
+  std::string shape =
+      a.ndim() == 1 ? fmt::format("({},)", a.shape()[0]) : fmt::format("({})", fmt::join(a.shape(), ", "));
+  std::string dict =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", npy_descr(a.dtype()), shape);
   size_t prefix = 10;
   unsigned char major = 1;
   if (dict.size() + 1 + 64 > 65535) {
@@ -702,7 +725,8 @@ Array load_npy(const fs::path& path) {
   if (f.size() < 10) fail(fn, path, fmt::format("the file has {} bytes, too few for an .npy header", f.size()));
   unsigned char pre[12] = {};
   f.read(0, pre, std::min<uint64_t>(12, f.size()));
-  if (std::memcmp(pre, "\x93NUMPY", 6) != 0) fail(fn, path, "not an .npy file (the magic string \\x93NUMPY is missing)");
+  if (std::memcmp(pre, "\x93NUMPY", 6) != 0)
+    fail(fn, path, "not an .npy file (the magic string \\x93NUMPY is missing)");
   int major = pre[6], minor = pre[7];
   if (major < 1 || major > 3 || minor != 0)
     fail(fn, path, fmt::format("unsupported .npy format version {}.{} (cjax reads 1.0, 2.0 and 3.0)", major, minor));
@@ -716,8 +740,9 @@ Array load_npy(const fs::path& path) {
     hstart = 12;
   }
   if (hl > f.size() - hstart)
-    fail(fn, path, fmt::format("the header length {} goes beyond the end of the file ({} bytes); the file is truncated",
-                               hl, f.size()));
+    fail(fn, path,
+         fmt::format("the header length {} goes beyond the end of the file ({} bytes); the file is truncated", hl,
+                     f.size()));
   std::string text(hl, '\0');
   f.read(hstart, text.data(), hl);
   PyParser parser(text, fn, path);
@@ -726,10 +751,14 @@ Array load_npy(const fs::path& path) {
   if (d.kind != PyVal::Dict) fail(fn, path, "the .npy header is not a dict");
   const PyVal *descr = nullptr, *fortran = nullptr, *shape = nullptr;
   for (const auto& [k, v] : d.dict) {
-    if (k == "descr") descr = &v;
-    else if (k == "fortran_order") fortran = &v;
-    else if (k == "shape") shape = &v;
-    else fail(fn, path, fmt::format("the .npy header has an unexpected key '{}'", k));
+    if (k == "descr")
+      descr = &v;
+    else if (k == "fortran_order")
+      fortran = &v;
+    else if (k == "shape")
+      shape = &v;
+    else
+      fail(fn, path, fmt::format("the .npy header has an unexpected key '{}'", k));
   }
   if (!descr || !fortran || !shape) fail(fn, path, "the .npy header needs 'descr', 'fortran_order' and 'shape'");
   if (descr->kind != PyVal::Str)
@@ -750,9 +779,10 @@ Array load_npy(const fs::path& path) {
       }
   }
   if (!dtype)
-    fail(fn, path, fmt::format("unsupported dtype '{}' (cjax reads '|b1', '|i1', '<i2', '<i4', '<i8', '|u1', '<u4', "
-                               "'<f2', '<f4', '<f8')",
-                               ds));
+    fail(fn, path,
+         fmt::format("unsupported dtype '{}' (cjax reads '|b1', '|i1', '<i2', '<i4', '<i8', '|u1', '<u4', "
+                     "'<f2', '<f4', '<f8')",
+                     ds));
   Shape shp;
   uint64_t numel = 1;
   for (const auto& s : shape->items) {
@@ -764,11 +794,13 @@ Array load_npy(const fs::path& path) {
   if (mul_overflows(numel, itemsize(*dtype), nbytes)) fail(fn, path, "'shape' is too large");
   uint64_t dstart = hstart + hl, avail = f.size() - dstart;
   if (avail < nbytes)
-    fail(fn, path, fmt::format("truncated data: shape {} of {} needs {} bytes after the header, the file has {}",
-                               shape_str(shp), ds, nbytes, avail));
+    fail(fn, path,
+         fmt::format("truncated data: shape {} of {} needs {} bytes after the header, the file has {}", shape_str(shp),
+                     ds, nbytes, avail));
   if (avail > nbytes)
-    fail(fn, path, fmt::format("shape/size mismatch: shape {} of {} needs {} bytes after the header, the file has {}",
-                               shape_str(shp), ds, nbytes, avail));
+    fail(fn, path,
+         fmt::format("shape/size mismatch: shape {} of {} needs {} bytes after the header, the file has {}",
+                     shape_str(shp), ds, nbytes, avail));
   Array a = make_uninitialized(AbstractValue{shp, *dtype, false, {}}, host_device());
   size_t isz = itemsize(*dtype);
   if (fortran->b && shp.size() >= 2 && numel > 1) {
@@ -808,7 +840,8 @@ int remove_stale_temporaries(const fs::path& target) {
     std::string_view rest = std::string_view(name).substr(prefix.size());
     size_t dot = rest.find('.');
     auto digits = [](std::string_view s) {
-      return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+      return !s.empty() && s.size() <= 18 &&
+             std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
     };
     if (dot == std::string_view::npos || !digits(rest.substr(0, dot)) || !digits(rest.substr(dot + 1))) continue;
     long long pid = std::stoll(std::string(rest.substr(0, dot)));

@@ -106,9 +106,10 @@ Array logsumexp(const Array& x, numpy::Axis axis, bool keepdims) {
 Array one_hot(const Array& ids, int64_t num_classes, DType dtype, int64_t axis) {
   check_defined("one_hot", ids, "ids");
   if (!is_integer(ids.dtype()))
-    throw DTypeError(fmt::format("nn.one_hot: ids must be integers, got {} {}; convert class indices with "
-                                 ".astype(int32)",
-                                 dtype_name(ids.dtype()), shape_str(ids.shape())));
+    throw DTypeError(
+        fmt::format("nn.one_hot: ids must be integers, got {} {}; convert class indices with "
+                    ".astype(int32)",
+                    dtype_name(ids.dtype()), shape_str(ids.shape())));
   if (num_classes < 0)
     throw ValueError(fmt::format("nn.one_hot: num_classes must be non-negative, got {}", num_classes));
   int64_t pos = canonicalize_axis(axis, ids.ndim() + 1, "nn.one_hot");
@@ -129,7 +130,8 @@ Array standardize(const Array& x, numpy::Axis axis, double epsilon) {
 Array rms_norm(const Array& x, const Array& gain, double eps) {
   check_defined("rms_norm", x);
   check_defined("rms_norm", gain, "gain");
-  if (x.ndim() == 0) throw ShapeError("nn.rms_norm: x must have at least one dimension (the normalised axis), got a scalar");
+  if (x.ndim() == 0)
+    throw ShapeError("nn.rms_norm: x must have at least one dimension (the normalised axis), got a scalar");
   Shape b;
   try {
     b = jnp::broadcast_shapes({x.shape(), gain.shape()});
@@ -137,9 +139,10 @@ Array rms_norm(const Array& x, const Array& gain, double eps) {
     b.clear();
   }
   if (b != x.shape())
-    throw ShapeError(fmt::format("nn.rms_norm: gain of shape {} does not broadcast to x's shape {} (use a gain of "
-                                 "shape ({},))",
-                                 shape_str(gain.shape()), shape_str(x.shape()), x.shape().back()));
+    throw ShapeError(
+        fmt::format("nn.rms_norm: gain of shape {} does not broadcast to x's shape {} (use a gain of "
+                    "shape ({},))",
+                    shape_str(gain.shape()), shape_str(x.shape()), x.shape().back()));
   DType d = is_floating(x.dtype()) ? x.dtype() : DType::float32;
   DType c = at_least_f32(d);
   Array xf = lax::convert_element_type(x, c);
@@ -152,35 +155,39 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
   check_defined("dot_product_attention", q_in, "query");
   check_defined("dot_product_attention", k_in, "key");
   check_defined("dot_product_attention", v_in, "value");
-  const std::string shapes = fmt::format("query {}, key {}, value {}", shape_str(q_in.shape()),
-                                         shape_str(k_in.shape()), shape_str(v_in.shape()));
+  const std::string shapes = fmt::format("query {}, key {}, value {}", shape_str(q_in.shape()), shape_str(k_in.shape()),
+                                         shape_str(v_in.shape()));
   int nd = q_in.ndim();
   if ((nd != 3 && nd != 4) || k_in.ndim() != nd || v_in.ndim() != nd)
-    throw ShapeError(fmt::format("nn.dot_product_attention: query, key and value must all be [B, T, N, H] (or "
-                                 "[T, N, H]), got {}",
-                                 shapes));
+    throw ShapeError(
+        fmt::format("nn.dot_product_attention: query, key and value must all be [B, T, N, H] (or "
+                    "[T, N, H]), got {}",
+                    shapes));
   auto ensure4 = [&](const Array& t) { return nd == 3 ? lax::expand_dims(t, {0}) : t; };
   Array q = ensure4(q_in), k = ensure4(k_in), v = ensure4(v_in);
   const int64_t B = k.shape()[0], S = k.shape()[1], K = k.shape()[2], H = k.shape()[3];
   const int64_t T = q.shape()[1], N = q.shape()[2];
   if (v.shape() != k.shape())
-    throw ShapeError(fmt::format("nn.dot_product_attention: value must have the shape of key [B, S, K, H], got {}",
-                                 shapes));
+    throw ShapeError(
+        fmt::format("nn.dot_product_attention: value must have the shape of key [B, S, K, H], got {}", shapes));
   if (q.shape()[0] != B || q.shape()[3] != H)
-    throw ShapeError(fmt::format("nn.dot_product_attention: query must be [B, T, N, H] with the batch size and head "
-                                 "dim H of key, got {}",
-                                 shapes));
+    throw ShapeError(
+        fmt::format("nn.dot_product_attention: query must be [B, T, N, H] with the batch size and head "
+                    "dim H of key, got {}",
+                    shapes));
   if (K == 0 || N % K != 0)
-    throw ShapeError(fmt::format("nn.dot_product_attention: the number of query heads N must be a multiple of the "
-                                 "number of key/value heads K (grouped-query attention), got {}",
-                                 shapes));
+    throw ShapeError(
+        fmt::format("nn.dot_product_attention: the number of query heads N must be a multiple of the "
+                    "number of key/value heads K (grouped-query attention), got {}",
+                    shapes));
   if (q.dtype() != k.dtype() || v.dtype() != k.dtype())
-    throw DTypeError(fmt::format("nn.dot_product_attention: query, key and value must share one dtype, got {}, {} "
-                                 "and {}",
-                                 dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype())));
+    throw DTypeError(
+        fmt::format("nn.dot_product_attention: query, key and value must share one dtype, got {}, {} "
+                    "and {}",
+                    dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype())));
   if (!is_floating(q.dtype()))
-    throw DTypeError(fmt::format("nn.dot_product_attention: inputs must be floating-point, got {}",
-                                 dtype_name(q.dtype())));
+    throw DTypeError(
+        fmt::format("nn.dot_product_attention: inputs must be floating-point, got {}", dtype_name(q.dtype())));
   const int64_t G = N / K;
   const Shape logits_shape{B, N, T, S};
   auto check_bcast = [&](const Array& t, std::string_view what) {
@@ -192,9 +199,10 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
       b.clear();
     }
     if (b != logits_shape)
-      throw ShapeError(fmt::format("nn.dot_product_attention: {} of shape {} does not broadcast to the logits' "
-                                   "shape [B, N, T, S] = {}",
-                                   what, shape_str(t.shape()), shape_str(logits_shape)));
+      throw ShapeError(
+          fmt::format("nn.dot_product_attention: {} of shape {} does not broadcast to the logits' "
+                      "shape [B, N, T, S] = {}",
+                      what, shape_str(t.shape()), shape_str(logits_shape)));
     return jnp::broadcast_to(t4, logits_shape);
   };
 
@@ -202,8 +210,8 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
   // logits[b, k, t, g, s] = sum_h q[b, t, k, g, h] k[b, s, k, h], accumulated in f32.
   Array qg = lax::reshape(q, {B, T, K, G, H});
   lax::DotDimensionNumbers dn1{{{4}, {3}}, {{0, 2}, {0, 2}}};
-  Array logits = lax::dot_general(qg, k, dn1, ldt);                                // [B, K, T, G, S]
-  logits = lax::reshape(lax::transpose(logits, {0, 1, 3, 2, 4}), logits_shape);   // [B, N, T, S]
+  Array logits = lax::dot_general(qg, k, dn1, ldt);                              // [B, K, T, G, S]
+  logits = lax::reshape(lax::transpose(logits, {0, 1, 3, 2, 4}), logits_shape);  // [B, N, T, S]
   double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(H));
   logits = lax::mul(logits, make_scalar(scale, ldt));
   if (o.bias) logits = lax::convert_element_type(logits + check_bcast(*o.bias, "bias"), ldt);
@@ -211,12 +219,13 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
     Array combined = jnp::ones(logits_shape, DType::bool_);
     if (o.mask) {
       if (o.mask->dtype() != DType::bool_)
-        throw DTypeError(fmt::format("nn.dot_product_attention: mask must be bool, got {}",
-                                     dtype_name(o.mask->dtype())));
+        throw DTypeError(
+            fmt::format("nn.dot_product_attention: mask must be bool, got {}", dtype_name(o.mask->dtype())));
       combined = check_bcast(*o.mask, "mask");
     }
     if (o.is_causal) {
-      Array t_idx = lax::broadcasted_iota(DType::int32, {T, S}, 0), s_idx = lax::broadcasted_iota(DType::int32, {T, S}, 1);
+      Array t_idx = lax::broadcasted_iota(DType::int32, {T, S}, 0),
+            s_idx = lax::broadcasted_iota(DType::int32, {T, S}, 1);
       Array causal = lax::broadcast_in_dim(lax::ge(t_idx, s_idx), logits_shape, {2, 3});
       combined = lax::bitwise_and(combined, causal);
     }
@@ -227,7 +236,7 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
   // encoded[b, t, n, h] = sum_s probs[b, n, t, s] v[b, s, k, h].
   Array pg = lax::reshape(probs, {B, K, G, T, S});
   lax::DotDimensionNumbers dn2{{{4}, {1}}, {{0, 1}, {0, 2}}};
-  Array enc = lax::dot_general(pg, v, dn2);                                   // [B, K, G, T, H]
+  Array enc = lax::dot_general(pg, v, dn2);  // [B, K, G, T, H]
   enc = lax::reshape(lax::transpose(enc, {0, 3, 1, 2, 4}), {B, T, N, H});
   return nd == 3 ? lax::reshape(enc, {T, N, H}) : enc;
 }
@@ -242,9 +251,10 @@ void check_float_init(std::string_view fn, DType d) {
 
 std::pair<double, double> compute_fans(const Shape& shape, int64_t in_axis, int64_t out_axis) {
   if (shape.size() < 2)
-    throw ShapeError(fmt::format("nn.initializers.variance_scaling: can't compute input and output sizes of a "
-                                 "{}-dimensional weights tensor of shape {}; it must be at least 2-D",
-                                 shape.size(), shape_str(shape)));
+    throw ShapeError(
+        fmt::format("nn.initializers.variance_scaling: can't compute input and output sizes of a "
+                    "{}-dimensional weights tensor of shape {}; it must be at least 2-D",
+                    shape.size(), shape_str(shape)));
   int64_t nd = int64_t(shape.size());
   double in_size = double(shape[size_t(canonicalize_axis(in_axis, nd, "nn.initializers.variance_scaling"))]);
   double out_size = double(shape[size_t(canonicalize_axis(out_axis, nd, "nn.initializers.variance_scaling"))]);
@@ -281,18 +291,20 @@ Initializer uniform(double scale) {
   return [scale](Array key, Shape shape, DType dtype) { return random::uniform(key, shape, dtype) * scale; };
 }
 
-Initializer variance_scaling(double scale, const std::string& mode, const std::string& distribution,
-                             int64_t in_axis, int64_t out_axis) {
+Initializer variance_scaling(double scale, const std::string& mode, const std::string& distribution, int64_t in_axis,
+                             int64_t out_axis) {
   if (scale <= 0)
     throw ValueError(fmt::format("nn.initializers.variance_scaling: scale must be positive, got {}", scale));
   if (mode != "fan_in" && mode != "fan_out" && mode != "fan_avg")
-    throw ValueError(fmt::format("nn.initializers.variance_scaling: invalid mode '{}' (use fan_in, fan_out or "
-                                 "fan_avg)",
-                                 mode));
+    throw ValueError(
+        fmt::format("nn.initializers.variance_scaling: invalid mode '{}' (use fan_in, fan_out or "
+                    "fan_avg)",
+                    mode));
   if (distribution != "truncated_normal" && distribution != "normal" && distribution != "uniform")
-    throw ValueError(fmt::format("nn.initializers.variance_scaling: invalid distribution '{}' (use "
-                                 "truncated_normal, normal or uniform)",
-                                 distribution));
+    throw ValueError(
+        fmt::format("nn.initializers.variance_scaling: invalid distribution '{}' (use "
+                    "truncated_normal, normal or uniform)",
+                    distribution));
   return [=](Array key, Shape shape, DType dtype) -> Array {
     check_float_init("variance_scaling", dtype);
     auto [fan_in, fan_out] = compute_fans(shape, in_axis, out_axis);

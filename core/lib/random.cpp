@@ -36,7 +36,8 @@ namespace {
 namespace jnp = cjax::numpy;
 
 // ---- constants ----
-template <class T> Array cst(T v) {
+template <class T>
+Array cst(T v) {
   Array a = make_uninitialized(AbstractValue{{}, dtype_v<T>, false, {}}, host_device());
   *data_ptr<T>(a) = v;
   return a;
@@ -46,8 +47,10 @@ Array u32c(uint32_t v) { return cst<uint32_t>(v); }
 Array int_const(__int128 v, DType d) {
   return visit_dtype(d, [&](auto tag) -> Array {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_integral_v<T>) return cst<T>(T(v));
-    else throw DTypeError(fmt::format("internal: int_const of {}", dtype_name(d)));
+    if constexpr (std::is_integral_v<T>)
+      return cst<T>(T(v));
+    else
+      throw DTypeError(fmt::format("internal: int_const of {}", dtype_name(d)));
   });
 }
 struct IntRange {
@@ -73,22 +76,24 @@ std::string aval_str(const Array& a) { return a.aval().str(); }
 void check_key(std::string_view fn, const Array& key, bool single = true) {
   if (!key.defined()) throw ValueError(fmt::format("random.{}: the key is an empty Array handle", fn));
   if (key.dtype() != DType::uint32)
-    throw DTypeError(fmt::format("random.{}: a PRNG key must be a uint32 array of shape (..., 2) as returned by "
-                                 "random.key(seed) or random.split, got dtype {} ({})",
-                                 fn, dtype_name(key.dtype()), aval_str(key)));
+    throw DTypeError(
+        fmt::format("random.{}: a PRNG key must be a uint32 array of shape (..., 2) as returned by "
+                    "random.key(seed) or random.split, got dtype {} ({})",
+                    fn, dtype_name(key.dtype()), aval_str(key)));
   if (key.ndim() < 1 || key.shape().back() != 2)
-    throw ShapeError(fmt::format("random.{}: a PRNG key must be a uint32 array of shape (..., 2) as returned by "
-                                 "random.key(seed) or random.split, got shape {} ({})",
-                                 fn, shape_str(key.shape()), aval_str(key)));
+    throw ShapeError(
+        fmt::format("random.{}: a PRNG key must be a uint32 array of shape (..., 2) as returned by "
+                    "random.key(seed) or random.split, got shape {} ({})",
+                    fn, shape_str(key.shape()), aval_str(key)));
   if (single && key.ndim() != 1)
-    throw ShapeError(fmt::format("random.{} accepts a single key of shape (2,), but was given a key array of shape {}; "
-                                 "use vmap to map over a batch of keys",
-                                 fn, shape_str(key.shape())));
+    throw ShapeError(
+        fmt::format("random.{} accepts a single key of shape (2,), but was given a key array of shape {}; "
+                    "use vmap to map over a batch of keys",
+                    fn, shape_str(key.shape())));
 }
 void check_shape(std::string_view fn, const Shape& shape) {
   for (int64_t d : shape)
-    if (d < 0)
-      throw ShapeError(fmt::format("random.{}: shape {} has a negative dimension", fn, shape_str(shape)));
+    if (d < 0) throw ShapeError(fmt::format("random.{}: shape {} has a negative dimension", fn, shape_str(shape)));
 }
 
 struct KeyPair {
@@ -212,9 +217,10 @@ Array bcast_param(std::string_view fn, std::string_view what, const Array& v, DT
 
 void check_float(std::string_view fn, DType d) {
   if (!is_floating(d))
-    throw DTypeError(fmt::format("random.{} only accepts floating-point dtypes (float32, float64, bfloat16, "
-                                 "float16), got {}",
-                                 fn, dtype_name(d)));
+    throw DTypeError(
+        fmt::format("random.{} only accepts floating-point dtypes (float32, float64, bfloat16, "
+                    "float16), got {}",
+                    fn, dtype_name(d)));
 }
 
 // Bit pattern of 1.0 and a right-shifted mantissa, as an array of `d`'s width, bitcast to `d`.
@@ -226,8 +232,9 @@ Array uniform_01(const Array& key, const Shape& shape, DType d) {
   Array fbits;
   switch (d) {
     case DType::float32:
-      fbits = lax::bitcast_convert_type(
-          lax::bitwise_or(lax::shift_right_logical(bits, u32c(uint32_t(32 - nmant))), u32c(0x3F800000u)), d);
+      fbits = lax::bitcast_convert_type(lax::bitwise_or(lax::shift_right_logical(bits, u32c(uint32_t(32 - nmant))),
+                                                        u32c(0x3F800000u)),
+                                        d);
       break;
     case DType::float64:
       fbits = lax::bitcast_convert_type(lax::bitwise_or(lax::shift_right_logical(bits, cst<int64_t>(64 - nmant)),
@@ -388,8 +395,7 @@ Array key_data(const Array& key) {
 
 Array split(const Array& key, int64_t num) {
   check_key("split", key);
-  if (num <= 0)
-    throw ValueError(fmt::format("random.split: num must be a positive number of keys, got {}", num));
+  if (num <= 0) throw ValueError(fmt::format("random.split: num must be a positive number of keys, got {}", num));
   return split_impl(key, {num});
 }
 
@@ -405,8 +411,8 @@ Array fold_in(const Array& key, const Array& data) {
   check_key("fold_in", key);
   if (!data.defined()) throw ValueError("random.fold_in: data is an empty Array handle");
   if (data.ndim() != 0)
-    throw ShapeError(fmt::format("random.fold_in: data must be a scalar integer, got shape {}",
-                                 shape_str(data.shape())));
+    throw ShapeError(
+        fmt::format("random.fold_in: data must be a scalar integer, got shape {}", shape_str(data.shape())));
   if (!is_integer(data.dtype()))
     throw DTypeError(fmt::format("random.fold_in: data must be an integer, got {}", dtype_name(data.dtype())));
   KeyPair k = unpack(key);
@@ -427,9 +433,10 @@ Array bits(const Array& key, const Shape& shape, DType dtype) {
       return lax::convert_element_type(random_bits(key, 16, shape), DType::int16);  // wraps: the 16-bit pattern
     case DType::int64: return random_bits(key, 64, shape);
     default:
-      throw DTypeError(fmt::format("random.bits: dtype must be uint8 or uint32, or int16 / int64 for the 16- and "
-                                   "64-bit patterns (cjax has no uint16/uint64), got {}",
-                                   dtype_name(dtype)));
+      throw DTypeError(
+          fmt::format("random.bits: dtype must be uint8 or uint32, or int16 / int64 for the 16- and "
+                      "64-bit patterns (cjax has no uint16/uint64), got {}",
+                      dtype_name(dtype)));
   }
 }
 
@@ -546,8 +553,8 @@ Array categorical(const Array& key, const Array& logits, int64_t axis, std::opti
   check_key("categorical", key);
   if (!logits.defined()) throw ValueError("random.categorical: logits is an empty Array handle");
   if (!is_floating(logits.dtype()))
-    throw DTypeError(fmt::format("random.categorical: logits must be floating-point, got {}",
-                                 dtype_name(logits.dtype())));
+    throw DTypeError(
+        fmt::format("random.categorical: logits must be floating-point, got {}", dtype_name(logits.dtype())));
   if (logits.ndim() == 0)
     throw ShapeError("random.categorical: logits must have at least one dimension (the category axis), got a scalar");
   int64_t nd = logits.ndim();
@@ -560,9 +567,10 @@ Array categorical(const Array& key, const Array& logits, int64_t axis, std::opti
   bool ok = s.size() >= batch_shape.size() &&
             std::equal(batch_shape.begin(), batch_shape.end(), s.end() - int64_t(batch_shape.size()));
   if (!ok)
-    throw ShapeError(fmt::format("random.categorical: shape {} must end with the logits' batch shape {} (logits "
-                                 "shape {} without axis {})",
-                                 shape_str(s), shape_str(batch_shape), shape_str(logits.shape()), axis));
+    throw ShapeError(
+        fmt::format("random.categorical: shape {} must end with the logits' batch shape {} (logits "
+                    "shape {} without axis {})",
+                    shape_str(s), shape_str(batch_shape), shape_str(logits.shape()), axis));
   size_t prefix = s.size() - batch_shape.size();
   Shape full_shape(s.begin(), s.begin() + int64_t(prefix));
   Shape lshape(s.begin() + int64_t(prefix), s.end());
@@ -584,9 +592,10 @@ Array permutation(const Array& key, const Array& x, int64_t axis, bool independe
   if (!x.defined()) throw ValueError("random.permutation: x is an empty Array handle");
   if (x.ndim() == 0) {
     if (!is_integer(x.dtype()))
-      throw DTypeError(fmt::format("random.permutation: x must be an integer or at least 1-dimensional, got a {} "
-                                   "scalar",
-                                   dtype_name(x.dtype())));
+      throw DTypeError(
+          fmt::format("random.permutation: x must be an integer or at least 1-dimensional, got a {} "
+                      "scalar",
+                      dtype_name(x.dtype())));
     require_concrete(x, "random.permutation(x) with a scalar x (the permutation length must be static)");
     return permutation(key, x.item<int64_t>());
   }

@@ -9,9 +9,9 @@
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "core/array/array_impl.h"
-#include "core/backend/parallel.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/parallel.h"
 
 namespace cjax::numpy {
 namespace {
@@ -19,8 +19,8 @@ namespace {
 void check_shape(std::string_view fn, const Shape& shape) {
   for (int64_t d : shape)
     if (d < 0)
-      throw ValueError(fmt::format("{}: negative dimension {} in shape {}; dimensions must be >= 0", fn, d,
-                                   shape_str(shape)));
+      throw ValueError(
+          fmt::format("{}: negative dimension {} in shape {}; dimensions must be >= 0", fn, d, shape_str(shape)));
 }
 
 // An array of `shape` with every element equal to the bytes of `elem`.
@@ -41,28 +41,36 @@ Array fill_bytes(const Shape& shape, DType d, bool weak, const void* elem) {
   return on_default_device(out);
 }
 
-template <class V> Array fill_value(const Shape& shape, DType d, V v) {
+template <class V>
+Array fill_value(const Shape& shape, DType d, V v) {
   return visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T e;
-    if constexpr (is_half_v<T>) e = T(float(v));
-    else if constexpr (std::is_same_v<T, bool>) e = v != V(0);
-    else e = T(v);
+    if constexpr (is_half_v<T>)
+      e = T(float(v));
+    else if constexpr (std::is_same_v<T, bool>)
+      e = v != V(0);
+    else
+      e = T(v);
     return fill_bytes(shape, d, false, &e);
   });
 }
 
 // Fills a 1-D array of n elements with f(i) converted to dtype d.
-template <class F> Array fill_1d(int64_t n, DType d, F&& f) {
+template <class F>
+Array fill_1d(int64_t n, DType d, F&& f) {
   Array out = make_uninitialized(AbstractValue{{n}, d, false, {}}, host_device());
   visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = data_ptr<T>(out);
     for (int64_t i = 0; i < n; ++i) {
       auto v = f(i);
-      if constexpr (is_half_v<T>) p[i] = T(float(v));
-      else if constexpr (std::is_same_v<T, bool>) p[i] = v != decltype(v)(0);
-      else p[i] = T(v);
+      if constexpr (is_half_v<T>)
+        p[i] = T(float(v));
+      else if constexpr (std::is_same_v<T, bool>)
+        p[i] = v != decltype(v)(0);
+      else
+        p[i] = T(v);
     }
   });
   return on_default_device(out);
@@ -96,8 +104,8 @@ Array full_impl(std::string_view fn, const Shape& shape, const Array& fill, DTyp
   Array v = convert_to(fill, d, weak);
   if (v.ndim() == 0 && concrete(v)) return fill_bytes(shape, d, weak, raw_ptr(v));
   if (v.ndim() > int(shape.size()))
-    throw ShapeError(fmt::format("{}: fill value of shape {} cannot be broadcast to shape {}", fn,
-                                 shape_str(v.shape()), shape_str(shape)));
+    throw ShapeError(fmt::format("{}: fill value of shape {} cannot be broadcast to shape {}", fn, shape_str(v.shape()),
+                                 shape_str(shape)));
   size_t off = shape.size() - size_t(v.ndim());
   std::vector<int64_t> dims(size_t(v.ndim()));
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -112,8 +120,7 @@ Array full_impl(std::string_view fn, const Shape& shape, const Array& fill, DTyp
 }  // namespace
 
 Array full(const Shape& shape, const Array& fill_value, std::optional<DType> dtype) {
-  return full_impl("full", shape, fill_value, dtype.value_or(fill_value.dtype()),
-                   !dtype && fill_value.weak_type());
+  return full_impl("full", shape, fill_value, dtype.value_or(fill_value.dtype()), !dtype && fill_value.weak_type());
 }
 Array zeros_like(const Array& x, std::optional<DType> dtype) {
   DType d = dtype.value_or(x.dtype());
@@ -143,9 +150,10 @@ Array arange(int64_t stop, DType dtype) {
 
 Array arange(int64_t start, int64_t stop, int64_t step, DType dtype) {
   if (step == 0)
-    throw ValueError(fmt::format("arange: step must not be zero (start={}, stop={}); use a positive step to count "
-                                 "up or a negative one to count down",
-                                 start, stop));
+    throw ValueError(
+        fmt::format("arange: step must not be zero (start={}, stop={}); use a positive step to count "
+                    "up or a negative one to count down",
+                    start, stop));
   // numpy length: ceil((stop - start) / step), at least 0 (exact integer arithmetic).
   __int128 span = __int128(stop) - start;
   __int128 n = step > 0 ? (span + step - 1) / step : (span + step + 1) / step;
@@ -159,9 +167,10 @@ Array arange(int start, int stop, int step, DType dtype) {
 
 Array arange(double start, double stop, double step, DType dtype) {
   if (step == 0)
-    throw ValueError(fmt::format("arange: step must not be zero (start={}, stop={}); use a positive step to count "
-                                 "up or a negative one to count down",
-                                 start, stop));
+    throw ValueError(
+        fmt::format("arange: step must not be zero (start={}, stop={}); use a positive step to count "
+                    "up or a negative one to count down",
+                    start, stop));
   if (!std::isfinite(start) || !std::isfinite(stop) || !std::isfinite(step))
     throw ValueError(fmt::format("arange: start, stop and step must be finite, got ({}, {}, {})", start, stop, step));
   double len = std::ceil((stop - start) / step);
@@ -196,8 +205,10 @@ Array linspace(double start, double stop, int64_t num, bool endpoint, DType dtyp
     C s = r(C(start)), e = r(C(stop)), dv = r(C(div));
     return fill_1d(num, dtype, [&](int64_t i) -> C {
       C v;
-      if (num == 1) v = s;
-      else if (endpoint && i == num - 1) v = e;
+      if (num == 1)
+        v = s;
+      else if (endpoint && i == num - 1)
+        v = e;
       else {
         C step = r(r(C(i)) / dv);
         v = r(r(s * r(C(1) - step)) + r(e * step));
@@ -210,14 +221,15 @@ Array linspace(double start, double stop, int64_t num, bool endpoint, DType dtyp
 
 Array eye(int64_t n, std::optional<int64_t> m, int64_t k, DType dtype) {
   int64_t cols = m.value_or(n);
-  if (n < 0 || cols < 0)
-    throw ValueError(fmt::format("eye: N={} and M={} must be non-negative", n, cols));
+  if (n < 0 || cols < 0) throw ValueError(fmt::format("eye: N={} and M={} must be non-negative", n, cols));
   Array out = fill_value(Shape{n, cols}, dtype, 0);
   visit_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T one;
-    if constexpr (is_half_v<T>) one = T(1.0f);
-    else one = T(1);
+    if constexpr (is_half_v<T>)
+      one = T(1.0f);
+    else
+      one = T(1);
     T* p = data_ptr<T>(out);
     for (int64_t i = 0; i < n; ++i) {
       int64_t j = i + k;

@@ -11,6 +11,8 @@
 //  * a concrete weakly typed scalar (a C++ literal) converted to another dtype becomes a literal
 //    of that dtype directly (no convert_element_type), as JAX does with Python scalars; an integer
 //    literal that does not fit the target integer dtype raises ValueError (JAX's OverflowError).
+#include "core/lax/elementwise.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -19,7 +21,6 @@
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "core/array/array_impl.h"
-#include "core/lax/elementwise.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
 
@@ -29,13 +30,17 @@ namespace {
 enum class Promo { Plain, Numeric, Inexact };
 
 // A literal of dtype `d` from an exact host value (int64 or double).
-template <class V> Array literal(V v, DType d, bool weak) {
+template <class V>
+Array literal(V v, DType d, bool weak) {
   Array a = make_uninitialized(AbstractValue{{}, d, weak, {}}, host_device());
   visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (is_half_v<T>) *data_ptr<T>(a) = T(float(v));
-    else if constexpr (std::is_same_v<T, bool>) *data_ptr<T>(a) = v != V(0);
-    else *data_ptr<T>(a) = T(v);
+    if constexpr (is_half_v<T>)
+      *data_ptr<T>(a) = T(float(v));
+    else if constexpr (std::is_same_v<T, bool>)
+      *data_ptr<T>(a) = v != V(0);
+    else
+      *data_ptr<T>(a) = T(v);
   });
   return a;
 }
@@ -81,9 +86,10 @@ Array to_type(std::string_view fn, const Array& a, TypeInfo t) {
   if (av.dtype == t.dtype && av.weak_type == t.weak) return a;
   if (is_integer(t.dtype))
     if (auto v = weak_int_literal(a); v && !int_fits(*v, t.dtype))
-      throw ValueError(fmt::format("{}: the integer scalar {} does not fit in {}; cast the array to a wider "
-                                   "dtype first (astype) or pass a value in range",
-                                   fn, *v, dtype_name(t.dtype)));
+      throw ValueError(
+          fmt::format("{}: the integer scalar {} does not fit in {}; cast the array to a wider "
+                      "dtype first (astype) or pass a value in range",
+                      fn, *v, dtype_name(t.dtype)));
   return convert_to(a, t.dtype, t.weak);
 }
 
@@ -127,11 +133,12 @@ Shape broadcast_shape_of(std::string_view fn, std::span<const Shape* const> shap
       }
       std::string all;
       for (size_t j = 0; j < shapes.size(); ++j) all += (j ? " and " : "") + shape_str(*shapes[j]);
-      throw ShapeError(fmt::format("{}: operands could not be broadcast together with shapes {}: dimension {} of "
-                                   "the result would need sizes {} and {} (numpy broadcasting aligns shapes at the "
-                                   "end and needs equal sizes or 1). Reshape or expand_dims an operand so the "
-                                   "shapes line up",
-                                   fn, all, off + i, o, d));
+      throw ShapeError(
+          fmt::format("{}: operands could not be broadcast together with shapes {}: dimension {} of "
+                      "the result would need sizes {} and {} (numpy broadcasting aligns shapes at the "
+                      "end and needs equal sizes or 1). Reshape or expand_dims an operand so the "
+                      "shapes line up",
+                      fn, all, off + i, o, d));
     }
   }
   return out;
@@ -364,9 +371,10 @@ Array power(const Array& x, const Array& y) {
     int64_t e = y.item<int64_t>();
     Array b = promote1("power", x, Promo::Numeric);
     if (is_integer(b.dtype()) && e < 0)
-      throw ValueError(fmt::format("power: integers to negative integer powers are not allowed (base dtype {}, "
-                                   "exponent {}); cast the base to a float dtype first",
-                                   dtype_name(b.dtype()), e));
+      throw ValueError(
+          fmt::format("power: integers to negative integer powers are not allowed (base dtype {}, "
+                      "exponent {}); cast the base to a float dtype first",
+                      dtype_name(b.dtype()), e));
     if (e > std::numeric_limits<int>::max() || e < std::numeric_limits<int>::min())
       throw ValueError(fmt::format("power: exponent {} is out of the supported range of integer_pow", e));
     return lax::integer_pow(b, int(e));
@@ -377,9 +385,10 @@ Array power(const Array& x, const Array& y) {
   if (auto* c = concrete(b); c && is_signed_integer(b.dtype())) {
     for (int64_t v : b.to_vector<int64_t>())
       if (v < 0)
-        throw ValueError(fmt::format("power: integers to negative integer powers are not allowed (exponent array "
-                                     "of dtype {} holds {}); cast the base to a float dtype first",
-                                     dtype_name(b.dtype()), v));
+        throw ValueError(
+            fmt::format("power: integers to negative integer powers are not allowed (exponent array "
+                        "of dtype {} holds {}); cast the base to a float dtype first",
+                        dtype_name(b.dtype()), v));
   }
   return int_power_loop(a, b);
 }
@@ -461,7 +470,8 @@ Array round(const Array& x, int decimals) {
     if (decimals >= 0) return x;
     // Round half to even at 10^-decimals, in the integer dtype (numpy's result for integers).
     double fd = std::pow(10.0, -decimals);
-    double hi = visit_dtype(d, [](auto tag) { return double(std::numeric_limits<typename decltype(tag)::type>::max()); });
+    double hi =
+        visit_dtype(d, [](auto tag) { return double(std::numeric_limits<typename decltype(tag)::type>::max()); });
     if (fd > hi) return zeros_like(x);
     Array f = cst(fd, x);
     Array q = floor_divide(x, f);
@@ -517,9 +527,7 @@ Array isinf(const Array& x) {
 }
 Array isfinite(const Array& x) { return is_floating(x.dtype()) ? lax::is_finite(x) : bool_like(x, true); }
 Array isposinf(const Array& x) { return is_floating(x.dtype()) ? lax::eq(x, cst(INFINITY, x)) : bool_like(x, false); }
-Array isneginf(const Array& x) {
-  return is_floating(x.dtype()) ? lax::eq(x, cst(-INFINITY, x)) : bool_like(x, false);
-}
+Array isneginf(const Array& x) { return is_floating(x.dtype()) ? lax::eq(x, cst(-INFINITY, x)) : bool_like(x, false); }
 Array nan_to_num(const Array& x, double nan, std::optional<double> posinf, std::optional<double> neginf) {
   DType d = x.dtype();
   if (!is_floating(d)) return x;
@@ -547,12 +555,12 @@ Array logical_xor(const Array& x, const Array& y) {
 }
 Array logical_not(const Array& x) { return lax::bitwise_not(to_bool(x)); }
 
-#define CJAX_BITWISE(name, laxfn)                        \
-  Array name(const Array& x, const Array& y) {           \
-    Array a = x, b = y;                                  \
+#define CJAX_BITWISE(name, laxfn)                         \
+  Array name(const Array& x, const Array& y) {            \
+    Array a = x, b = y;                                   \
     if (!fast_ok(x, y)) prep2(#name, a, b, Promo::Plain); \
-    require_int_or_bool(#name, a);                       \
-    return lax::laxfn(a, b);                             \
+    require_int_or_bool(#name, a);                        \
+    return lax::laxfn(a, b);                              \
   }
 CJAX_BITWISE(bitwise_and, bitwise_and)
 CJAX_BITWISE(bitwise_or, bitwise_or)

@@ -22,9 +22,9 @@
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "core/array/array_impl.h"
-#include "core/lax/gather_scatter.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/lax/gather_scatter.h"
 
 namespace cjax {
 
@@ -45,11 +45,11 @@ struct Ent {
 };
 
 struct Prepared {
-  std::vector<Ent> ents;                 // Ellipsis removed, trailing slices added, masks expanded
-  bool advanced = false;                 // any integer array (numpy advanced indexing)
-  bool contiguous = true;                // advanced indices adjacent (numpy placement rule)
-  bool dynamic = false;                  // some Array index (gather path)
-  std::vector<int64_t> inserted_dims;    // x dims inserted for 0-d bool indices
+  std::vector<Ent> ents;               // Ellipsis removed, trailing slices added, masks expanded
+  bool advanced = false;               // any integer array (numpy advanced indexing)
+  bool contiguous = true;              // advanced indices adjacent (numpy placement rule)
+  bool dynamic = false;                // some Array index (gather path)
+  std::vector<int64_t> inserted_dims;  // x dims inserted for 0-d bool indices
 };
 
 std::string index_str(const std::vector<Ent>& e);
@@ -60,7 +60,8 @@ DType index_dtype_for(const Shape& s) {
   return DType::int32;
 }
 
-template <class T> Array host_array(const std::vector<int64_t>& v, Shape shape) {
+template <class T>
+Array host_array(const std::vector<int64_t>& v, Shape shape) {
   std::vector<T> t(v.begin(), v.end());
   return numpy::array<T>(t, std::move(shape));
 }
@@ -134,9 +135,10 @@ Prepared prepare(const Shape& xs, const std::vector<Index>& idx, std::string_vie
                 e.k = EK::Arr;  // expanded below
               }
             } else if (!is_integer(d)) {
-              throw DTypeError(fmt::format("{}: indexer must have integer or boolean type, got an index array of dtype {} "
-                                           "at position {} (shape {}); convert it with astype(int32)",
-                                           fn, dtype_name(d), p, shape_str(e.a.shape())));
+              throw DTypeError(
+                  fmt::format("{}: indexer must have integer or boolean type, got an index array of dtype {} "
+                              "at position {} (shape {}); convert it with astype(int32)",
+                              fn, dtype_name(d), p, shape_str(e.a.shape())));
             } else {
               e.k = EK::Arr;
             }
@@ -159,10 +161,10 @@ Prepared prepare(const Shape& xs, const std::vector<Index>& idx, std::string_vie
   int64_t consumed = 0;
   for (auto& e : raw) consumed += consumes(e);
   if (consumed > ndim)
-    throw ValueError(fmt::format("{}: too many indices: a {}-dimensional array of shape {} indexed with {} regular "
-                                 "{} ({})",
-                                 fn, ndim, shape_str(xs), consumed, consumed == 1 ? "index" : "indices",
-                                 index_str(raw)));
+    throw ValueError(
+        fmt::format("{}: too many indices: a {}-dimensional array of shape {} indexed with {} regular "
+                    "{} ({})",
+                    fn, ndim, shape_str(xs), consumed, consumed == 1 ? "index" : "indices", index_str(raw)));
   // Expand masks into integer index arrays.
   std::vector<Ent> ents;
   int64_t xpos = 0;
@@ -172,10 +174,10 @@ Prepared prepare(const Shape& xs, const std::vector<Index>& idx, std::string_vie
       int64_t m = e.a.ndim();
       Shape expected(xs.begin() + xpos, xs.begin() + xpos + m);
       if (e.a.shape() != expected)
-        throw ShapeError(fmt::format("{}: boolean index did not match the indexed array at position {}: got a mask "
-                                     "of shape {}, expected shape {} (dims {}..{} of the array of shape {})",
-                                     fn, e.pos, shape_str(e.a.shape()), shape_str(expected), xpos, xpos + m - 1,
-                                     shape_str(xs)));
+        throw ShapeError(
+            fmt::format("{}: boolean index did not match the indexed array at position {}: got a mask "
+                        "of shape {}, expected shape {} (dims {}..{} of the array of shape {})",
+                        fn, e.pos, shape_str(e.a.shape()), shape_str(expected), xpos, xpos + m - 1, shape_str(xs)));
       for (Array& a : mask_nonzero(e.a, idt)) {
         Ent n;
         n.k = EK::Arr;
@@ -241,8 +243,8 @@ Prepared prepare(const Shape& xs, const std::vector<Index>& idx, std::string_vie
     if (e.k == EK::Int) {
       int64_t n = xs2[size_t(xa)];
       if (e.i < -n || e.i >= n)
-        throw ValueError(fmt::format("{}: index {} is out of bounds for axis {} with size {} (array shape {})", fn,
-                                     e.i, xa, n, shape_str(xs)));
+        throw ValueError(fmt::format("{}: index {} is out of bounds for axis {} with size {} (array shape {})", fn, e.i,
+                                     xa, n, shape_str(xs)));
       if (e.i < 0) e.i += n;
     }
     if (e.k == EK::Int || e.k == EK::Slc || e.k == EK::Arr) ++xa;
@@ -282,7 +284,8 @@ struct SliceInfo {
 SliceInfo canonical_slice(const Slice& s, int64_t n) {
   int64_t step = s.step;
   int64_t start, stop;
-  if (!s.start) start = step < 0 ? n - 1 : 0;
+  if (!s.start)
+    start = step < 0 ? n - 1 : 0;
   else {
     start = *s.start;
     if (start < 0) {
@@ -292,7 +295,8 @@ SliceInfo canonical_slice(const Slice& s, int64_t n) {
       start = step < 0 ? n - 1 : n;
     }
   }
-  if (!s.stop) stop = step < 0 ? -1 : n;
+  if (!s.stop)
+    stop = step < 0 ? -1 : n;
   else {
     stop = *s.stop;
     if (stop < 0) {
@@ -327,8 +331,8 @@ Shape broadcast_shapes_or_throw(const std::vector<Shape>& shapes, std::string_vi
         if (!all.empty()) all += ' ';
         all += shape_str(t);
       }
-      throw ShapeError(fmt::format("{}: shape mismatch: {} could not be broadcast together with shapes {}", what,
-                                   "arrays", all));
+      throw ShapeError(
+          fmt::format("{}: shape mismatch: {} could not be broadcast together with shapes {}", what, "arrays", all));
     }
   return out;
 }
@@ -421,8 +425,7 @@ Indexer index_to_gather(const Shape& xs, const Prepared& p, std::string_view fn)
       case EK::Int:
       case EK::Arr: {  // a scalar index outside advanced mode (static int or 0-d int Array)
         int64_t n = xs[size_t(x_axis)];
-        if (n == 0)
-          throw ValueError(fmt::format("{}: index is out of bounds for axis {} with size 0", fn, x_axis));
+        if (n == 0) throw ValueError(fmt::format("{}: index is out of bounds for axis {} with size 0", fn, x_axis));
         Array g = e.k == EK::Int ? make_scalar(double(e.i), idt) : normalize_index(e.a, n, idt);
         gidx.emplace_back(g, int64_t(gshape.size()));
         collapsed.push_back(x_axis);
@@ -503,7 +506,8 @@ Array with_inserted_dims(const Array& x, const std::vector<int64_t>& dims) {
 // Basic indexing: slice + rev + reshape.
 Array static_index(const Array& x, const Prepared& p) {
   int64_t R = x.ndim();
-  std::vector<int64_t> start(static_cast<size_t>(R)), limit(static_cast<size_t>(R)), stride(static_cast<size_t>(R), 1), revd;
+  std::vector<int64_t> start(static_cast<size_t>(R)), limit(static_cast<size_t>(R)), stride(static_cast<size_t>(R), 1),
+      revd;
   Shape final_shape;
   bool need_slice = false, strided = false;
   int64_t xa = 0;
@@ -541,7 +545,8 @@ Array static_index(const Array& x, const Prepared& p) {
   }
   Array y = x;
   if (need_slice) {
-    if (!strided) stride.clear();
+    if (!strided)
+      stride.clear();
     else
       for (int64_t d = 0; d < R; ++d)
         if (limit[size_t(d)] - start[size_t(d)] <= 1) stride[size_t(d)] = 1;
@@ -584,9 +589,10 @@ Array scatter_update(const Array& x0, const std::vector<Index>& idx, const Array
       ok = d == t || d == 1;
     }
     if (!ok)
-      throw ShapeError(fmt::format("{}: the update of shape {} cannot be broadcast to the indexed shape {} (x of shape "
-                                   "{} indexed with {})",
-                                   fn, shape_str(ys), shape_str(ts), shape_str(x0.shape()), index_str(p.ents)));
+      throw ShapeError(
+          fmt::format("{}: the update of shape {} cannot be broadcast to the indexed shape {} (x of shape "
+                      "{} indexed with {})",
+                      fn, shape_str(ys), shape_str(ts), shape_str(x0.shape()), index_str(p.ents)));
     y = bcast(y, ts);
   }
   // Drop the NewAxis dims (all of size 1).
@@ -607,7 +613,9 @@ Array scatter_update(const Array& x0, const std::vector<Index>& idx, const Array
 }  // namespace
 
 // ---------------------------------------------------------------- Array / AtProxy
-Array Array::operator[](Index i) const { return getitem(*this, {std::move(i)}, GatherScatterMode::promise_in_bounds, "Array[]"); }
+Array Array::operator[](Index i) const {
+  return getitem(*this, {std::move(i)}, GatherScatterMode::promise_in_bounds, "Array[]");
+}
 Array Array::operator[](std::initializer_list<Index> l) const {
   return getitem(*this, std::vector<Index>(l), GatherScatterMode::promise_in_bounds, "Array[]");
 }
@@ -628,9 +636,10 @@ namespace numpy {
 
 Array take(const Array& a0, const Array& indices0, std::optional<int64_t> axis, const std::string& mode) {
   if (!is_integer(indices0.dtype()))
-    throw DTypeError(fmt::format("take: indices must have an integer dtype, got {} (shape {}); convert them with "
-                                 "astype(int32)",
-                                 dtype_name(indices0.dtype()), shape_str(indices0.shape())));
+    throw DTypeError(
+        fmt::format("take: indices must have an integer dtype, got {} (shape {}); convert them with "
+                    "astype(int32)",
+                    dtype_name(indices0.dtype()), shape_str(indices0.shape())));
   Array a = a0;
   int64_t ax;
   if (!axis) {
@@ -663,9 +672,10 @@ Array take(const Array& a0, const Array& indices0, std::optional<int64_t> axis, 
   out_shape.insert(out_shape.end(), indices.shape().begin(), indices.shape().end());
   out_shape.insert(out_shape.end(), a.shape().begin() + ax + 1, a.shape().end());
   if (n == 0 && indices.size() != 0)
-    throw ValueError(fmt::format("take: cannot take a non-empty set of indices (shape {}) from the empty axis {} of "
-                                 "an array of shape {}",
-                                 shape_str(indices.shape()), ax, shape_str(a.shape())));
+    throw ValueError(
+        fmt::format("take: cannot take a non-empty set of indices (shape {}) from the empty axis {} of "
+                    "an array of shape {}",
+                    shape_str(indices.shape()), ax, shape_str(a.shape())));
   if (indices.size() == 0 || shape_size(out_shape) == 0) return zeros_of(out_shape, a.dtype(), a.weak_type());
   int64_t index_dims = indices.ndim();
   std::vector<int64_t> ss = a.shape();
@@ -686,9 +696,10 @@ Array take_along_axis(const Array& a0, const Array& indices0, int64_t axis) {
                                  dtype_name(indices0.dtype()), shape_str(indices0.shape())));
   int64_t rank = a0.ndim();
   if (indices0.ndim() != rank)
-    throw ShapeError(fmt::format("take_along_axis: indices and arr must have the same number of dimensions; got "
-                                 "indices of shape {} (rank {}) and arr of shape {} (rank {})",
-                                 shape_str(indices0.shape()), indices0.ndim(), shape_str(a0.shape()), rank));
+    throw ShapeError(
+        fmt::format("take_along_axis: indices and arr must have the same number of dimensions; got "
+                    "indices of shape {} (rank {}) and arr of shape {} (rank {})",
+                    shape_str(indices0.shape()), indices0.ndim(), shape_str(a0.shape()), rank));
   int64_t ax = canonicalize_axis(axis, rank, "take_along_axis");
   DType idt = index_dtype_for(a0.shape());
   Array indices = lax::convert_element_type(indices0, idt);
@@ -700,9 +711,10 @@ Array take_along_axis(const Array& a0, const Array& indices0, int64_t axis) {
   try {
     out_shape = broadcast_shapes_or_throw({idx_shape, arr_shape}, "take_along_axis");
   } catch (const ShapeError&) {
-    throw ShapeError(fmt::format("take_along_axis: indices of shape {} are not broadcast-compatible with arr of shape "
-                                 "{} outside axis {}",
-                                 shape_str(idx_shape), shape_str(a0.shape()), ax));
+    throw ShapeError(
+        fmt::format("take_along_axis: indices of shape {} are not broadcast-compatible with arr of shape "
+                    "{} outside axis {}",
+                    shape_str(idx_shape), shape_str(a0.shape()), ax));
   }
   // JAX returns zeros when the axis is empty (nothing to take from).
   if (axis_size == 0 || shape_size(out_shape) == 0) return zeros_of(out_shape, a0.dtype(), a0.weak_type());

@@ -31,14 +31,15 @@ Array dg(const Array& a, const Array& b, std::vector<int64_t> ca, std::vector<in
 void check_contract(std::string_view fn, const Array& a, const Array& b, const std::vector<int64_t>& ca,
                     const std::vector<int64_t>& cb) {
   if (ca.size() != cb.size())
-    throw ShapeError(fmt::format("{}: {} axes of a {} and {} axes of b {} cannot be contracted pairwise", fn,
-                                 ca.size(), ints_str(ca), cb.size(), ints_str(cb)));
+    throw ShapeError(fmt::format("{}: {} axes of a {} and {} axes of b {} cannot be contracted pairwise", fn, ca.size(),
+                                 ints_str(ca), cb.size(), ints_str(cb)));
   for (size_t i = 0; i < ca.size(); ++i)
     if (a.shape()[size_t(ca[i])] != b.shape()[size_t(cb[i])])
-      throw ShapeError(fmt::format("{}: shapes {} and {} are not aligned: axis {} of a (size {}) != axis {} of b "
-                                   "(size {})",
-                                   fn, shape_str(a.shape()), shape_str(b.shape()), ca[i], a.shape()[size_t(ca[i])],
-                                   cb[i], b.shape()[size_t(cb[i])]));
+      throw ShapeError(
+          fmt::format("{}: shapes {} and {} are not aligned: axis {} of a (size {}) != axis {} of b "
+                      "(size {})",
+                      fn, shape_str(a.shape()), shape_str(b.shape()), ca[i], a.shape()[size_t(ca[i])], cb[i],
+                      b.shape()[size_t(cb[i])]));
 }
 
 Array sum_axes(const Array& x, const std::vector<int64_t>& axes) {
@@ -66,9 +67,10 @@ Array dot(const Array& a0, const Array& b0) {
 
 Array matmul(const Array& a0, const Array& b0) {
   if (a0.ndim() == 0 || b0.ndim() == 0)
-    throw ValueError(fmt::format("matmul: operands must be at least 1-D, got shapes {} and {} (use multiply or dot "
-                                 "for scalars)",
-                                 shape_str(a0.shape()), shape_str(b0.shape())));
+    throw ValueError(
+        fmt::format("matmul: operands must be at least 1-D, got shapes {} and {} (use multiply or dot "
+                    "for scalars)",
+                    shape_str(a0.shape()), shape_str(b0.shape())));
   auto ab = promote_dtypes("matmul", {a0, b0});
   Array a = ab[0], b = ab[1];
   const bool a_mat = a.ndim() > 1, b_mat = b.ndim() > 1;
@@ -100,9 +102,10 @@ Array matmul(const Array& a0, const Array& b0) {
       b_batch.push_back(int64_t(idx_batch.size() + idx_b.size()));
       idx_batch.push_back(ii);
     } else {
-      throw ShapeError(fmt::format("matmul: batch dimensions of {} and {} cannot be broadcast together (dimension {} "
-                                   "vs {})",
-                                   shape_str(a.shape()), shape_str(b.shape()), da, db));
+      throw ShapeError(
+          fmt::format("matmul: batch dimensions of {} and {} cannot be broadcast together (dimension {} "
+                      "vs {})",
+                      shape_str(a.shape()), shape_str(b.shape()), da, db));
     }
   }
   if (a_mat) idx_a.push_back(int64_t(nb));
@@ -143,9 +146,10 @@ Array outer(const Array& a0, const Array& b0) {
 
 Array tensordot(const Array& a, const Array& b, int64_t axes) {
   if (axes < 0 || axes > a.ndim() || axes > b.ndim())
-    throw ValueError(fmt::format("tensordot: axes={} must be between 0 and the operand ranks ({} and {}) for shapes "
-                                 "{} and {}",
-                                 axes, a.ndim(), b.ndim(), shape_str(a.shape()), shape_str(b.shape())));
+    throw ValueError(
+        fmt::format("tensordot: axes={} must be between 0 and the operand ranks ({} and {}) for shapes "
+                    "{} and {}",
+                    axes, a.ndim(), b.ndim(), shape_str(a.shape()), shape_str(b.shape())));
   std::vector<int64_t> ca, cb;
   for (int64_t i = 0; i < axes; ++i) {
     ca.push_back(a.ndim() - axes + i);
@@ -179,17 +183,18 @@ Term parse_term(const std::string& subscripts, const std::string& t) {
     char c = t[i];
     if (c == '.') {
       if (t.compare(i, 3, "...") != 0 || term.has_ellipsis)
-        throw ValueError(fmt::format("einsum: invalid subscripts \"{}\": '.' may only appear as one '...' per operand",
-                                     subscripts));
+        throw ValueError(
+            fmt::format("einsum: invalid subscripts \"{}\": '.' may only appear as one '...' per operand", subscripts));
       term.has_ellipsis = true;
       term.labels.push_back(-1);
       i += 2;
     } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
       term.labels.push_back(int(c));
     } else {
-      throw ValueError(fmt::format("einsum: invalid character '{}' in subscripts \"{}\" (use letters, ',', '->' and "
-                                   "'...')",
-                                   c, subscripts));
+      throw ValueError(
+          fmt::format("einsum: invalid character '{}' in subscripts \"{}\" (use letters, ',', '->' and "
+                      "'...')",
+                      c, subscripts));
     }
   }
   return term;
@@ -234,9 +239,10 @@ Array einsum(const std::string& subscripts_in, const std::vector<Array>& operand
     int nletters = int(terms[i].labels.size()) - (terms[i].has_ellipsis ? 1 : 0);
     int nd = ops[i].ndim();
     if (terms[i].has_ellipsis ? nd < nletters : nd != nletters)
-      throw ShapeError(fmt::format("einsum: operand {} has shape {} (rank {}) but its subscripts \"{}\" name {} "
-                                   "dimension(s)",
-                                   i, shape_str(ops[i].shape()), nd, term_strs[i], nletters));
+      throw ShapeError(
+          fmt::format("einsum: operand {} has shape {} (rank {}) but its subscripts \"{}\" name {} "
+                      "dimension(s)",
+                      i, shape_str(ops[i].shape()), nd, term_strs[i], nletters));
     if (terms[i].has_ellipsis) max_ell = std::max(max_ell, nd - nletters);
   }
   for (size_t i = 0; i < nops; ++i) {
@@ -261,8 +267,8 @@ Array einsum(const std::string& subscripts_in, const std::vector<Array>& operand
         continue;
       }
       if (std::count(out_labels.begin(), out_labels.end(), l))
-        throw ValueError(fmt::format("einsum: output subscript '{}' appears more than once in \"{}\"", char(l),
-                                     subscripts_in));
+        throw ValueError(
+            fmt::format("einsum: output subscript '{}' appears more than once in \"{}\"", char(l), subscripts_in));
       bool found = false;
       for (auto& ls : labels) found |= std::count(ls.begin(), ls.end(), l) > 0;
       if (!found)
@@ -292,9 +298,10 @@ Array einsum(const std::string& subscripts_in, const std::vector<Array>& operand
         size[l] = s;
       } else if (it->second != s) {
         if (it->second != 1 && s != 1)
-          throw ShapeError(fmt::format("einsum: size of label {} for operand {} ({}) does not match previous terms "
-                                       "({}) in \"{}\"",
-                                       label_name(l), i, s, it->second, subscripts_in));
+          throw ShapeError(
+              fmt::format("einsum: size of label {} for operand {} ({}) does not match previous terms "
+                          "({}) in \"{}\"",
+                          label_name(l), i, s, it->second, subscripts_in));
         it->second = std::max(it->second, s);
       }
     }
@@ -351,8 +358,10 @@ Array einsum(const std::string& subscripts_in, const std::vector<Array>& operand
     std::vector<int> rest;
     for (size_t d = 0; d < labels[i].size(); ++d) {
       int l = labels[i][d];
-      if (!in_output(l) && !in_ops(l, 0, i)) axes.push_back(int64_t(d));
-      else rest.push_back(l);
+      if (!in_output(l) && !in_ops(l, 0, i))
+        axes.push_back(int64_t(d));
+      else
+        rest.push_back(l);
     }
     if (!axes.empty()) {
       ops[i] = sum_axes(ops[i], axes);
@@ -397,8 +406,10 @@ Array einsum(const std::string& subscripts_in, const std::vector<Array>& operand
     std::vector<int64_t> axes;
     std::vector<int> rest;
     for (size_t d = 0; d < cl.size(); ++d) {
-      if (!in_output(cl[d])) axes.push_back(int64_t(d));
-      else rest.push_back(cl[d]);
+      if (!in_output(cl[d]))
+        axes.push_back(int64_t(d));
+      else
+        rest.push_back(cl[d]);
     }
     if (!axes.empty()) {
       cur = sum_axes(cur, axes);

@@ -78,10 +78,11 @@ Array scalar_of(double v, DType d) { return make_scalar(v, d, false); }
 void require_identity_free(const Array& x, const std::vector<int64_t>& axes, std::string_view name) {
   for (int64_t a : axes)
     if (x.shape()[size_t(a)] == 0)
-      throw ValueError(fmt::format("zero-size array to reduction operation {} which has no identity "
-                                   "(jnp.{} of an array of shape {} over axes {}: axis {} has size 0); reduce a "
-                                   "non-empty array, or use a reduction with an identity such as sum",
-                                   name, name, shape_str(x.shape()), axes_text(axes), a));
+      throw ValueError(
+          fmt::format("zero-size array to reduction operation {} which has no identity "
+                      "(jnp.{} of an array of shape {} over axes {}: axis {} has size 0); reduce a "
+                      "non-empty array, or use a reduction with an identity such as sum",
+                      name, name, shape_str(x.shape()), axes_text(axes), a));
 }
 
 Array sum_impl(const Array& x, const Axis& axis, bool keepdims, std::optional<DType> dtype, bool is_prod) {
@@ -113,12 +114,15 @@ Array arg_impl(const Array& x, std::optional<int64_t> axis, bool keepdims, bool 
   std::string fn = fmt::format("jnp.{}", name);
   Array a = x;
   int64_t ax = 0;
-  if (!axis) a = lax::reshape(x, Shape{x.size()});
-  else ax = canonicalize_axis(*axis, x.ndim(), fn);
+  if (!axis)
+    a = lax::reshape(x, Shape{x.size()});
+  else
+    ax = canonicalize_axis(*axis, x.ndim(), fn);
   if (a.shape()[size_t(ax)] == 0)
-    throw ValueError(fmt::format("attempt to get {} of an empty sequence ({} of an array of shape {}{}); the "
-                                 "reduced axis must be non-empty",
-                                 name, fn, shape_str(x.shape()), axis ? fmt::format(" along axis {}", *axis) : ""));
+    throw ValueError(
+        fmt::format("attempt to get {} of an empty sequence ({} of an array of shape {}{}); the "
+                    "reduced axis must be non-empty",
+                    name, fn, shape_str(x.shape()), axis ? fmt::format(" along axis {}", *axis) : ""));
   Array r = is_max ? lax::argmax(a, ax, DType::int32) : lax::argmin(a, ax, DType::int32);
   if (!keepdims) return r;
   if (!axis) return lax::reshape(r, Shape(size_t(x.ndim()), 1));
@@ -129,8 +133,10 @@ Array cum_impl(const Array& x, std::optional<int64_t> axis, std::optional<DType>
   std::string fn = is_prod ? "jnp.cumprod" : "jnp.cumsum";
   Array a = x;
   int64_t ax = 0;
-  if (!axis) a = lax::reshape(x, Shape{x.size()});
-  else ax = canonicalize_axis(*axis, x.ndim(), fn);
+  if (!axis)
+    a = lax::reshape(x, Shape{x.size()});
+  else
+    ax = canonicalize_axis(*axis, x.ndim(), fn);
   DType rt = dtype ? *dtype : x.dtype();
   DType ct = rt == DType::bool_ ? DType::int32 : rt;  // bools accumulate in int32 (JAX)
   a = convert_to(a, ct, false);
@@ -158,9 +164,10 @@ Array mean(const Array& x, Axis axis, bool keepdims, std::optional<DType> dtype)
   int64_t n = reduced_count(x, axes);
   Array s = lax::reduce_sum(convert_to(x, ct, false), axes);
   if (is_integer(ct) && n == 0)
-    throw ValueError(fmt::format("jnp.mean: integer dtype {} over an empty reduction (shape {}, axes {}) divides "
-                                 "by zero; use a floating dtype",
-                                 dtype_name(ct), shape_str(x.shape()), axes_text(axes)));
+    throw ValueError(
+        fmt::format("jnp.mean: integer dtype {} over an empty reduction (shape {}, axes {}) divides "
+                    "by zero; use a floating dtype",
+                    dtype_name(ct), shape_str(x.shape()), axes_text(axes)));
   Array r = lax::div(s, scalar_of(double(n), ct));
   return keep(convert_to(r, rt, false), axes, keepdims);
 }
@@ -235,8 +242,10 @@ Array sort(const Array& x, std::optional<int64_t> axis) {
 Array argsort(const Array& x, std::optional<int64_t> axis) {
   Array a = x;
   int64_t ax = 0;
-  if (!axis) a = lax::reshape(x, Shape{x.size()});
-  else ax = canonicalize_axis(*axis, x.ndim(), "jnp.argsort");
+  if (!axis)
+    a = lax::reshape(x, Shape{x.size()});
+  else
+    ax = canonicalize_axis(*axis, x.ndim(), "jnp.argsort");
   Array idx = lax::broadcasted_iota(DType::int32, a.shape(), ax);
   return lax::sort(std::vector<Array>{a, idx}, ax, true, 1)[1];
 }
@@ -267,16 +276,18 @@ Array norm(const Array& x, std::optional<double> ord, Axis axis, bool keepdims) 
       return keep(r, axes, keepdims);
     }
     if (x.ndim() != 1 && x.ndim() != 2)
-      throw ValueError(fmt::format("jnp.linalg.norm: with ord={} and axis=None the array must be 1-D or 2-D, got "
-                                   "shape {}; pass axis explicitly",
-                                   *ord, shape_str(x.shape())));
+      throw ValueError(
+          fmt::format("jnp.linalg.norm: with ord={} and axis=None the array must be 1-D or 2-D, got "
+                      "shape {}; pass axis explicitly",
+                      *ord, shape_str(x.shape())));
   }
   if (axes.size() == 1) {
     double o = ord ? *ord : 2.0;
     if (std::isinf(o) && x.shape()[size_t(axes[0])] == 0)
-      throw ValueError(fmt::format("zero-size array to reduction operation {} which has no identity "
-                                   "(jnp.linalg.norm with ord={} of shape {} along axis {})",
-                                   o > 0 ? "max" : "min", o, shape_str(x.shape()), axes[0]));
+      throw ValueError(
+          fmt::format("zero-size array to reduction operation {} which has no identity "
+                      "(jnp.linalg.norm with ord={} of shape {} along axis {})",
+                      o > 0 ? "max" : "min", o, shape_str(x.shape()), axes[0]));
     return keep(vector_norm(a, o, axes), axes, keepdims);
   }
   if (axes.size() == 2) {
@@ -293,21 +304,24 @@ Array norm(const Array& x, std::optional<double> ord, Axis axis, bool keepdims) 
       int64_t sum_axis = std::isinf(o) ? col : row, pick_axis = std::isinf(o) ? row : col;
       for (int64_t ax : axes)
         if (x.shape()[size_t(ax)] == 0)
-          throw ValueError(fmt::format("zero-size array to reduction operation {} which has no identity "
-                                       "(jnp.linalg.norm with ord={} of a matrix of shape {})",
-                                       o > 0 ? "max" : "min", o, shape_str(x.shape())));
+          throw ValueError(
+              fmt::format("zero-size array to reduction operation {} which has no identity "
+                          "(jnp.linalg.norm with ord={} of a matrix of shape {})",
+                          o > 0 ? "max" : "min", o, shape_str(x.shape())));
       Array s = lax::reduce_sum(lax::abs(a), {sum_axis});
       int64_t p = pick_axis > sum_axis ? pick_axis - 1 : pick_axis;
       Array r = o > 0 ? lax::reduce_max(s, {p}) : lax::reduce_min(s, {p});
       return keep(r, axes, keepdims);
     }
-    throw ValueError(fmt::format("jnp.linalg.norm: matrix norm ord={} is not supported (supported: None/Frobenius, "
-                                 "1, -1, inf, -inf; ord=2/-2 need singular values: use jnp.linalg.svd)",
-                                 o));
+    throw ValueError(
+        fmt::format("jnp.linalg.norm: matrix norm ord={} is not supported (supported: None/Frobenius, "
+                    "1, -1, inf, -inf; ord=2/-2 need singular values: use jnp.linalg.svd)",
+                    o));
   }
-  throw ValueError(fmt::format("jnp.linalg.norm: axis must name 1 axis (vector norm) or 2 axes (matrix norm), got {} "
-                               "axes {} for an array of shape {}",
-                               axes.size(), axes_text(axes), shape_str(x.shape())));
+  throw ValueError(
+      fmt::format("jnp.linalg.norm: axis must name 1 axis (vector norm) or 2 axes (matrix norm), got {} "
+                  "axes {} for an array of shape {}",
+                  axes.size(), axes_text(axes), shape_str(x.shape())));
 }
 }  // namespace linalg
 

@@ -34,8 +34,8 @@ Array reshape(const Array& x, Shape shape) {
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       if (unknown >= 0)
-        throw ValueError(fmt::format("reshape: can only specify one unknown dimension (-1), got new shape {}",
-                                     shape_str(shape)));
+        throw ValueError(
+            fmt::format("reshape: can only specify one unknown dimension (-1), got new shape {}", shape_str(shape)));
       unknown = int(i);
     } else if (shape[i] < 0) {
       throw ShapeError(fmt::format("reshape: new shape {} has a negative dimension {}; only -1 (inferred) is allowed",
@@ -113,9 +113,10 @@ Array squeeze(const Array& x, Axis axis) {
     dims = canonicalize_axes(axis.axes(), x.ndim(), "squeeze");
     for (int64_t d : dims)
       if (x.shape()[size_t(d)] != 1)
-        throw ShapeError(fmt::format("squeeze: cannot select an axis to squeeze out which has size not equal to one: "
-                                     "axis {} of shape {} has size {}",
-                                     d, shape_str(x.shape()), x.shape()[size_t(d)]));
+        throw ShapeError(
+            fmt::format("squeeze: cannot select an axis to squeeze out which has size not equal to one: "
+                        "axis {} of shape {} has size {}",
+                        d, shape_str(x.shape()), x.shape()[size_t(d)]));
   }
   return lax::squeeze(x, dims);
 }
@@ -142,10 +143,10 @@ Shape broadcast_shapes(const std::vector<Shape>& shapes) {
         continue;
       }
       const Shape& other = shapes[owner[lead + i]];
-      throw ShapeError(fmt::format("Incompatible shapes for broadcasting: shapes {} and {} (dimension {} from the "
-                                   "end has sizes {} and {}); sizes must be equal or 1 (all shapes: {})",
-                                   shape_str(other), shape_str(s), int64_t(rank - (lead + i)), o, d,
-                                   shapes_str(shapes)));
+      throw ShapeError(
+          fmt::format("Incompatible shapes for broadcasting: shapes {} and {} (dimension {} from the "
+                      "end has sizes {} and {}); sizes must be equal or 1 (all shapes: {})",
+                      shape_str(other), shape_str(s), int64_t(rank - (lead + i)), o, d, shapes_str(shapes)));
     }
   }
   return out;
@@ -155,11 +156,13 @@ Array broadcast_to(const Array& x, const Shape& shape) {
   const Shape& xs = x.shape();
   if (xs == shape) return x;
   for (int64_t d : shape)
-    if (d < 0) throw ShapeError(fmt::format("broadcast_to: target shape {} has a negative dimension", shape_str(shape)));
+    if (d < 0)
+      throw ShapeError(fmt::format("broadcast_to: target shape {} has a negative dimension", shape_str(shape)));
   auto fail = [&] {
-    throw ShapeError(fmt::format("broadcast_to: cannot broadcast array of shape {} to shape {}: trailing dimensions "
-                                 "must be equal or 1 (numpy broadcasting rules)",
-                                 shape_str(xs), shape_str(shape)));
+    throw ShapeError(
+        fmt::format("broadcast_to: cannot broadcast array of shape {} to shape {}: trailing dimensions "
+                    "must be equal or 1 (numpy broadcasting rules)",
+                    shape_str(xs), shape_str(shape)));
   };
   if (xs.size() > shape.size()) fail();
   size_t nlead = shape.size() - xs.size();
@@ -195,22 +198,25 @@ Array concatenate(const std::vector<Array>& arrays, int64_t axis) {
   if (arrays.empty()) throw ValueError("concatenate: need at least one array to concatenate");
   for (size_t k = 0; k < arrays.size(); ++k)
     if (arrays[k].ndim() == 0)
-      throw ShapeError(fmt::format("concatenate: zero-dimensional arrays cannot be concatenated (array at index {} "
-                                   "has shape ()); use stack, or reshape to (1,)",
-                                   k));
+      throw ShapeError(
+          fmt::format("concatenate: zero-dimensional arrays cannot be concatenated (array at index {} "
+                      "has shape ()); use stack, or reshape to (1,)",
+                      k));
   int64_t ax = canonicalize_axis(axis, arrays[0].ndim(), "concatenate");
   for (size_t k = 1; k < arrays.size(); ++k) {
     const Shape &s0 = arrays[0].shape(), &sk = arrays[k].shape();
     if (sk.size() != s0.size())
-      throw ShapeError(fmt::format("concatenate: all the input arrays must have the same number of dimensions, but "
-                                   "the array at index 0 has shape {} and the array at index {} has shape {}",
-                                   shape_str(s0), k, shape_str(sk)));
+      throw ShapeError(
+          fmt::format("concatenate: all the input arrays must have the same number of dimensions, but "
+                      "the array at index 0 has shape {} and the array at index {} has shape {}",
+                      shape_str(s0), k, shape_str(sk)));
     for (size_t a = 0; a < s0.size(); ++a)
       if (int64_t(a) != ax && s0[a] != sk[a])
-        throw ShapeError(fmt::format("concatenate: all the input array dimensions except for the concatenation axis "
-                                     "{} must match exactly, but along dimension {} the array at index 0 has size {} "
-                                     "and the array at index {} has size {} (shapes {} and {})",
-                                     ax, a, s0[a], k, sk[a], shape_str(s0), shape_str(sk)));
+        throw ShapeError(
+            fmt::format("concatenate: all the input array dimensions except for the concatenation axis "
+                        "{} must match exactly, but along dimension {} the array at index 0 has size {} "
+                        "and the array at index {} has size {} (shapes {} and {})",
+                        ax, a, s0[a], k, sk[a], shape_str(s0), shape_str(sk)));
   }
   std::vector<Array> parts = promote_dtypes("concatenate", arrays);
   // As jax.numpy: concatenate in groups of 16 operands.
@@ -218,8 +224,9 @@ Array concatenate(const std::vector<Array>& arrays, int64_t axis) {
   while (parts.size() > 1) {
     std::vector<Array> next;
     for (size_t i = 0; i < parts.size(); i += k)
-      next.push_back(lax::concatenate(
-          std::vector<Array>(parts.begin() + int64_t(i), parts.begin() + int64_t(std::min(parts.size(), i + k))), ax));
+      next.push_back(lax::concatenate(std::vector<Array>(parts.begin() + int64_t(i),
+                                                         parts.begin() + int64_t(std::min(parts.size(), i + k))),
+                                      ax));
     parts = std::move(next);
   }
   return parts[0];
@@ -229,9 +236,10 @@ Array stack(const std::vector<Array>& arrays, int64_t axis) {
   if (arrays.empty()) throw ValueError("stack: need at least one array to stack");
   for (size_t k = 1; k < arrays.size(); ++k)
     if (arrays[k].shape() != arrays[0].shape())
-      throw ShapeError(fmt::format("stack: all input arrays must have the same shape, but the array at index 0 has "
-                                   "shape {} and the array at index {} has shape {}",
-                                   shape_str(arrays[0].shape()), k, shape_str(arrays[k].shape())));
+      throw ShapeError(
+          fmt::format("stack: all input arrays must have the same shape, but the array at index 0 has "
+                      "shape {} and the array at index {} has shape {}",
+                      shape_str(arrays[0].shape()), k, shape_str(arrays[k].shape())));
   int64_t ax = canonicalize_axis(axis, arrays[0].ndim() + 1, "stack");
   std::vector<Array> parts;
   for (const Array& a : arrays) parts.push_back(lax::expand_dims(a, {ax}));
@@ -277,9 +285,10 @@ std::vector<Array> split(const Array& x, int64_t sections, int64_t axis) {
   int64_t n = x.shape()[size_t(ax)];
   if (sections <= 0) throw ValueError(fmt::format("split: number of sections must be larger than 0, got {}", sections));
   if (n % sections != 0)
-    throw ValueError(fmt::format("split: array split does not result in an equal division: axis {} of size {} into {} "
-                                 "sections (use array_split for unequal parts)",
-                                 ax, n, sections));
+    throw ValueError(
+        fmt::format("split: array split does not result in an equal division: axis {} of size {} into {} "
+                    "sections (use array_split for unequal parts)",
+                    ax, n, sections));
   std::vector<int64_t> bounds;
   for (int64_t i = 0; i <= sections; ++i) bounds.push_back(i * (n / sections));
   return split_at(x, ax, bounds);
@@ -334,8 +343,10 @@ Array repeat(const Array& x, int64_t repeats, std::optional<int64_t> axis) {
   if (repeats < 0) throw ValueError(fmt::format("repeat: repeats must be non-negative, got {}", repeats));
   Array a = x;
   int64_t ax = 0;
-  if (!axis) a = ravel(x);
-  else ax = canonicalize_axis(*axis, x.ndim(), "repeat");
+  if (!axis)
+    a = ravel(x);
+  else
+    ax = canonicalize_axis(*axis, x.ndim(), "repeat");
   Shape target = a.shape();
   target.insert(target.begin() + ax + 1, repeats);
   Shape out = a.shape();
@@ -370,19 +381,21 @@ Array pad(const Array& x, const std::vector<std::pair<int64_t, int64_t>>& pad_wi
     throw ValueError(fmt::format("pad: unsupported mode '{}'; use {}", mode, kModes));
   size_t r = size_t(x.ndim());
   std::vector<std::pair<int64_t, int64_t>> pw;
-  if (pad_width.size() == 1) pw.assign(r, pad_width[0]);
-  else if (pad_width.size() == r) pw = pad_width;
+  if (pad_width.size() == 1)
+    pw.assign(r, pad_width[0]);
+  else if (pad_width.size() == r)
+    pw = pad_width;
   else
-    throw ShapeError(fmt::format("pad: pad_width has {} (before, after) pairs for an array of shape {}; give one pair, "
-                                 "or one per axis ({})",
-                                 pad_width.size(), shape_str(x.shape()), r));
+    throw ShapeError(
+        fmt::format("pad: pad_width has {} (before, after) pairs for an array of shape {}; give one pair, "
+                    "or one per axis ({})",
+                    pad_width.size(), shape_str(x.shape()), r));
   for (auto [lo, hi] : pw)
-    if (lo < 0 || hi < 0)
-      throw ValueError(fmt::format("pad: pad widths must be non-negative, got ({}, {})", lo, hi));
+    if (lo < 0 || hi < 0) throw ValueError(fmt::format("pad: pad widths must be non-negative, got ({}, {})", lo, hi));
   if (mode == "constant") {
     if (constant_values.ndim() != 0)
-      throw ShapeError(fmt::format("pad: constant_values must be a scalar, got shape {}",
-                                   shape_str(constant_values.shape())));
+      throw ShapeError(
+          fmt::format("pad: constant_values must be a scalar, got shape {}", shape_str(constant_values.shape())));
     Array cv = constant_values.dtype() == x.dtype() && constant_values.weak_type() == x.weak_type()
                    ? constant_values
                    : convert_to(constant_values, x.dtype(), x.weak_type());
@@ -396,9 +409,10 @@ Array pad(const Array& x, const std::vector<std::pair<int64_t, int64_t>>& pad_wi
     if (lo == 0 && hi == 0) continue;
     int64_t n = a.shape()[ax];
     if (n == 0)
-      throw ValueError(fmt::format("pad: can't extend empty axis {} of shape {} using mode '{}'; only 'constant' can "
-                                   "pad an empty axis",
-                                   ax, shape_str(x.shape()), mode));
+      throw ValueError(
+          fmt::format("pad: can't extend empty axis {} of shape {} using mode '{}'; only 'constant' can "
+                      "pad an empty axis",
+                      ax, shape_str(x.shape()), mode));
     // Runs of consecutive source indices (step +1 or -1) become slices (+ rev), then one concatenate.
     std::vector<Array> pieces;
     int64_t total = lo + n + hi;
@@ -453,8 +467,8 @@ Array roll(const Array& x, int64_t shift, std::optional<int64_t> axis) {
 // ---- diagonal / trace ----
 Array diagonal(const Array& x, int64_t offset, int64_t axis1, int64_t axis2) {
   if (x.ndim() < 2)
-    throw ShapeError(fmt::format("diagonal requires an array of at least two dimensions, got shape {}",
-                                 shape_str(x.shape())));
+    throw ShapeError(
+        fmt::format("diagonal requires an array of at least two dimensions, got shape {}", shape_str(x.shape())));
   int64_t a1 = canonicalize_axis(axis1, x.ndim(), "diagonal"), a2 = canonicalize_axis(axis2, x.ndim(), "diagonal");
   if (a1 == a2) throw ValueError(fmt::format("diagonal: axis1 and axis2 cannot be the same (both {})", a1));
   std::vector<int64_t> perm;
@@ -504,8 +518,7 @@ Array masked(const Array& x, int64_t k, bool lower, std::string_view fn) {
 
 Array tri(int64_t n, std::optional<int64_t> m, int64_t k, DType dtype) {
   int64_t mm = m.value_or(n);
-  if (n < 0 || mm < 0)
-    throw ValueError(fmt::format("tri: negative dimensions are not allowed, got N={} M={}", n, mm));
+  if (n < 0 || mm < 0) throw ValueError(fmt::format("tri: negative dimensions are not allowed, got N={} M={}", n, mm));
   return lax::convert_element_type(bool_tri(n, mm, k), dtype);
 }
 Array tril(const Array& x, int64_t k) { return masked(x, k, true, "tril"); }

@@ -9,18 +9,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "core/array/array_impl.h"
-#include "core/backend/parallel.h"
 #include "core/array/spmd.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/parallel.h"
 
 namespace cjax {
 
@@ -45,7 +45,8 @@ namespace {
 
 enum class Combine { Sum, Max, Min };
 
-template <class T> T combine2(Combine op, T a, T b) {
+template <class T>
+T combine2(Combine op, T a, T b) {
   if constexpr (std::is_same_v<T, bool>) {
     return op == Combine::Min ? (a && b) : (a || b);
   } else if constexpr (std::is_integral_v<T>) {
@@ -119,10 +120,11 @@ std::string what_of(const PrimitiveDef& def, const Params& p, const Array& x) {
 // The axes must be bound; when varying axes are checked, the operand must vary over them.
 void require_varying(std::string_view name, const Array& x, const std::vector<std::string>& axes) {
   if (vma_checked(axes) && !vma_subset(axes, x.aval().vma))
-    throw VmaError(fmt::format(
-        "{} over {} needs an operand that varies over those axes, but its type is {}; the lax front end inserts "
-        "pvary for this (bind through cjax::lax::{})",
-        name, AxisNames(axes).str(), x.aval().str(), name));
+    throw VmaError(
+        fmt::format("{} over {} needs an operand that varies over those axes, but its type is {}; the lax front end "
+                    "inserts "
+                    "pvary for this (bind through cjax::lax::{})",
+                    name, AxisNames(axes).str(), x.aval().str(), name));
 }
 
 std::vector<AbstractValue> reduction_eval(const PrimitiveDef& def, std::span<const Array> in, const Params& p,
@@ -149,8 +151,8 @@ PrimitiveDef collective_def(const char* name, Arity arity = Arity::exactly(1)) {
   return def;
 }
 
-std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> in, std::span<const AbstractValue> out_avals,
-                               const Params& p);
+std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> in,
+                               std::span<const AbstractValue> out_avals, const Params& p);
 
 PrimitiveDef make_reduction(const char* name, bool invariant_out) {
   PrimitiveDef def = collective_def(name);
@@ -171,10 +173,11 @@ PrimitiveDef make_pvary() {
     AbstractValue out = in[0].aval();
     for (const std::string& a : axes)
       if (std::find(out.vma.begin(), out.vma.end(), a) != out.vma.end())
-        throw VmaError(fmt::format(
-            "pvary is an invariant->varying cast, so the axes passed to it must not be among the operand's varying "
-            "axes, but axis '{}' is (operand type {}). Drop '{}' from the axes passed to pvary.",
-            a, out.str(), a));
+        throw VmaError(
+            fmt::format("pvary is an invariant->varying cast, so the axes passed to it must not be among the operand's "
+                        "varying "
+                        "axes, but axis '{}' is (operand type {}). Drop '{}' from the axes passed to pvary.",
+                        a, out.str(), a));
     out.vma = vma_union(out.vma, sorted_axes(axes));
     return {out};
   };
@@ -218,17 +221,19 @@ PrimitiveDef make_reduce_scatter() {
     AbstractValue out = in[0].aval();
     int64_t n = group_size_param(p), d = p.i("scatter_dimension");
     if (d < 0 || d >= out.ndim())
-      throw ValueError(fmt::format("psum_scatter: scatter_dimension {} is out of bounds for an operand of type {}", d,
-                                   out.str()));
+      throw ValueError(
+          fmt::format("psum_scatter: scatter_dimension {} is out of bounds for an operand of type {}", d, out.str()));
     int64_t s = out.shape[size_t(d)];
     if (p.get<bool>("tiled")) {
       if (s % n != 0)
-        throw ValueError(fmt::format(
-            "tiled reduce_scatter operand scatter dimension size {} must be divisible by shard_count {}", s, n));
+        throw ValueError(
+            fmt::format("tiled reduce_scatter operand scatter dimension size {} must be divisible by shard_count {}", s,
+                        n));
       out.shape[size_t(d)] = s / n;
     } else {
       if (s != n)
-        throw ValueError(fmt::format("reduce_scatter operand scatter dimension size {} must match shard count {}", s, n));
+        throw ValueError(
+            fmt::format("reduce_scatter operand scatter dimension size {} must match shard count {}", s, n));
       out.shape.erase(out.shape.begin() + d);
     }
     return {out};
@@ -249,9 +254,10 @@ PrimitiveDef make_ppermute() {
     std::vector<int64_t> srcs, dsts;
     for (const auto& pr : perm) {
       if (pr.size() != 2 || pr[0] < 0 || pr[0] >= n || pr[1] < 0 || pr[1] >= n)
-        throw ValueError(fmt::format("ppermute: every pair of perm must be (source, destination) with indices in "
-                                     "[0, {}) (the size of {}), got {}",
-                                     n, AxisNames(axes).str(), param_value_str(ParamValue(perm))));
+        throw ValueError(
+            fmt::format("ppermute: every pair of perm must be (source, destination) with indices in "
+                        "[0, {}) (the size of {}), got {}",
+                        n, AxisNames(axes).str(), param_value_str(ParamValue(perm))));
       srcs.push_back(pr[0]);
       dsts.push_back(pr[1]);
     }
@@ -280,22 +286,24 @@ PrimitiveDef make_all_to_all() {
     int64_t n = group_size_param(p), s = p.i("split_axis"), c = p.i("concat_axis");
     bool tiled = p.get<bool>("tiled");
     if (s < 0 || s >= out.ndim() || c < 0 || c >= out.ndim())
-      throw ValueError(fmt::format("all_to_all: split_axis {} and concat_axis {} must be axes of the operand {}", s, c,
-                                   out.str()));
+      throw ValueError(
+          fmt::format("all_to_all: split_axis {} and concat_axis {} must be axes of the operand {}", s, c, out.str()));
     int64_t size = out.shape[size_t(s)];
     std::string axis_text = axes.size() == 1 ? axes[0] : AxisNames(axes).str();
     if (tiled) {
       if (size % n != 0)
-        throw ValueError(fmt::format(
-            "The size of all_to_all split_axis ({}) has to be divisible by the size of the named axis {} ({})", size,
-            axis_text, n));
+        throw ValueError(
+            fmt::format("The size of all_to_all split_axis ({}) has to be divisible by the size of the named axis {} "
+                        "({})",
+                        size, axis_text, n));
       out.shape[size_t(s)] = size / n;
       out.shape[size_t(c)] *= n;
     } else {
       if (size != n)
-        throw ValueError(fmt::format("all_to_all requires the size of the mapped axis {} to equal x.shape[split_axis], "
-                                     "but they are {} and {} respectively.",
-                                     axis_text, n, size));
+        throw ValueError(
+            fmt::format("all_to_all requires the size of the mapped axis {} to equal x.shape[split_axis], "
+                        "but they are {} and {} respectively.",
+                        axis_text, n, size));
       out.shape.erase(out.shape.begin() + s);
       out.shape.insert(out.shape.begin() + c, n);
     }
@@ -330,8 +338,8 @@ PrimitiveDef make_pbroadcast() {
     require_varying("pbroadcast", in[0], axes);
     int64_t src = p.i("source");
     if (src < 0 || src >= n)
-      throw ValueError(fmt::format("pbroadcast: source {} is not an index of {} (size {})", src,
-                                   AxisNames(axes).str(), n));
+      throw ValueError(
+          fmt::format("pbroadcast: source {} is not an index of {} (size {})", src, AxisNames(axes).str(), n));
     return {in[0].aval()};
   };
   def.impl = [](std::span<const Array> in, std::span<const AbstractValue> outs, const Params& p) {
@@ -339,7 +347,6 @@ PrimitiveDef make_pbroadcast() {
   };
   return def;
 }
-
 
 }  // namespace
 
@@ -352,14 +359,15 @@ void set_collective_observer(CollectiveObserver observer) { g_observer.store(obs
 namespace {
 // ---- SPMD kernels ----
 
-std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> in, std::span<const AbstractValue> out_avals,
-                               const Params& p) {
+std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> in,
+                               std::span<const AbstractValue> out_avals, const Params& p) {
   const SpmdContext* ctx = current_spmd();
   if (!ctx)
-    throw AxisNameError(fmt::format(
-        "'{}' ran outside a shard_map body: collectives exchange blocks between the devices of a shard_map; call it "
-        "inside shard_map",
-        def.name));
+    throw AxisNameError(
+        fmt::format("'{}' ran outside a shard_map body: collectives exchange blocks between the devices of a "
+                    "shard_map; call it "
+                    "inside shard_map",
+                    def.name));
   if (CollectiveObserver observe = g_observer.load(std::memory_order_relaxed)) observe(def, p, in, out_avals, *ctx);
   const auto& axes = collective_axes(p);
   int64_t pos = 0;
@@ -418,7 +426,8 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
   if (is_reduction(def)) return combine_members(combine_of(def), group);
   if (&def == &g_all_gather || &def == &g_all_gather_invariant) {
     int64_t d = p.i("all_gather_dimension");
-    return p.get<bool>("tiled") ? lax::concatenate(std::vector<Array>(group.begin(), group.end()), d) : stack_along(group, d);
+    return p.get<bool>("tiled") ? lax::concatenate(std::vector<Array>(group.begin(), group.end()), d)
+                                : stack_along(group, d);
   }
   if (&def == &g_reduce_scatter) {  // sum only this member's chunk of every operand
     int64_t d = p.i("scatter_dimension");
@@ -521,10 +530,11 @@ std::pair<std::vector<std::string>, std::vector<std::string>> split_batch_axes(c
 void require_batch_axis_alone(const std::vector<std::string>& names, std::string_view op) {
   auto [batch, mesh] = split_batch_axes(names);
   if (batch.empty() || (batch.size() == 1 && mesh.empty())) return;
-  throw ValueError(fmt::format(
-      "{} over {} names the vmapped axis '{}' together with other axes; over a vmap's axis_name it supports one "
-      "vmapped axis alone (as JAX's batching rule does): apply it over each axis in turn",
-      op, AxisNames(names).str(), batch[0]));
+  throw ValueError(
+      fmt::format("{} over {} names the vmapped axis '{}' together with other axes; over a vmap's axis_name it "
+                  "supports one "
+                  "vmapped axis alone (as JAX's batching rule does): apply it over each axis in turn",
+                  op, AxisNames(names).str(), batch[0]));
 }
 }  // namespace
 
@@ -559,8 +569,10 @@ Array reduce_front(const PrimitiveDef& checked, const Array& x_in, const AxisNam
   if (auto [batch, mesh] = split_batch_axes(names); !batch.empty()) {
     // Over vmapped axes first (the vmap's batching rule reduces its batch dimension; no
     // varying-axes types there), then over the mesh axes as below.
-    if (is_traced(x)) x = bind1(plain, {x}, {{"axes", axes_param(batch)}});
-    else if (&checked == &g_psum_invariant) x = numpy::multiply(x, Array(int(bound_group_size(batch, op))));
+    if (is_traced(x))
+      x = bind1(plain, {x}, {{"axes", axes_param(batch)}});
+    else if (&checked == &g_psum_invariant)
+      x = numpy::multiply(x, Array(int(bound_group_size(batch, op))));
     if (mesh.empty()) return x;
     names = mesh;
   }
@@ -582,9 +594,11 @@ Array pmean(const Array& x, const AxisNames& axes) {
 }
 
 Array pvary(const Array& x, const AxisNames& axes) {
-  bool any_batch = std::any_of(axes.names.begin(), axes.names.end(), [](const std::string& a) { return is_batch_axis(a); });
+  bool any_batch =
+      std::any_of(axes.names.begin(), axes.names.end(), [](const std::string& a) { return is_batch_axis(a); });
   if (manual_axes_in_scope().empty() && !any_batch) throw ValueError("pvary should be called under shard_map.");
-  std::vector<std::string> names = split_batch_axes(checked_axes(axes, "pvary")).second;  // the identity over vmapped axes
+  std::vector<std::string> names =
+      split_batch_axes(checked_axes(axes, "pvary")).second;  // the identity over vmapped axes
   if (names.empty() || !vma_checked(names)) return x;
   return bind1(g_pvary, {x}, {{"axes", axes_param(names)}});
 }
@@ -623,7 +637,11 @@ Array all_to_all(const Array& x, const AxisNames& axes, int split_axis, int conc
   int64_t s = split_axis < 0 ? split_axis + x.ndim() : split_axis;
   int64_t c = concat_axis < 0 ? concat_axis + x.ndim() : concat_axis;
   return bind1(g_all_to_all, {pvary_missing(x, names)},
-               {{"axes", axes_param(names)}, {"axis_size", n}, {"concat_axis", c}, {"split_axis", s}, {"tiled", o.tiled}});
+               {{"axes", axes_param(names)},
+                {"axis_size", n},
+                {"concat_axis", c},
+                {"split_axis", s},
+                {"tiled", o.tiled}});
 }
 
 Array axis_index(const AxisNames& axes) {

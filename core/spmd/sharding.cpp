@@ -32,8 +32,8 @@ Mesh::Mesh(std::vector<Device> devices, Shape shape, std::vector<std::string> ax
                                     shape_.size(), axis_names_.size(), quoted_list(axis_names_)));
   for (size_t i = 0; i < shape_.size(); ++i) {
     if (shape_[i] < 1)
-      throw ShardingError(fmt::format("Mesh: axis '{}' has size {}; mesh axis sizes must be >= 1", axis_names_[i],
-                                      shape_[i]));
+      throw ShardingError(
+          fmt::format("Mesh: axis '{}' has size {}; mesh axis sizes must be >= 1", axis_names_[i], shape_[i]));
     for (size_t j = 0; j < i; ++j)
       if (axis_names_[i] == axis_names_[j])
         throw ShardingError(fmt::format("Mesh: axis name '{}' appears twice in {}; axis names must be unique",
@@ -45,8 +45,8 @@ Mesh::Mesh(std::vector<Device> devices, Shape shape, std::vector<std::string> ax
   for (size_t i = 0; i < devices_.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (devices_[i] == devices_[j])
-        throw ShardingError(fmt::format("Mesh: device {} appears twice; each device may be used once",
-                                        devices_[i].repr()));
+        throw ShardingError(
+            fmt::format("Mesh: device {} appears twice; each device may be used once", devices_[i].repr()));
 }
 
 int Mesh::axis_index(std::string_view name) const {
@@ -85,10 +85,11 @@ Mesh make_mesh(Shape axis_shapes, std::vector<std::string> axis_names) {
   std::vector<Device> all = devices();
   int64_t need = shape_size(axis_shapes);
   if (need > int64_t(all.size()))
-    throw ShardingError(fmt::format(
-        "make_mesh: a mesh of shape {} needs {} devices but only {} are available; set CJAX_NUM_CPU_DEVICES (or "
-        "config::set_num_cpu_devices) to at least {}",
-        shape_str(axis_shapes), need, all.size(), need));
+    throw ShardingError(
+        fmt::format("make_mesh: a mesh of shape {} needs {} devices but only {} are available; set "
+                    "CJAX_NUM_CPU_DEVICES (or "
+                    "config::set_num_cpu_devices) to at least {}",
+                    shape_str(axis_shapes), need, all.size(), need));
   all.resize(size_t(std::max<int64_t>(need, 0)));
   return Mesh(std::move(all), std::move(axis_shapes), std::move(axis_names));
 }
@@ -104,10 +105,14 @@ std::vector<std::string> PartitionSpec::mentioned_axes() const {
 std::string PartitionSpec::str() const {
   std::vector<std::string> parts;
   for (const Entry& e : entries_) {
-    if (e.names.empty()) parts.push_back("None");
-    else if (!e.is_tuple) parts.push_back("'" + e.names[0] + "'");
-    else if (e.names.size() == 1) parts.push_back("('" + e.names[0] + "',)");
-    else parts.push_back(quoted_list(e.names));
+    if (e.names.empty())
+      parts.push_back("None");
+    else if (!e.is_tuple)
+      parts.push_back("'" + e.names[0] + "'");
+    else if (e.names.size() == 1)
+      parts.push_back("('" + e.names[0] + "',)");
+    else
+      parts.push_back(quoted_list(e.names));
   }
   return fmt::format("P({}{})", fmt::join(parts, ", "), parts.size() == 1 ? "," : "");
 }
@@ -130,9 +135,10 @@ NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec) : mesh_(std::move(me
       throw SpecError(fmt::format("NamedSharding: spec {} names axis '{}', which is not in {} (mesh axes: {})",
                                   spec_.str(), name, mesh_.str(), quoted_list(mesh_.axis_names())));
     if (!seen.insert(name).second)
-      throw SpecError(fmt::format("NamedSharding: spec {} uses mesh axis '{}' more than once; each mesh axis may "
-                                  "split at most one dimension",
-                                  spec_.str(), name));
+      throw SpecError(
+          fmt::format("NamedSharding: spec {} uses mesh axis '{}' more than once; each mesh axis may "
+                      "split at most one dimension",
+                      spec_.str(), name));
   }
 }
 
@@ -152,16 +158,18 @@ int64_t NamedSharding::num_blocks(int dim) const {
 }
 void NamedSharding::check_shape(const Shape& global_shape) const {
   if (spec_.size() > global_shape.size())
-    throw ShardingError(fmt::format("{}: spec {} has {} entries but the array of shape {} has rank {}; the spec "
-                                    "may have at most one entry per dimension",
-                                    str(), spec_.str(), spec_.size(), shape_str(global_shape), global_shape.size()));
+    throw ShardingError(
+        fmt::format("{}: spec {} has {} entries but the array of shape {} has rank {}; the spec "
+                    "may have at most one entry per dimension",
+                    str(), spec_.str(), spec_.size(), shape_str(global_shape), global_shape.size()));
   for (size_t d = 0; d < spec_.size(); ++d) {
     int64_t n = num_blocks(int(d));
     if (global_shape[d] % n != 0)
-      throw ShardingError(fmt::format(
-          "{}: dimension {} of the array of shape {} has size {}, which is not divisible by {} (the product of "
-          "mesh axes {} splitting it); pad the array or choose a spec whose axes divide it",
-          str(), d, shape_str(global_shape), global_shape[d], n, quoted_list(spec_.entries()[d].names)));
+      throw ShardingError(
+          fmt::format("{}: dimension {} of the array of shape {} has size {}, which is not divisible by {} (the "
+                      "product of "
+                      "mesh axes {} splitting it); pad the array or choose a spec whose axes divide it",
+                      str(), d, shape_str(global_shape), global_shape[d], n, quoted_list(spec_.entries()[d].names)));
   }
 }
 Shape NamedSharding::shard_shape(const Shape& global_shape) const {
@@ -190,8 +198,10 @@ std::vector<std::vector<Slice>> NamedSharding::devices_indices(const Shape& glob
     std::vector<int64_t> bc = block_coords(global_shape, k);
     std::vector<Slice> idx;
     for (size_t d = 0; d < global_shape.size(); ++d) {
-      if (num_blocks(int(d)) == 1) idx.push_back(Slice());
-      else idx.push_back(Slice(bc[d] * ss[d], (bc[d] + 1) * ss[d]));
+      if (num_blocks(int(d)) == 1)
+        idx.push_back(Slice());
+      else
+        idx.push_back(Slice(bc[d] * ss[d], (bc[d] + 1) * ss[d]));
     }
     out.push_back(std::move(idx));
   }
@@ -207,10 +217,11 @@ bool is_fully_replicated(const Sharding& s) {
 void require_one_copy(const Array& x, std::string_view what) {
   auto* c = concrete(x);
   if (!c || c->buffers.size() <= 1 || (c->sharding && is_fully_replicated(*c->sharding))) return;
-  throw ShardingError(fmt::format(
-      "{}: eager ops on sharded arrays are not supported yet (an array of shape {} with sharding {}): device_put "
-      "it to one device first, or use shard_map/jit",
-      what, shape_str(x.shape()), c->sharding ? c->sharding->str() : "<none>"));
+  throw ShardingError(
+      fmt::format("{}: eager ops on sharded arrays are not supported yet (an array of shape {} with sharding {}): "
+                  "device_put "
+                  "it to one device first, or use shard_map/jit",
+                  what, shape_str(x.shape()), c->sharding ? c->sharding->str() : "<none>"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,9 +289,10 @@ Array device_put(const Array& x, const Sharding& sharding) {
   if (auto* single = dynamic_cast<const SingleDeviceSharding*>(&sharding)) {
     if (src) return assemble(c, *src, single->device());
     if (c.buffers.size() != 1)
-      throw ShardingError(fmt::format("device_put: the source array holds {} buffers but its sharding {} is not a "
-                                      "NamedSharding over that many devices",
-                                      c.buffers.size(), x.sharding().str()));
+      throw ShardingError(
+          fmt::format("device_put: the source array holds {} buffers but its sharding {} is not a "
+                      "NamedSharding over that many devices",
+                      c.buffers.size(), x.sharding().str()));
     Array placed;
     if (c.device() == single->device()) {
       placed = make_view(x, c.aval);
@@ -297,9 +309,10 @@ Array device_put(const Array& x, const Sharding& sharding) {
   if (src && *src == *dst) return x;  // arrays are immutable: already placed
   for (const Device& d : dst->mesh().devices())
     if (!host_accessible(d))
-      throw BackendError(fmt::format("device_put: meshes of {} devices are not supported yet (the mesh holds {}); "
-                                     "shard over cpu devices, or device_put to one {} device",
-                                     platform_name(d.platform()), d.str(), platform_name(d.platform())));
+      throw BackendError(
+          fmt::format("device_put: meshes of {} devices are not supported yet (the mesh holds {}); "
+                      "shard over cpu devices, or device_put to one {} device",
+                      platform_name(d.platform()), d.str(), platform_name(d.platform())));
   if (!src && !host_accessible(c.device())) return device_put(to_host(x), sharding);
   Shape block = dst->shard_shape(x.shape());
   Array global = src ? assemble(c, *src, host_device()) : x;
@@ -309,10 +322,12 @@ Array device_put(const Array& x, const Sharding& sharding) {
   const auto& mesh_devices = dst->mesh().devices();
   for (int64_t k = 0; k < dst->mesh().size(); ++k) {
     auto buf = std::make_shared<Buffer>(mesh_devices[size_t(k)], size_t(shape_size(block)) * isz);
-    copy_block(g, x.shape(), static_cast<std::byte*>(buf->data()), block, block_start(*dst, x.shape(), block, k),
-               isz, true);
-    if (!out) out = std::make_shared<ConcreteArray>(x.aval(), std::move(buf));
-    else out->buffers.push_back(std::move(buf));
+    copy_block(g, x.shape(), static_cast<std::byte*>(buf->data()), block, block_start(*dst, x.shape(), block, k), isz,
+               true);
+    if (!out)
+      out = std::make_shared<ConcreteArray>(x.aval(), std::move(buf));
+    else
+      out->buffers.push_back(std::move(buf));
   }
   out->aval.vma.clear();
   out->sharding = std::make_shared<NamedSharding>(*dst);
@@ -356,7 +371,8 @@ std::string visualize_array_sharding(const Array& x) {
   } else {
     ids.assign(1, std::vector<std::set<int>>(1, std::set<int>{c.device().id()}));
   }
-  std::vector<std::vector<std::string>> labels(static_cast<size_t>(rows), std::vector<std::string>(static_cast<size_t>(cols)));
+  std::vector<std::vector<std::string>> labels(static_cast<size_t>(rows),
+                                               std::vector<std::string>(static_cast<size_t>(cols)));
   size_t width = 0;
   for (size_t r = 0; r < size_t(rows); ++r)
     for (size_t col = 0; col < size_t(cols); ++col) {

@@ -87,7 +87,7 @@ class Array {
   Array(unsigned v) : Array(int64_t(v)) {}       // weakly typed integer scalar
   Array(unsigned long v) : Array(int64_t(v)) {}  // (size_t) weakly typed integer scalar
   Array(long long v) : Array(int64_t(v)) {}
-  Array(bool);        // bool scalar (bools are never weak, as in JAX)
+  Array(bool);  // bool scalar (bools are never weak, as in JAX)
   explicit Array(std::shared_ptr<ArrayImpl> impl) : impl_(std::move(impl)) {}
 
   const Shape& shape() const;
@@ -98,8 +98,10 @@ class Array {
   const AbstractValue& aval() const;
   bool defined() const { return impl_ != nullptr; }
 
-  template <class T> T item() const;               // scalar (size 1) value, converted to T
-  template <class T> std::vector<T> to_vector() const;  // row-major copy, converted to T
+  template <class T>
+  T item() const;  // scalar (size 1) value, converted to T
+  template <class T>
+  std::vector<T> to_vector() const;  // row-major copy, converted to T
 
   Array astype(DType) const;
   Array reshape(Shape) const;  // one -1 entry allowed
@@ -163,9 +165,9 @@ Array& operator*=(Array&, const Array&);
 Array& operator/=(Array&, const Array&);
 
 std::ostream& operator<<(std::ostream&, const Array&);  // numpy-style text
-std::string to_string(const Array&);                   // same text
-std::string repr(const Array&);                        // "Array([1., 2.], dtype=float32)"
-std::string debug_string(const Array&);                // "f32[2,3] [[1. 2. 3.]\n [4. 5. 6.]]" (what gdb shows)
+std::string to_string(const Array&);                    // same text
+std::string repr(const Array&);                         // "Array([1., 2.], dtype=float32)"
+std::string debug_string(const Array&);                 // "f32[2,3] [[1. 2. 3.]\n [4. 5. 6.]]" (what gdb shows)
 
 // Shardings. Issue-level detail (NamedSharding, meshes) lives in sharding.h.
 class Sharding {

@@ -33,8 +33,10 @@
 
 namespace cjax {
 
-template <size_t... I> struct Argnums {};
-template <size_t... I> inline constexpr Argnums<I...> argnums{};
+template <size_t... I>
+struct Argnums {};
+template <size_t... I>
+inline constexpr Argnums<I...> argnums{};
 struct HasAux {};
 inline constexpr HasAux has_aux{};
 
@@ -67,11 +69,13 @@ std::function<std::vector<Array>(const std::vector<Array>& cts)> linear_transpos
 Array jacfwd(const std::function<Array(const Array&)>& f, const Array& x);
 Array jacrev(const std::function<Array(const Array&)>& f, const Array& x);
 
-template <class A> void append_leaves(const A& a, std::vector<Array>& out) {
+template <class A>
+void append_leaves(const A& a, std::vector<Array>& out) {
   static_assert(is_tree_v<A>, "the differentiated argument must be a tree of Arrays (see cjax/tree.h)");
   for (const Array& l : tree::leaves(a)) out.push_back(l);
 }
-template <size_t K, size_t... I> constexpr int position_of() {
+template <size_t K, size_t... I>
+constexpr int position_of() {
   int p = 0;
   for (size_t x : std::initializer_list<size_t>{I...}) {
     if (x == K) return p;
@@ -85,7 +89,8 @@ decltype(auto) pick(const A& a, const std::vector<Array>& leaves, const std::vec
   constexpr int p = position_of<K, I...>();
   if constexpr (p >= 0) {
     size_t n = tree::structure(a).num_leaves();
-    std::vector<Array> mine(leaves.begin() + std::ptrdiff_t(offsets[p]), leaves.begin() + std::ptrdiff_t(offsets[p] + n));
+    std::vector<Array> mine(leaves.begin() + std::ptrdiff_t(offsets[p]),
+                            leaves.begin() + std::ptrdiff_t(offsets[p] + n));
     return tree::unflatten(a, mine);
   } else {
     return static_cast<const A&>(a);
@@ -100,7 +105,8 @@ auto substitute(const Tup& t, const std::vector<Array>& leaves, const std::vecto
 
 // Runs the vjp of f w.r.t. arguments I... of `args`; returns (f's result, backward from a flat
 // output cotangent list to a flat input cotangent list, leaf offsets per argnum).
-template <size_t... I, class F, class... A> auto vjp_of(const F& f, const std::tuple<const A&...>& args) {
+template <size_t... I, class F, class... A>
+auto vjp_of(const F& f, const std::tuple<const A&...>& args) {
   static_assert(sizeof...(I) > 0, "argnums must name at least one argument");
   static_assert(((I < sizeof...(A)) && ...), "argnums names an argument the function is not called with");
   std::vector<Array> primals;
@@ -137,7 +143,8 @@ auto unflatten_grads(const std::tuple<const A&...>& args, const std::vector<Arra
   }
 }
 
-template <bool Aux, size_t... I, class F, class... A> auto value_and_grad_call(const F& f, const A&... a) {
+template <bool Aux, size_t... I, class F, class... A>
+auto value_and_grad_call(const F& f, const A&... a) {
   std::tuple<const A&...> args(a...);
   std::vector<Array> diff;
   (append_leaves(std::get<I>(args), diff), ...);
@@ -172,34 +179,51 @@ template <bool Aux, size_t... I, class F, class... A> auto value_and_grad_call(c
 }  // namespace ad_detail
 
 // ---- value_and_grad / grad ----
-template <class F, size_t... I> auto value_and_grad(F f, Argnums<I...>) {
+template <class F, size_t... I>
+auto value_and_grad(F f, Argnums<I...>) {
   return [f = std::move(f)](const auto&... args) { return ad_detail::value_and_grad_call<false, I...>(f, args...); };
 }
-template <class F, size_t... I> auto value_and_grad(F f, Argnums<I...>, HasAux) {
+template <class F, size_t... I>
+auto value_and_grad(F f, Argnums<I...>, HasAux) {
   return [f = std::move(f)](const auto&... args) { return ad_detail::value_and_grad_call<true, I...>(f, args...); };
 }
-template <class F> auto value_and_grad(F f) { return value_and_grad(std::move(f), argnums<0>); }
-template <class F> auto value_and_grad(F f, HasAux) { return value_and_grad(std::move(f), argnums<0>, has_aux); }
+template <class F>
+auto value_and_grad(F f) {
+  return value_and_grad(std::move(f), argnums<0>);
+}
+template <class F>
+auto value_and_grad(F f, HasAux) {
+  return value_and_grad(std::move(f), argnums<0>, has_aux);
+}
 
-template <class F, size_t... I> auto grad(F f, Argnums<I...>) {
+template <class F, size_t... I>
+auto grad(F f, Argnums<I...>) {
   return [f = std::move(f)](const auto&... args) {
     return ad_detail::value_and_grad_call<false, I...>(f, args...).second;
   };
 }
 // With has_aux: returns std::pair{grads, aux}, as JAX's grad(f, has_aux=True).
-template <class F, size_t... I> auto grad(F f, Argnums<I...>, HasAux) {
+template <class F, size_t... I>
+auto grad(F f, Argnums<I...>, HasAux) {
   return [f = std::move(f)](const auto&... args) {
     auto [out, g] = ad_detail::value_and_grad_call<true, I...>(f, args...);
     return std::pair{std::move(g), std::move(out.second)};
   };
 }
-template <class F> auto grad(F f) { return grad(std::move(f), argnums<0>); }
-template <class F> auto grad(F f, HasAux) { return grad(std::move(f), argnums<0>, has_aux); }
+template <class F>
+auto grad(F f) {
+  return grad(std::move(f), argnums<0>);
+}
+template <class F>
+auto grad(F f, HasAux) {
+  return grad(std::move(f), argnums<0>, has_aux);
+}
 
 // ---- vjp: every argument is differentiated (each must be a tree) ----
 // Returns std::pair{f(args...), f_vjp}; f_vjp(cotangent of f's result) -> std::tuple of one
 // cotangent per argument, each of the argument's tree type.
-template <class F, class... A> auto vjp(const F& f, const A&... a) {
+template <class F, class... A>
+auto vjp(const F& f, const A&... a) {
   std::tuple<const A&...> args(a...);
   return [&]<size_t... I>(std::index_sequence<I...>) {
     auto [out, backward, offsets] = ad_detail::vjp_of<I...>(f, args);
@@ -209,11 +233,14 @@ template <class F, class... A> auto vjp(const F& f, const A&... a) {
       std::vector<Array> cts = backward(tree::leaves(ct));
       std::tuple<const A&...> l = std::apply([](const auto&... x) { return std::tuple<const A&...>(x...); }, like);
       auto g = ad_detail::unflatten_grads<I...>(l, cts, offsets);
-      if constexpr (sizeof...(I) == 1) return std::tuple{std::move(g)};
-      else return g;
+      if constexpr (sizeof...(I) == 1)
+        return std::tuple{std::move(g)};
+      else
+        return g;
     };
     return std::pair{std::move(out), std::move(f_vjp)};
-  }(std::index_sequence_for<A...>{});
+  }
+  (std::index_sequence_for<A...>{});
 }
 
 // ---- jvp: primals and tangents are tuples with one tree per argument ----
@@ -230,10 +257,12 @@ auto jvp(const F& f, const std::tuple<A...>& primals, const std::tuple<T...>& ta
         std::vector<size_t> offsets;
         size_t pos = 0;
         std::apply([&](const auto&... x) { ((offsets.push_back(pos), pos += tree::leaves(x).size()), ...); }, primals);
-        std::tuple<const A&...> args = std::apply([](const auto&... x) { return std::tuple<const A&...>(x...); }, primals);
+        std::tuple<const A&...> args =
+            std::apply([](const auto&... x) { return std::tuple<const A&...>(x...); }, primals);
         auto call = [&]<size_t... K>(std::index_sequence<K...>) {
           return ad_detail::substitute<K...>(args, xs, offsets, std::index_sequence_for<A...>{});
-        }(std::index_sequence_for<A...>{});
+        }
+        (std::index_sequence_for<A...>{});
         result.emplace(std::apply(f, call));
         return tree::leaves(*result);
       },
@@ -251,7 +280,8 @@ auto jvp(const F& f, const std::tuple<A...>& primals, const std::tuple<T...>& ta
 //
 //   auto [y, f_jvp] = linearize([](const Array& x) { return jnp::sin(x) * x; }, x);
 //   Array t1 = f_jvp(dx1), t2 = f_jvp(dx2);     // sin is evaluated once, above
-template <class F, class... A> auto linearize(const F& f, const A&... a) {
+template <class F, class... A>
+auto linearize(const F& f, const A&... a) {
   static_assert(sizeof...(A) > 0, "linearize: pass at least one primal");
   std::tuple<const A&...> args(a...);
   return [&]<size_t... I>(std::index_sequence<I...>) {
@@ -284,7 +314,8 @@ template <class F, class... A> auto linearize(const F& f, const A&... a) {
       return tree::unflatten(like, jvp(ts));
     };
     return std::pair{std::move(out), std::move(f_jvp)};
-  }(std::index_sequence_for<A...>{});
+  }
+  (std::index_sequence_for<A...>{});
 }
 
 // ---- linear_transpose (JAX's jax.linear_transpose) ----
@@ -300,7 +331,8 @@ template <class F, class... A> auto linearize(const F& f, const A&... a) {
 //
 //   auto f_t = linear_transpose([](const Array& x) { return jnp::sum(x, 0); }, shape_dtype_struct({3, 4}, f32));
 //   auto [ct_x] = f_t(jnp::ones({4}));           // f32[3,4] of ones: the broadcast back
-template <class F, class... A> auto linear_transpose(const F& f, const A&... a) {
+template <class F, class... A>
+auto linear_transpose(const F& f, const A&... a) {
   static_assert(sizeof...(A) > 0, "linear_transpose: pass at least one primal");
   std::tuple<const A&...> args(a...);
   return [&]<size_t... I>(std::index_sequence<I...>) {
@@ -326,20 +358,30 @@ template <class F, class... A> auto linear_transpose(const F& f, const A&... a) 
       std::vector<Array> cts = transpose(tree::leaves(ct));
       std::tuple<const A&...> l = std::apply([](const auto&... x) { return std::tuple<const A&...>(x...); }, like);
       auto g = ad_detail::unflatten_grads<I...>(l, cts, offsets);
-      if constexpr (sizeof...(I) == 1) return std::tuple{std::move(g)};
-      else return g;
+      if constexpr (sizeof...(I) == 1)
+        return std::tuple{std::move(g)};
+      else
+        return g;
     };
-  }(std::index_sequence_for<A...>{});
+  }
+  (std::index_sequence_for<A...>{});
 }
 
 // ---- Jacobians and Hessian of a function of one Array returning one Array ----
 // Shape: f(x).shape + x.shape (JAX's convention).
-template <class F> auto jacfwd(F f) {
-  return [f = std::move(f)](const Array& x) { return ad_detail::jacfwd([&](const Array& y) { return Array(f(y)); }, x); };
+template <class F>
+auto jacfwd(F f) {
+  return
+      [f = std::move(f)](const Array& x) { return ad_detail::jacfwd([&](const Array& y) { return Array(f(y)); }, x); };
 }
-template <class F> auto jacrev(F f) {
-  return [f = std::move(f)](const Array& x) { return ad_detail::jacrev([&](const Array& y) { return Array(f(y)); }, x); };
+template <class F>
+auto jacrev(F f) {
+  return
+      [f = std::move(f)](const Array& x) { return ad_detail::jacrev([&](const Array& y) { return Array(f(y)); }, x); };
 }
-template <class F> auto hessian(F f) { return jacfwd(jacrev(std::move(f))); }
+template <class F>
+auto hessian(F f) {
+  return jacfwd(jacrev(std::move(f)));
+}
 
 }  // namespace cjax

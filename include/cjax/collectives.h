@@ -79,11 +79,11 @@ Array pvary(const Array& x, const AxisNames& axes);
 // Every member receives member `source`'s block (typed varying).
 Array pbroadcast(const Array& x, const AxisNames& axes, int source);
 
-#define CJAX_COLLECTIVE_TREE(name)                                                           \
-  template <class T>                                                                         \
-    requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)                 \
-  T name(const T& tree, const AxisNames& axes) {                                             \
-    return tree::map([&](const Array& leaf) { return name(leaf, axes); }, tree);            \
+#define CJAX_COLLECTIVE_TREE(name)                                                                         \
+  template <class T>                                                                                       \
+  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>) T name(const T& tree,           \
+                                                                                  const AxisNames& axes) { \
+    return tree::map([&](const Array& leaf) { return name(leaf, axes); }, tree);                           \
   }
 CJAX_COLLECTIVE_TREE(psum)
 CJAX_COLLECTIVE_TREE(pmean)
@@ -92,28 +92,32 @@ CJAX_COLLECTIVE_TREE(pmin)
 CJAX_COLLECTIVE_TREE(pvary)
 #undef CJAX_COLLECTIVE_TREE
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto all_gather(const T& tree, const AxisNames& axes, AllGatherOpts opts = {}) {
+requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>) auto all_gather(const T& tree,
+                                                                                         const AxisNames& axes,
+                                                                                         AllGatherOpts opts = {}) {
   return tree::map([&](const Array& leaf) { return all_gather(leaf, axes, opts); }, tree);
 }
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto psum_scatter(const T& tree, const AxisNames& axes, PsumScatterOpts opts = {}) {
+requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>) auto psum_scatter(const T& tree,
+                                                                                           const AxisNames& axes,
+                                                                                           PsumScatterOpts opts = {}) {
   return tree::map([&](const Array& leaf) { return psum_scatter(leaf, axes, opts); }, tree);
 }
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto ppermute(const T& tree, const AxisNames& axes, std::vector<std::pair<int, int>> perm) {
+requires(is_tree_v<T> &&
+         !std::is_same_v<std::remove_cvref_t<T>, Array>) auto ppermute(const T& tree, const AxisNames& axes,
+                                                                       std::vector<std::pair<int, int>> perm) {
   return tree::map([&](const Array& leaf) { return ppermute(leaf, axes, perm); }, tree);
 }
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto all_to_all(const T& tree, const AxisNames& axes, int split_axis, int concat_axis, AllToAllOpts opts = {}) {
+requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>) auto all_to_all(
+    const T& tree, const AxisNames& axes, int split_axis, int concat_axis, AllToAllOpts opts = {}) {
   return tree::map([&](const Array& leaf) { return all_to_all(leaf, axes, split_axis, concat_axis, opts); }, tree);
 }
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto pbroadcast(const T& tree, const AxisNames& axes, int source) {
+requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>) auto pbroadcast(const T& tree,
+                                                                                         const AxisNames& axes,
+                                                                                         int source) {
   return tree::map([&](const Array& leaf) { return pbroadcast(leaf, axes, source); }, tree);
 }
 

@@ -48,8 +48,8 @@ namespace cjax::lax {
 
 struct ScanOptions {
   std::optional<int64_t> length = std::nullopt;  // required when xs has no leaves; else must match their leading axis
-  bool reverse = false;           // iterate from the last slice to the first (ys keep their positions)
-  int64_t unroll = 1;             // iterations per loop step in compiled code (a param; >= 1)
+  bool reverse = false;                          // iterate from the last slice to the first (ys keep their positions)
+  int64_t unroll = 1;                            // iterations per loop step in compiled code (a param; >= 1)
 };
 
 namespace control_flow_detail {
@@ -70,10 +70,10 @@ bool is_concrete_scalar(const Array& x);
 std::vector<Array> scan_flat(const FlatFn& body, const std::vector<Array>& init, const std::vector<Array>& xs,
                              const ScanOptions& opts);
 // ValueError naming the API, both structures and where they differ.
-void check_same_structure(const char* what, const TreeDef& a, const TreeDef& b, const char* a_name,
-                          const char* b_name);
+void check_same_structure(const char* what, const TreeDef& a, const TreeDef& b, const char* a_name, const char* b_name);
 
-template <class... Ops> std::vector<Array> leaves_of(const Ops&... ops) {
+template <class... Ops>
+std::vector<Array> leaves_of(const Ops&... ops) {
   std::vector<Array> out;
   auto add = [&](const auto& op) {
     if constexpr (is_tree_v<std::remove_cvref_t<decltype(op)>>)
@@ -84,20 +84,25 @@ template <class... Ops> std::vector<Array> leaves_of(const Ops&... ops) {
 }
 
 // Calls fn(operands rebuilt from `xs`) (static, non-tree operands are passed as given).
-template <class Fn, class... Ops> decltype(auto) call_rebuilt(Fn& fn, const std::vector<Array>& xs, const Ops&... ops) {
+template <class Fn, class... Ops>
+decltype(auto) call_rebuilt(Fn& fn, const std::vector<Array>& xs, const Ops&... ops) {
   size_t pos = 0;
   std::tuple<decltype(jaxpr_detail::rebuild(ops, xs, pos))...> args{jaxpr_detail::rebuild(ops, xs, pos)...};
   return std::apply(fn, args);
 }
 
-template <class R> constexpr void check_tree_result(const char* what) {
+template <class R>
+constexpr void check_tree_result(const char* what) {
   static_assert(is_tree_v<R>, "lax control flow: functions must return a tree of Arrays (see cjax/tree.h)");
   (void)what;
 }
 
-template <class T> struct IsPairLike : std::false_type {};
-template <class A, class B> struct IsPairLike<std::pair<A, B>> : std::true_type {};
-template <class A, class B> struct IsPairLike<std::tuple<A, B>> : std::true_type {};
+template <class T>
+struct IsPairLike : std::false_type {};
+template <class A, class B>
+struct IsPairLike<std::pair<A, B>> : std::true_type {};
+template <class A, class B>
+struct IsPairLike<std::tuple<A, B>> : std::true_type {};
 
 template <class BodyFn, class T>
 T fori_loop_impl(const Array& lo, const Array& hi, bool static_bounds, BodyFn& body_fn, const T& init) {
@@ -167,7 +172,8 @@ auto cond(const Array& pred, TrueFn&& true_fn, FalseFn&& false_fn, const Ops&...
 
 // ---- while_loop / fori_loop ----
 
-template <class CondFn, class BodyFn, class T> T while_loop(CondFn&& cond_fn, BodyFn&& body_fn, const T& init) {
+template <class CondFn, class BodyFn, class T>
+T while_loop(CondFn&& cond_fn, BodyFn&& body_fn, const T& init) {
   namespace d = control_flow_detail;
   static_assert(is_tree_v<T>, "while_loop: init must be a tree of Arrays (see cjax/tree.h)");
   TreeDef in_tree = tree::structure(init);
@@ -184,13 +190,15 @@ template <class CondFn, class BodyFn, class T> T while_loop(CondFn&& cond_fn, Bo
 
 // Static bounds: a scan of length max(hi - lo, 0) (reverse-differentiable), i is a weak i32 (i64
 // if the bounds need it).
-template <class BodyFn, class T> T fori_loop(int64_t lo, int64_t hi, BodyFn&& body_fn, const T& init) {
+template <class BodyFn, class T>
+T fori_loop(int64_t lo, int64_t hi, BodyFn&& body_fn, const T& init) {
   bool fits = lo >= INT32_MIN && lo <= INT32_MAX && hi >= INT32_MIN && hi <= INT32_MAX;
   Array l = fits ? Array(int(lo)) : Array(lo), h = fits ? Array(int(hi)) : Array(hi);
   return control_flow_detail::fori_loop_impl(l, h, true, body_fn, init);
 }
 // Array bounds: concrete ones are treated as static (as JAX does); traced ones give a while_loop.
-template <class BodyFn, class T> T fori_loop(const Array& lo, const Array& hi, BodyFn&& body_fn, const T& init) {
+template <class BodyFn, class T>
+T fori_loop(const Array& lo, const Array& hi, BodyFn&& body_fn, const T& init) {
   namespace d = control_flow_detail;
   bool static_bounds = d::is_concrete_scalar(lo) && d::is_concrete_scalar(hi);
   return d::fori_loop_impl(lo, hi, static_bounds, body_fn, init);
@@ -198,7 +206,8 @@ template <class BodyFn, class T> T fori_loop(const Array& lo, const Array& hi, B
 
 // ---- scan ----
 
-template <class F, class C, class X> auto scan(F&& f, const C& init, const X& xs, ScanOptions opts = {}) {
+template <class F, class C, class X>
+auto scan(F&& f, const C& init, const X& xs, ScanOptions opts = {}) {
   namespace d = control_flow_detail;
   static_assert(is_tree_v<C>, "scan: init must be a tree of Arrays (see cjax/tree.h)");
   constexpr bool no_xs = std::is_same_v<std::remove_cvref_t<X>, NoneT>;
@@ -206,8 +215,10 @@ template <class F, class C, class X> auto scan(F&& f, const C& init, const X& xs
   auto call = [&](const C& c, const std::vector<Array>& x_leaves) {
     if constexpr (no_xs) {
       (void)x_leaves;
-      if constexpr (std::is_invocable_v<F&, const C&, NoneT>) return f(c, None);
-      else return f(c);
+      if constexpr (std::is_invocable_v<F&, const C&, NoneT>)
+        return f(c, None);
+      else
+        return f(c);
     } else {
       return f(c, tree::unflatten(xs, x_leaves));
     }

@@ -73,12 +73,12 @@ struct CustomVjpOptions {
 // pass; values it does not save are recomputed in the backward pass. Inputs are always saved.
 struct CheckpointPolicy {
   enum class Kind {
-    NothingSaveable,               // save only the inputs (the default; printed policy=None)
-    EverythingSaveable,            // as if checkpoint were not used
-    DotsSaveable,                  // outputs of dot_general and conv_general_dilated
-    DotsWithNoBatchDimsSaveable,   // outputs of dot_general without batch dimensions
-    SaveEverythingExcept,          // everything but the outputs of the named primitives
-    SaveOnlyThese,                 // only the outputs of the named primitives
+    NothingSaveable,              // save only the inputs (the default; printed policy=None)
+    EverythingSaveable,           // as if checkpoint were not used
+    DotsSaveable,                 // outputs of dot_general and conv_general_dilated
+    DotsWithNoBatchDimsSaveable,  // outputs of dot_general without batch dimensions
+    SaveEverythingExcept,         // everything but the outputs of the named primitives
+    SaveOnlyThese,                // only the outputs of the named primitives
   };
   Kind kind = Kind::NothingSaveable;
   std::vector<std::string> primitives;  // for SaveEverythingExcept / SaveOnlyThese
@@ -108,8 +108,8 @@ inline CheckpointPolicy save_only_these(std::vector<std::string> primitives) {
 namespace custom_detail {
 using FlatFn = std::function<std::vector<Array>(const std::vector<Array>&)>;
 // (primals, tangents) -> (primal outputs, tangent outputs)
-using JvpFn =
-    std::function<std::pair<std::vector<Array>, std::vector<Array>>(const std::vector<Array>&, const std::vector<Array>&)>;
+using JvpFn = std::function<std::pair<std::vector<Array>, std::vector<Array>>(const std::vector<Array>&,
+                                                                              const std::vector<Array>&)>;
 // (residuals, output cotangents) -> one cotangent per argument leaf
 using BwdFn = std::function<std::vector<Array>(const std::vector<Array>& res, const std::vector<Array>& cts)>;
 struct FwdOut {
@@ -129,29 +129,33 @@ std::vector<Array> checkpoint_call(const FlatFn& f, const std::vector<Array>& ar
                                    bool prevent_cse);
 [[noreturn]] void raise_bwd_structure(const std::string& bwd_name, const std::string& f_name, const TreeDef& expected,
                                       const TreeDef& got);
-[[noreturn]] void raise_rule_structure(const std::string& what, const std::string& rule_name,
-                                       const std::string& f_name, const TreeDef& expected, const TreeDef& got);
+[[noreturn]] void raise_rule_structure(const std::string& what, const std::string& rule_name, const std::string& f_name,
+                                       const TreeDef& expected, const TreeDef& got);
 
-template <class T> T skeleton(const T& t) {  // t's structure, leaves empty (keeps no values alive)
+template <class T>
+T skeleton(const T& t) {  // t's structure, leaves empty (keeps no values alive)
   return tree::unflatten(t, std::vector<Array>(tree::structure(t).num_leaves()));
 }
 // f on flat leaves rebuilt as `skel`'s trees; records f's output structure in `out_skel`.
 template <class F, class Args, class R>
-FlatFn primal_fn(const F& f, const std::shared_ptr<const Args>& skel, const std::shared_ptr<std::optional<R>>& out_skel) {
+FlatFn primal_fn(const F& f, const std::shared_ptr<const Args>& skel,
+                 const std::shared_ptr<std::optional<R>>& out_skel) {
   return [&f, skel, out_skel](const std::vector<Array>& xs) {
     R r = std::apply(f, tree::unflatten(*skel, xs));
     if (!*out_skel) *out_skel = skeleton(r);
     return tree::leaves(r);
   };
 }
-template <class... A> void check_tree_args() {
+template <class... A>
+void check_tree_args() {
   static_assert((is_tree_v<A> && ...),
                 "custom_jvp/custom_vjp: every argument must be a tree of Arrays (see cjax/tree.h); close over "
                 "static values instead");
 }
 }  // namespace custom_detail
 
-template <class F, class J> auto custom_jvp(F f, J jvp_rule, CustomJvpOptions opts = {}) {
+template <class F, class J>
+auto custom_jvp(F f, J jvp_rule, CustomJvpOptions opts = {}) {
   return [f = std::move(f), jvp_rule = std::move(jvp_rule), opts = std::move(opts)](const auto&... args) {
     custom_detail::check_tree_args<std::remove_cvref_t<decltype(args)>...>();
     using R = std::remove_cvref_t<decltype(f(args...))>;
@@ -168,16 +172,17 @@ template <class F, class J> auto custom_jvp(F f, J jvp_rule, CustomJvpOptions op
       if (!(tree::structure(out) == want))
         custom_detail::raise_rule_structure("primal output", opts.jvp_name, opts.name, want, tree::structure(out));
       if (!(tree::structure(tangent) == want))
-        custom_detail::raise_rule_structure("tangent output", opts.jvp_name, opts.name, want,
-                                            tree::structure(tangent));
+        custom_detail::raise_rule_structure("tangent output", opts.jvp_name, opts.name, want, tree::structure(tangent));
       return std::pair{tree::leaves(out), tree::leaves(tangent)};
     };
-    std::vector<Array> outs = custom_detail::custom_jvp_call(custom_detail::primal_fn(f, skel, out_skel), std::move(flat_jvp), tree::leaves(like), opts);
+    std::vector<Array> outs = custom_detail::custom_jvp_call(custom_detail::primal_fn(f, skel, out_skel),
+                                                             std::move(flat_jvp), tree::leaves(like), opts);
     return tree::unflatten(**out_skel, outs);
   };
 }
 
-template <class F, class Fwd, class Bwd> auto custom_vjp(F f, Fwd fwd, Bwd bwd, CustomVjpOptions opts = {}) {
+template <class F, class Fwd, class Bwd>
+auto custom_vjp(F f, Fwd fwd, Bwd bwd, CustomVjpOptions opts = {}) {
   return [f = std::move(f), fwd = std::move(fwd), bwd = std::move(bwd), opts = std::move(opts)](const auto&... args) {
     custom_detail::check_tree_args<std::remove_cvref_t<decltype(args)>...>();
     using R = std::remove_cvref_t<decltype(f(args...))>;
@@ -206,13 +211,14 @@ template <class F, class Fwd, class Bwd> auto custom_vjp(F f, Fwd fwd, Bwd bwd, 
       };
       return o;
     };
-    std::vector<Array> outs = custom_detail::custom_vjp_call(custom_detail::primal_fn(f, skel, out_skel), std::move(flat_fwd), tree::leaves(like), opts);
+    std::vector<Array> outs = custom_detail::custom_vjp_call(custom_detail::primal_fn(f, skel, out_skel),
+                                                             std::move(flat_fwd), tree::leaves(like), opts);
     return tree::unflatten(**out_skel, outs);
   };
 }
 
-template <class F> auto checkpoint(F f, CheckpointPolicy policy = checkpoint_policies::nothing_saveable,
-                                   bool prevent_cse = true) {
+template <class F>
+auto checkpoint(F f, CheckpointPolicy policy = checkpoint_policies::nothing_saveable, bool prevent_cse = true) {
   return [f = std::move(f), policy = std::move(policy), prevent_cse](const auto&... args) {
     using R = std::remove_cvref_t<decltype(f(args...))>;
     static_assert(is_tree_v<R>, "checkpoint: the function must return a tree of Arrays");
@@ -237,8 +243,8 @@ template <class F> auto checkpoint(F f, CheckpointPolicy policy = checkpoint_pol
   };
 }
 // JAX's jax.remat: an alias of checkpoint.
-template <class F> auto remat(F f, CheckpointPolicy policy = checkpoint_policies::nothing_saveable,
-                              bool prevent_cse = true) {
+template <class F>
+auto remat(F f, CheckpointPolicy policy = checkpoint_policies::nothing_saveable, bool prevent_cse = true) {
   return checkpoint(std::move(f), std::move(policy), prevent_cse);
 }
 

@@ -18,7 +18,8 @@
 namespace cjax::debug {
 
 void print_values(std::string_view fmt, const std::vector<Array>& values);
-template <class... A> void print(std::string_view fmt, const A&... values) {
+template <class... A>
+void print(std::string_view fmt, const A&... values) {
   print_values(fmt, std::vector<Array>{Array(values)...});
 }
 // nullptr restores std::cout.

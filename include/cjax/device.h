@@ -38,9 +38,9 @@ Device default_device();
 struct MemoryStats {
   int64_t bytes_in_use = 0;
   int64_t peak_bytes_in_use = 0;
-  int64_t bytes_cached = 0;   // freed blocks kept for reuse
-  int64_t num_allocs = 0;     // requests served
-  int64_t num_cache_hits = 0; // requests served from the cache
+  int64_t bytes_cached = 0;    // freed blocks kept for reuse
+  int64_t num_allocs = 0;      // requests served
+  int64_t num_cache_hits = 0;  // requests served from the cache
 };
 MemoryStats memory_stats(const Device&);
 void reset_peak_memory(const Device&);

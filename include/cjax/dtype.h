@@ -17,12 +17,12 @@ inline constexpr DType bool_ = DType::bool_, i8 = DType::int8, i16 = DType::int1
                        i64 = DType::int64, u8 = DType::uint8, u32 = DType::uint32, bf16 = DType::bfloat16,
                        f16 = DType::float16, f32 = DType::float32, f64 = DType::float64;
 
-std::string_view dtype_name(DType);        // numpy name: "float32", "bfloat16", "bool"
-std::string_view dtype_short_name(DType);  // jaxpr name: "f32", "bf16", "bool", "u8"
+std::string_view dtype_name(DType);                      // numpy name: "float32", "bfloat16", "bool"
+std::string_view dtype_short_name(DType);                // jaxpr name: "f32", "bf16", "bool", "u8"
 std::optional<DType> dtype_from_name(std::string_view);  // accepts both forms
 size_t itemsize(DType);
 bool is_floating(DType);
-bool is_integer(DType);    // signed or unsigned, not bool
+bool is_integer(DType);  // signed or unsigned, not bool
 bool is_signed_integer(DType);
 bool is_unsigned_integer(DType);
 int mantissa_bits(DType);  // f32 23, f64 52, f16 10, bf16 7; 0 for non-floats
@@ -95,18 +95,53 @@ struct float16_t {
 };
 
 // Maps C++ element types to DTypes.
-template <class T> struct dtype_of;
-template <> struct dtype_of<bool> { static constexpr DType value = DType::bool_; };
-template <> struct dtype_of<int8_t> { static constexpr DType value = DType::int8; };
-template <> struct dtype_of<int16_t> { static constexpr DType value = DType::int16; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::int32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::int64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::uint8; };
-template <> struct dtype_of<uint32_t> { static constexpr DType value = DType::uint32; };
-template <> struct dtype_of<bfloat16_t> { static constexpr DType value = DType::bfloat16; };
-template <> struct dtype_of<float16_t> { static constexpr DType value = DType::float16; };
-template <> struct dtype_of<float> { static constexpr DType value = DType::float32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::float64; };
-template <class T> inline constexpr DType dtype_v = dtype_of<T>::value;
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::bool_;
+};
+template <>
+struct dtype_of<int8_t> {
+  static constexpr DType value = DType::int8;
+};
+template <>
+struct dtype_of<int16_t> {
+  static constexpr DType value = DType::int16;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::int32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::int64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::uint8;
+};
+template <>
+struct dtype_of<uint32_t> {
+  static constexpr DType value = DType::uint32;
+};
+template <>
+struct dtype_of<bfloat16_t> {
+  static constexpr DType value = DType::bfloat16;
+};
+template <>
+struct dtype_of<float16_t> {
+  static constexpr DType value = DType::float16;
+};
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::float64;
+};
+template <class T>
+inline constexpr DType dtype_v = dtype_of<T>::value;
 
 }  // namespace cjax

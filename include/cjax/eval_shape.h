@@ -37,7 +37,8 @@ Array shape_dtype_struct(const AbstractValue& aval);
 bool is_abstract(const Array& x);
 
 // eval_shape(f, args...): f's result tree with abstract leaves. See the top of this file.
-template <class F, class... A> auto eval_shape(const F& f, const A&... args) {
+template <class F, class... A>
+auto eval_shape(const F& f, const A&... args) {
   std::vector<AbstractValue> avals;
   (jaxpr_detail::append_avals(args, avals), ...);
   std::vector<std::string> names;

@@ -45,10 +45,11 @@ using Metadata = std::map<std::string, std::string>;
 inline constexpr std::string_view kChecksumKey = "cjax.checksums.xxh3_64";
 
 // Low-level form: explicit (name, array) entries; names must be unique and non-empty.
-void save_safetensors_entries(const std::filesystem::path& path, const std::vector<std::pair<std::string, Array>>& entries,
-                              const Metadata& metadata = {});
+void save_safetensors_entries(const std::filesystem::path& path,
+                              const std::vector<std::pair<std::string, Array>>& entries, const Metadata& metadata = {});
 
-template <class T> void save_safetensors(const std::filesystem::path& path, const T& tree, const Metadata& metadata = {}) {
+template <class T>
+void save_safetensors(const std::filesystem::path& path, const T& tree, const Metadata& metadata = {}) {
   static_assert(is_tree_v<T>, "io::save_safetensors: the argument is not a tree of Arrays (see cjax/tree.h)");
   std::vector<std::pair<std::string, Array>> entries;
   for (auto& [p, a] : tree::leaves_with_path(tree)) entries.emplace_back(p.dotted(), std::move(a));

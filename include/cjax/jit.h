@@ -128,26 +128,40 @@ struct StaticValue {
   }
 };
 
-template <class T> concept has_hash_member = requires(const T& t) { { t.hash() } -> std::convertible_to<size_t>; };
-template <class T> concept std_hashable = requires(const T& t) { { std::hash<T>{}(t) } -> std::convertible_to<size_t>; };
-template <class T> concept streamable = requires(std::ostream& os, const T& t) { os << t; };
+template <class T>
+concept has_hash_member = requires(const T& t) {
+  { t.hash() } -> std::convertible_to<size_t>;
+};
+template <class T>
+concept std_hashable = requires(const T& t) {
+  { std::hash<T>{}(t) } -> std::convertible_to<size_t>;
+};
+template <class T>
+concept streamable = requires(std::ostream& os, const T& t) {
+  os << t;
+};
 
 std::string describe_with_stream(const std::function<void(std::ostream&)>& f);
 
-template <class T> StaticValue make_static(const T& x) {
+template <class T>
+StaticValue make_static(const T& x) {
   static_assert(std::equality_comparable<T>,
                 "jit: a static (non-Array) argument must be ==-comparable; make it a tree of Arrays or add operator==");
   static_assert(has_hash_member<T> || std_hashable<T>,
                 "jit: a static (non-Array) argument must be hashable: give it a hash() member or specialize std::hash");
   StaticValue s;
   s.type = typeid(T);
-  if constexpr (has_hash_member<T>) s.hash = x.hash();
-  else s.hash = std::hash<T>{}(x);
+  if constexpr (has_hash_member<T>)
+    s.hash = x.hash();
+  else
+    s.hash = std::hash<T>{}(x);
   s.value = std::make_shared<const T>(x);
   s.equal = [](const void* a, const void* b) { return *static_cast<const T*>(a) == *static_cast<const T*>(b); };
   s.describe = [](const void* a) -> std::string {
-    if constexpr (streamable<T>) return describe_with_stream([a](std::ostream& os) { os << *static_cast<const T*>(a); });
-    else return std::string("a value of type ") + typeid(T).name();
+    if constexpr (streamable<T>)
+      return describe_with_stream([a](std::ostream& os) { os << *static_cast<const T*>(a); });
+    else
+      return std::string("a value of type ") + typeid(T).name();
   };
   return s;
 }
@@ -156,16 +170,17 @@ template <class T> StaticValue make_static(const T& x) {
 struct ArgSignature {
   std::type_index type = typeid(void);
   bool is_tree = false;
-  TreeDef tree;                       // trees
-  std::vector<AbstractValue> avals;   // trees: one per leaf
+  TreeDef tree;                         // trees
+  std::vector<AbstractValue> avals;     // trees: one per leaf
   std::vector<std::string> leaf_paths;  // filled only on a cache miss (for explanations)
-  StaticValue static_value;           // static arguments
+  StaticValue static_value;             // static arguments
   bool operator==(const ArgSignature& o) const;
 };
 using Signature = std::vector<ArgSignature>;
 size_t hash_signature(const Signature& s);
 
-template <class A> ArgSignature arg_signature(const A& a, std::vector<Array>& leaves) {
+template <class A>
+ArgSignature arg_signature(const A& a, std::vector<Array>& leaves) {
   ArgSignature s;
   s.type = typeid(A);
   if constexpr (is_tree_v<A>) {
@@ -184,7 +199,8 @@ template <class A> ArgSignature arg_signature(const A& a, std::vector<Array>& le
   return s;
 }
 
-template <class A> void fill_leaf_paths(const A& a, ArgSignature& s) {
+template <class A>
+void fill_leaf_paths(const A& a, ArgSignature& s) {
   if constexpr (is_tree_v<A>) {
     s.leaf_paths.clear();
     for (auto& [path, leaf] : tree::leaves_with_path(a)) s.leaf_paths.push_back(path.str());
@@ -225,7 +241,8 @@ struct FlatArgs {
   Signature sig;
   std::vector<size_t> donated;
 };
-template <class... A> FlatArgs flatten_args(const std::vector<int>& donate_argnums, const A&... args) {
+template <class... A>
+FlatArgs flatten_args(const std::vector<int>& donate_argnums, const A&... args) {
   FlatArgs r;
   size_t index = 0;
   (([&] {
@@ -250,7 +267,8 @@ namespace stages {
 
 // jit(f).lower(args...).compile(): a program compiled for one signature, called with arguments of
 // the types A... of that signature.
-template <class R, class... A> class Compiled {
+template <class R, class... A>
+class Compiled {
  public:
   Compiled(std::shared_ptr<jit_detail::JitCache> cache, std::shared_ptr<const jit_detail::Compiled> c,
            std::vector<int> donate_argnums, std::string name)
@@ -278,7 +296,8 @@ template <class R, class... A> class Compiled {
 };
 
 // jit(f).lower(args...): the traced program for one signature.
-template <class R, class... A> class Lowered {
+template <class R, class... A>
+class Lowered {
  public:
   Lowered(std::shared_ptr<jit_detail::JitCache> cache, std::shared_ptr<const jit_detail::Compiled> c,
           std::vector<int> donate_argnums, std::string name)
@@ -297,11 +316,13 @@ template <class R, class... A> class Lowered {
 
 }  // namespace stages
 
-template <class F> class Jitted {
+template <class F>
+class Jitted {
  public:
   Jitted(F f, JitOptions opts) : f_(std::move(f)), opts_(std::move(opts)), cache_(jit_detail::make_cache(opts_)) {}
 
-  template <class... A> auto operator()(const A&... args) const {
+  template <class... A>
+  auto operator()(const A&... args) const {
     using R = std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>;
     static_assert(is_tree_v<R>, "jit: the function must return a tree of Arrays");
     if (jit_detail::jit_disabled()) return R(f_(args...));
@@ -312,12 +333,13 @@ template <class F> class Jitted {
   }
 
   // Ahead-of-time lowering for the signature of `args` (see the top of this file).
-  template <class... A> auto lower(const A&... args) const {
+  template <class... A>
+  auto lower(const A&... args) const {
     using R = std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>;
     static_assert(is_tree_v<R>, "jit: the function must return a tree of Arrays");
     jit_detail::FlatArgs flat = jit_detail::flatten_args({}, args...);
-    return stages::Lowered<R, A...>(cache_, lookup<R>(std::move(flat.sig), flat.leaves, args...),
-                                    opts_.donate_argnums, opts_.name);
+    return stages::Lowered<R, A...>(cache_, lookup<R>(std::move(flat.sig), flat.leaves, args...), opts_.donate_argnums,
+                                    opts_.name);
   }
 
   size_t cache_size() const { return jit_detail::cache_size(*cache_); }
@@ -354,6 +376,9 @@ template <class F> class Jitted {
   std::shared_ptr<jit_detail::JitCache> cache_;
 };
 
-template <class F> Jitted<F> jit(F f, JitOptions opts = {}) { return Jitted<F>(std::move(f), std::move(opts)); }
+template <class F>
+Jitted<F> jit(F f, JitOptions opts = {}) {
+  return Jitted<F>(std::move(f), std::move(opts));
+}
 
 }  // namespace cjax

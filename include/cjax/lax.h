@@ -12,30 +12,62 @@
 namespace cjax::lax {
 
 // ---- elementwise (one primitive each; see core/backend/scalar_ops.h) ----
-Array neg(const Array&);      Array sign(const Array&);     Array abs(const Array&);
-Array floor(const Array&);    Array ceil(const Array&);     Array round(const Array&);  // half to even
+Array neg(const Array&);
+Array sign(const Array&);
+Array abs(const Array&);
+Array floor(const Array&);
+Array ceil(const Array&);
+Array round(const Array&);  // half to even
 Array is_finite(const Array&);
-Array exp(const Array&);      Array exp2(const Array&);     Array log(const Array&);
-Array log1p(const Array&);    Array expm1(const Array&);    Array tanh(const Array&);
-Array logistic(const Array&); Array sin(const Array&);      Array cos(const Array&);
-Array tan(const Array&);      Array asin(const Array&);     Array acos(const Array&);
-Array atan(const Array&);     Array sinh(const Array&);     Array cosh(const Array&);
-Array asinh(const Array&);    Array acosh(const Array&);    Array atanh(const Array&);
-Array sqrt(const Array&);     Array rsqrt(const Array&);    Array cbrt(const Array&);
-Array erf(const Array&);      Array erfc(const Array&);     Array erf_inv(const Array&);
-Array lgamma(const Array&);   Array bitwise_not(const Array&);  Array square(const Array&);
-Array add(const Array&, const Array&);  Array sub(const Array&, const Array&);
-Array mul(const Array&, const Array&);  Array div(const Array&, const Array&);  // ints: toward zero
-Array rem(const Array&, const Array&);  Array pow(const Array&, const Array&);
-Array max(const Array&, const Array&);  Array min(const Array&, const Array&);  // NaN-propagating
-Array atan2(const Array&, const Array&);  Array nextafter(const Array&, const Array&);
-Array bitwise_and(const Array&, const Array&);  Array bitwise_or(const Array&, const Array&);
+Array exp(const Array&);
+Array exp2(const Array&);
+Array log(const Array&);
+Array log1p(const Array&);
+Array expm1(const Array&);
+Array tanh(const Array&);
+Array logistic(const Array&);
+Array sin(const Array&);
+Array cos(const Array&);
+Array tan(const Array&);
+Array asin(const Array&);
+Array acos(const Array&);
+Array atan(const Array&);
+Array sinh(const Array&);
+Array cosh(const Array&);
+Array asinh(const Array&);
+Array acosh(const Array&);
+Array atanh(const Array&);
+Array sqrt(const Array&);
+Array rsqrt(const Array&);
+Array cbrt(const Array&);
+Array erf(const Array&);
+Array erfc(const Array&);
+Array erf_inv(const Array&);
+Array lgamma(const Array&);
+Array bitwise_not(const Array&);
+Array square(const Array&);
+Array add(const Array&, const Array&);
+Array sub(const Array&, const Array&);
+Array mul(const Array&, const Array&);
+Array div(const Array&, const Array&);  // ints: toward zero
+Array rem(const Array&, const Array&);
+Array pow(const Array&, const Array&);
+Array max(const Array&, const Array&);
+Array min(const Array&, const Array&);  // NaN-propagating
+Array atan2(const Array&, const Array&);
+Array nextafter(const Array&, const Array&);
+Array bitwise_and(const Array&, const Array&);
+Array bitwise_or(const Array&, const Array&);
 Array bitwise_xor(const Array&, const Array&);
-Array shift_left(const Array&, const Array&);  Array shift_right_logical(const Array&, const Array&);
+Array shift_left(const Array&, const Array&);
+Array shift_right_logical(const Array&, const Array&);
 Array shift_right_arithmetic(const Array&, const Array&);
-Array eq(const Array&, const Array&);  Array ne(const Array&, const Array&);
-Array lt(const Array&, const Array&);  Array le(const Array&, const Array&);
-Array gt(const Array&, const Array&);  Array ge(const Array&, const Array&);
+Array eq(const Array&, const Array&);
+Array ne(const Array&, const Array&);
+Array lt(const Array&, const Array&);
+Array le(const Array&, const Array&);
+Array gt(const Array&, const Array&);
+Array ge(const Array&, const Array&);
 Array clamp(const Array& lo, const Array& x, const Array& hi);
 Array integer_pow(const Array&, int y);
 Array convert_element_type(const Array&, DType);
@@ -54,7 +86,9 @@ Array squeeze(const Array&, const std::vector<int64_t>& dimensions);
 Array expand_dims(const Array&, const std::vector<int64_t>& dimensions);
 Array rev(const Array&, const std::vector<int64_t>& dimensions);
 Array concatenate(const std::vector<Array>&, int64_t dimension);
-struct PadConfig { int64_t lo = 0, hi = 0, interior = 0; };  // negative lo/hi crop
+struct PadConfig {
+  int64_t lo = 0, hi = 0, interior = 0;
+};  // negative lo/hi crop
 Array pad(const Array&, const Array& padding_value, const std::vector<PadConfig>& config);
 Array iota(DType, int64_t size);
 Array broadcasted_iota(DType, const Shape& shape, int64_t dimension);
@@ -132,7 +166,7 @@ struct ConvDimensionNumbers {
   std::string lhs_spec = "NCHW", rhs_spec = "OIHW", out_spec = "NCHW";  // any permutation, 1-3 spatial dims
 };
 struct Padding {
-  std::string mode;                                  // "SAME", "VALID", or empty for explicit
+  std::string mode;                                    // "SAME", "VALID", or empty for explicit
   std::vector<std::pair<int64_t, int64_t>> explicit_;  // per spatial dim
   Padding(const char* m) : mode(m) {}
   Padding(std::string m) : mode(std::move(m)) {}
@@ -141,8 +175,7 @@ struct Padding {
 Array conv_general_dilated(const Array& lhs, const Array& rhs, const std::vector<int64_t>& window_strides,
                            const Padding& padding, const std::vector<int64_t>& lhs_dilation = {},
                            const std::vector<int64_t>& rhs_dilation = {}, const ConvDimensionNumbers& dn = {},
-                           int64_t feature_group_count = 1,
-                           std::optional<DType> preferred_element_type = std::nullopt);
+                           int64_t feature_group_count = 1, std::optional<DType> preferred_element_type = std::nullopt);
 Array conv(const Array& lhs, const Array& rhs, const std::vector<int64_t>& window_strides, const Padding& padding);
 
 // ---- random bits ----

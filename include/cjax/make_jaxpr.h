@@ -58,7 +58,8 @@ ClosedJaxpr trace_flat(const std::function<std::vector<Array>(const std::vector<
                        const std::vector<AbstractValue>& in_avals, const std::string& what = "make_jaxpr",
                        const std::vector<std::string>& arg_names = {});
 // Names of the flat inputs of a call: "argument i" or "argument i (leaf <path>)".
-template <class A> void append_arg_names(const A& a, size_t index, std::vector<std::string>& out) {
+template <class A>
+void append_arg_names(const A& a, size_t index, std::vector<std::string>& out) {
   if constexpr (is_tree_v<A>) {
     auto lp = tree::leaves_with_path(a);
     for (auto& [path, leaf] : lp) {
@@ -68,18 +69,19 @@ template <class A> void append_arg_names(const A& a, size_t index, std::vector<s
   }
 }
 
-template <class A> void append_avals(const A& a, std::vector<AbstractValue>& out) {
+template <class A>
+void append_avals(const A& a, std::vector<AbstractValue>& out) {
   if constexpr (is_tree_v<A>) {
     for (const Array& leaf : tree::leaves(a)) {
-      if (!leaf.defined())
-        throw ValueError("make_jaxpr: an argument holds an empty Array handle; pass defined Arrays");
+      if (!leaf.defined()) throw ValueError("make_jaxpr: an argument holds an empty Array handle; pass defined Arrays");
       out.push_back(leaf.aval());
     }
   }
 }
 
 // The value `f` receives for argument `a`: trees rebuilt from the next tracers, static values as given.
-template <class A> decltype(auto) rebuild(const A& a, const std::vector<Array>& tracers, size_t& pos) {
+template <class A>
+decltype(auto) rebuild(const A& a, const std::vector<Array>& tracers, size_t& pos) {
   if constexpr (is_tree_v<A>) {
     size_t n = tree::structure(a).num_leaves();
     std::vector<Array> mine(tracers.begin() + std::ptrdiff_t(pos), tracers.begin() + std::ptrdiff_t(pos + n));
@@ -93,7 +95,8 @@ template <class A> decltype(auto) rebuild(const A& a, const std::vector<Array>& 
 }  // namespace jaxpr_detail
 
 // make_jaxpr(f)(args...) -> ClosedJaxpr. See the top of this file.
-template <class F> auto make_jaxpr(F f) {
+template <class F>
+auto make_jaxpr(F f) {
   return [f = std::move(f)](const auto&... args) -> ClosedJaxpr {
     std::vector<AbstractValue> avals;
     (jaxpr_detail::append_avals(args, avals), ...);

@@ -34,7 +34,7 @@ Array standardize(const Array& x, numpy::Axis axis = -1, double epsilon = 1e-5);
 Array rms_norm(const Array& x, const Array& gain, double eps = 1e-6);
 
 struct AttentionOptions {
-  bool is_causal = false;              // keep keys s <= query t (lower-triangular T x S mask)
+  bool is_causal = false;                      // keep keys s <= query t (lower-triangular T x S mask)
   std::optional<double> scale = std::nullopt;  // default 1/sqrt(H)
   std::optional<Array> bias = std::nullopt;    // added to the f32 logits, broadcastable to [B, N, T, S]
   std::optional<Array> mask = std::nullopt;    // bool, broadcastable to [B, N, T, S]; false entries are masked
@@ -76,13 +76,19 @@ Initializer he_normal(int64_t in_axis = -2, int64_t out_axis = -1);
 // variance_scaling(2, "fan_in", "uniform").
 Initializer he_uniform(int64_t in_axis = -2, int64_t out_axis = -1);
 // Aliases used by JAX: xavier_* = glorot_*, kaiming_* = he_*.
-inline Initializer xavier_normal(int64_t in_axis = -2, int64_t out_axis = -1) { return glorot_normal(in_axis, out_axis); }
+inline Initializer xavier_normal(int64_t in_axis = -2, int64_t out_axis = -1) {
+  return glorot_normal(in_axis, out_axis);
+}
 // Alias of glorot_uniform.
-inline Initializer xavier_uniform(int64_t in_axis = -2, int64_t out_axis = -1) { return glorot_uniform(in_axis, out_axis); }
+inline Initializer xavier_uniform(int64_t in_axis = -2, int64_t out_axis = -1) {
+  return glorot_uniform(in_axis, out_axis);
+}
 // Alias of he_normal.
 inline Initializer kaiming_normal(int64_t in_axis = -2, int64_t out_axis = -1) { return he_normal(in_axis, out_axis); }
 // Alias of he_uniform.
-inline Initializer kaiming_uniform(int64_t in_axis = -2, int64_t out_axis = -1) { return he_uniform(in_axis, out_axis); }
+inline Initializer kaiming_uniform(int64_t in_axis = -2, int64_t out_axis = -1) {
+  return he_uniform(in_axis, out_axis);
+}
 }  // namespace initializers
 
 using initializers::Initializer;

@@ -29,8 +29,10 @@ class Axis {
 };
 
 // ---- creation ----
-template <class T> Array array(const std::vector<T>& data, Shape shape = {});  // shape {} = 1-D
-template <class T> Array array(std::initializer_list<T> data, Shape shape = {}) {
+template <class T>
+Array array(const std::vector<T>& data, Shape shape = {});  // shape {} = 1-D
+template <class T>
+Array array(std::initializer_list<T> data, Shape shape = {}) {
   return array(std::vector<T>(data), std::move(shape));
 }
 Array asarray(const Array& x, std::optional<DType> dtype = std::nullopt);  // strong copy of the type
@@ -58,40 +60,81 @@ Array triu(const Array&, int64_t k = 0);
 TypeInfo result_type(const std::vector<Array>& arrays);
 
 // ---- elementwise ----
-Array add(const Array&, const Array&);       Array subtract(const Array&, const Array&);
-Array multiply(const Array&, const Array&);  Array divide(const Array&, const Array&);  // true division
-Array true_divide(const Array&, const Array&);  Array floor_divide(const Array&, const Array&);
-Array remainder(const Array&, const Array&);    Array mod(const Array&, const Array&);  // sign of divisor
-Array fmod(const Array&, const Array&);        // sign of dividend
-Array power(const Array&, const Array&);       // integer exponents of integer arrays stay integer
-Array negative(const Array&);  Array positive(const Array&);  Array abs(const Array&);  Array absolute(const Array&);
-Array sign(const Array&);      Array reciprocal(const Array&);
-Array exp(const Array&);   Array exp2(const Array&);   Array expm1(const Array&);
-Array log(const Array&);   Array log2(const Array&);   Array log10(const Array&);  Array log1p(const Array&);
-Array sqrt(const Array&);  Array rsqrt(const Array&);  Array cbrt(const Array&);   Array square(const Array&);
-Array sin(const Array&);   Array cos(const Array&);    Array tan(const Array&);
-Array arcsin(const Array&);  Array arccos(const Array&);  Array arctan(const Array&);
+Array add(const Array&, const Array&);
+Array subtract(const Array&, const Array&);
+Array multiply(const Array&, const Array&);
+Array divide(const Array&, const Array&);  // true division
+Array true_divide(const Array&, const Array&);
+Array floor_divide(const Array&, const Array&);
+Array remainder(const Array&, const Array&);
+Array mod(const Array&, const Array&);    // sign of divisor
+Array fmod(const Array&, const Array&);   // sign of dividend
+Array power(const Array&, const Array&);  // integer exponents of integer arrays stay integer
+Array negative(const Array&);
+Array positive(const Array&);
+Array abs(const Array&);
+Array absolute(const Array&);
+Array sign(const Array&);
+Array reciprocal(const Array&);
+Array exp(const Array&);
+Array exp2(const Array&);
+Array expm1(const Array&);
+Array log(const Array&);
+Array log2(const Array&);
+Array log10(const Array&);
+Array log1p(const Array&);
+Array sqrt(const Array&);
+Array rsqrt(const Array&);
+Array cbrt(const Array&);
+Array square(const Array&);
+Array sin(const Array&);
+Array cos(const Array&);
+Array tan(const Array&);
+Array arcsin(const Array&);
+Array arccos(const Array&);
+Array arctan(const Array&);
 Array arctan2(const Array&, const Array&);
-Array sinh(const Array&);  Array cosh(const Array&);   Array tanh(const Array&);
-Array arcsinh(const Array&);  Array arccosh(const Array&);  Array arctanh(const Array&);
-Array floor(const Array&);  Array ceil(const Array&);  Array round(const Array&, int decimals = 0);
-Array trunc(const Array&);  Array rint(const Array&);
+Array sinh(const Array&);
+Array cosh(const Array&);
+Array tanh(const Array&);
+Array arcsinh(const Array&);
+Array arccosh(const Array&);
+Array arctanh(const Array&);
+Array floor(const Array&);
+Array ceil(const Array&);
+Array round(const Array&, int decimals = 0);
+Array trunc(const Array&);
+Array rint(const Array&);
 Array clip(const Array&, std::optional<Array> min = std::nullopt, std::optional<Array> max = std::nullopt);
-Array maximum(const Array&, const Array&);  Array minimum(const Array&, const Array&);
-Array fmax(const Array&, const Array&);     Array fmin(const Array&, const Array&);  // NaN-ignoring
+Array maximum(const Array&, const Array&);
+Array minimum(const Array&, const Array&);
+Array fmax(const Array&, const Array&);
+Array fmin(const Array&, const Array&);  // NaN-ignoring
 Array where(const Array& condition, const Array& x, const Array& y);
-Array isnan(const Array&);  Array isinf(const Array&);  Array isfinite(const Array&);
-Array isposinf(const Array&);  Array isneginf(const Array&);
+Array isnan(const Array&);
+Array isinf(const Array&);
+Array isfinite(const Array&);
+Array isposinf(const Array&);
+Array isneginf(const Array&);
 Array nan_to_num(const Array&, double nan = 0.0, std::optional<double> posinf = std::nullopt,
                  std::optional<double> neginf = std::nullopt);
-Array logical_and(const Array&, const Array&);  Array logical_or(const Array&, const Array&);
-Array logical_xor(const Array&, const Array&);  Array logical_not(const Array&);
-Array bitwise_and(const Array&, const Array&);  Array bitwise_or(const Array&, const Array&);
-Array bitwise_xor(const Array&, const Array&);  Array bitwise_not(const Array&);  Array invert(const Array&);
-Array left_shift(const Array&, const Array&);   Array right_shift(const Array&, const Array&);
-Array equal(const Array&, const Array&);  Array not_equal(const Array&, const Array&);
-Array less(const Array&, const Array&);   Array less_equal(const Array&, const Array&);
-Array greater(const Array&, const Array&);  Array greater_equal(const Array&, const Array&);
+Array logical_and(const Array&, const Array&);
+Array logical_or(const Array&, const Array&);
+Array logical_xor(const Array&, const Array&);
+Array logical_not(const Array&);
+Array bitwise_and(const Array&, const Array&);
+Array bitwise_or(const Array&, const Array&);
+Array bitwise_xor(const Array&, const Array&);
+Array bitwise_not(const Array&);
+Array invert(const Array&);
+Array left_shift(const Array&, const Array&);
+Array right_shift(const Array&, const Array&);
+Array equal(const Array&, const Array&);
+Array not_equal(const Array&, const Array&);
+Array less(const Array&, const Array&);
+Array less_equal(const Array&, const Array&);
+Array greater(const Array&, const Array&);
+Array greater_equal(const Array&, const Array&);
 Array isclose(const Array&, const Array&, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
 bool allclose(const Array&, const Array&, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
 bool array_equal(const Array&, const Array&);
@@ -132,10 +175,12 @@ Array squeeze(const Array&, Axis axis = {});
 Array broadcast_to(const Array&, const Shape& shape);
 std::vector<Array> broadcast_arrays(const std::vector<Array>&);
 Shape broadcast_shapes(const std::vector<Shape>&);
-Array atleast_1d(const Array&);  Array atleast_2d(const Array&);
+Array atleast_1d(const Array&);
+Array atleast_2d(const Array&);
 Array concatenate(const std::vector<Array>&, int64_t axis = 0);
 Array stack(const std::vector<Array>&, int64_t axis = 0);
-Array hstack(const std::vector<Array>&);  Array vstack(const std::vector<Array>&);
+Array hstack(const std::vector<Array>&);
+Array vstack(const std::vector<Array>&);
 std::vector<Array> split(const Array&, int64_t sections, int64_t axis = 0);  // must divide evenly
 std::vector<Array> split(const Array&, const std::vector<int64_t>& indices, int64_t axis = 0);
 std::vector<Array> array_split(const Array&, int64_t sections, int64_t axis = 0);
@@ -165,7 +210,8 @@ Array tensordot(const Array&, const Array&, const std::pair<std::vector<int64_t>
 // Any subscripts ("bsd,dh->bsh", implicit output "ij,jk", "...ij,...jk->...ik", traces "ii->i"),
 // lowered to dot_general + transposes (+ reduce_sum for dims used by one operand only).
 Array einsum(const std::string& subscripts, const std::vector<Array>& operands);
-template <class... A> Array einsum(const std::string& subscripts, const Array& a, const A&... rest) {
+template <class... A>
+Array einsum(const std::string& subscripts, const Array& a, const A&... rest) {
   return einsum(subscripts, std::vector<Array>{a, Array(rest)...});
 }
 

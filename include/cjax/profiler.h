@@ -21,8 +21,8 @@ namespace cjax::profiler {
 int64_t host_fallback_count();
 
 struct Event {
-  std::string name;  // "fused[mul add tanh]" or the primitive, e.g. "dot_general"
-  std::string jit;   // the jit function's name
+  std::string name;                      // "fused[mul add tanh]" or the primitive, e.g. "dot_general"
+  std::string jit;                       // the jit function's name
   double start_us = 0, duration_us = 0;  // since start()
   uint64_t thread = 0;
 };

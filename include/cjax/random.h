@@ -59,8 +59,7 @@ Array randint(const Array& key, const Shape& shape, const Array& minval, const A
 Array gumbel(const Array& key, const Shape& shape = {}, DType dtype = DType::float32);
 // Samples category indices (int32) from unnormalized log-probabilities by the Gumbel-max trick;
 // shape defaults to logits' shape without `axis`.
-Array categorical(const Array& key, const Array& logits, int64_t axis = -1,
-                  std::optional<Shape> shape = std::nullopt);
+Array categorical(const Array& key, const Array& logits, int64_t axis = -1, std::optional<Shape> shape = std::nullopt);
 // A random permutation of arange(n) (int32), JAX's rounds of sorting by random 32-bit keys.
 Array permutation(const Array& key, int64_t n);
 // x shuffled along `axis` (independent: each 1-D slice shuffled separately, else whole slices permuted).

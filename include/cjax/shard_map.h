@@ -68,7 +68,7 @@ class SpecTree {
 struct ShardMapOptions {
   bool check_vma = true;
   std::vector<std::string> axis_names = {};  // manual axes; empty: every mesh axis
-  std::string name = "f";                     // the function's name in error messages and jaxprs
+  std::string name = "f";                    // the function's name in error messages and jaxprs
 };
 
 namespace shard_map_detail {

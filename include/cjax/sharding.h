@@ -31,10 +31,10 @@ class Mesh {
   const std::vector<std::string>& axis_names() const { return axis_names_; }
   const std::vector<Device>& devices() const { return devices_; }
   int64_t size() const { return int64_t(devices_.size()); }
-  int64_t axis_size(std::string_view name) const;  // ShardingError naming the mesh axes if unknown
-  int axis_index(std::string_view name) const;     // position in axis_names(), -1 if absent
+  int64_t axis_size(std::string_view name) const;                // ShardingError naming the mesh axes if unknown
+  int axis_index(std::string_view name) const;                   // position in axis_names(), -1 if absent
   std::vector<int64_t> coords(int64_t flat_device_index) const;  // mesh coordinates, one per axis
-  std::string str() const;  // "Mesh('x': 4, 'y': 2)"
+  std::string str() const;                                       // "Mesh('x': 4, 'y': 2)"
   bool operator==(const Mesh&) const = default;
   size_t hash() const;
 
@@ -51,7 +51,10 @@ Mesh make_mesh(Shape axis_shapes, std::vector<std::string> axis_names);
 struct AxisTuple {
   std::vector<std::string> names;
 };
-template <class... S> AxisTuple axes(S&&... names) { return AxisTuple{{std::string(std::forward<S>(names))...}}; }
+template <class... S>
+AxisTuple axes(S&&... names) {
+  return AxisTuple{{std::string(std::forward<S>(names))...}};
+}
 
 // JAX's PartitionSpec. Each entry is None (dimension not split), one axis name, or an axis tuple.
 class PartitionSpec {
@@ -67,14 +70,14 @@ class PartitionSpec {
   };
   PartitionSpec() = default;
   template <class... E>
-    requires(sizeof...(E) > 0 && (std::is_constructible_v<Entry, E> && ...))
-  PartitionSpec(E&&... entries) : entries_{Entry(std::forward<E>(entries))...} {}
+  requires(sizeof...(E) > 0 && (std::is_constructible_v<Entry, E> && ...)) PartitionSpec(E&&... entries)
+      : entries_{Entry(std::forward<E>(entries))...} {}
   explicit PartitionSpec(std::vector<Entry> entries) : entries_(std::move(entries)) {}
 
   const std::vector<Entry>& entries() const { return entries_; }
   size_t size() const { return entries_.size(); }
   std::vector<std::string> mentioned_axes() const;  // in order of appearance
-  std::string str() const;  // "P('i', None)", "P(('i', 'j'), None)", "P('x',)", "P()"
+  std::string str() const;                          // "P('i', None)", "P(('i', 'j'), None)", "P('x',)", "P()"
   bool operator==(const PartitionSpec&) const = default;
   size_t hash() const;
 
@@ -123,8 +126,8 @@ void require_one_copy(const Array& x, std::string_view what);
 // block), or one buffer on a SingleDeviceSharding's device (assembling a sharded array).
 Array device_put(const Array& x, const Sharding& sharding);
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto device_put(const T& tree, const Sharding& sharding) {
+requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>) auto device_put(const T& tree,
+                                                                                         const Sharding& sharding) {
   return tree::map([&](const Array& leaf) { return device_put(leaf, sharding); }, tree);
 }
 
@@ -136,8 +139,9 @@ auto device_put(const T& tree, const Sharding& sharding) {
 // it raises ShardingError (the mesh axes are manual there).
 Array with_sharding_constraint(const Array& x, const Sharding& sharding);
 template <class T>
-  requires(is_tree_v<T> && !std::is_same_v<std::remove_cvref_t<T>, Array>)
-auto with_sharding_constraint(const T& tree, const Sharding& sharding) {
+requires(is_tree_v<T> &&
+         !std::is_same_v<std::remove_cvref_t<T>, Array>) auto with_sharding_constraint(const T& tree,
+                                                                                       const Sharding& sharding) {
   return tree::map([&](const Array& leaf) { return with_sharding_constraint(leaf, sharding); }, tree);
 }
 
@@ -156,12 +160,15 @@ std::string visualize_array_sharding(const Array& x);
 
 }  // namespace cjax
 
-template <> struct std::hash<cjax::Mesh> {
+template <>
+struct std::hash<cjax::Mesh> {
   size_t operator()(const cjax::Mesh& m) const { return m.hash(); }
 };
-template <> struct std::hash<cjax::PartitionSpec> {
+template <>
+struct std::hash<cjax::PartitionSpec> {
   size_t operator()(const cjax::PartitionSpec& p) const { return p.hash(); }
 };
-template <> struct std::hash<cjax::NamedSharding> {
+template <>
+struct std::hash<cjax::NamedSharding> {
   size_t operator()(const cjax::NamedSharding& s) const { return s.hash(); }
 };

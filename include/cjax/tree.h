@@ -75,8 +75,8 @@ class PathKey {
   Kind kind() const { return kind_; }
   const std::string& name() const { return name_; }  // Key and Attr
   int64_t idx() const { return index_; }             // Index
-  std::string str() const;     // "['a']", "[0]", ".x"
-  std::string dotted() const;  // "a", "0", "x"
+  std::string str() const;                           // "['a']", "[0]", ".x"
+  std::string dotted() const;                        // "a", "0", "x"
   bool operator==(const PathKey&) const = default;
 
  private:
@@ -136,10 +136,10 @@ class TreeDef {
   size_t num_nodes() const;
   size_t num_children() const;
   const std::vector<TreeDef>& children() const;
-  const std::vector<std::string>& keys() const;   // Dict keys or Struct field names
-  const std::vector<int64_t>& int_keys() const;   // IntDict keys
-  const std::string& type_name() const;           // Struct only
-  PathKey child_key(size_t i) const;              // the key of child i as it appears in key paths
+  const std::vector<std::string>& keys() const;  // Dict keys or Struct field names
+  const std::vector<int64_t>& int_keys() const;  // IntDict keys
+  const std::string& type_name() const;          // Struct only
+  PathKey child_key(size_t i) const;             // the key of child i as it appears in key paths
 
   std::string str() const;       // "PyTreeDef({'a': *, 'b': [*, *]})"
   std::string node_str() const;  // "{'a': *, 'b': [*, *]}"
@@ -162,7 +162,8 @@ std::ostream& operator<<(std::ostream&, const TreeDef&);
 // on a const Dict a missing key raises ValueError naming the key path and the keys present. Every node
 // remembers its key path from the root it was created under, so errors name it.
 
-template <class T> struct TreeTraits;
+template <class T>
+struct TreeTraits;
 
 class Dict {
  public:
@@ -176,8 +177,8 @@ class Dict {
   Dict(int v);
   Dict(int64_t v);
   Dict(std::initializer_list<std::pair<const std::string, Dict>> items);  // {{"a", x}, {"b", y}}
-  static Dict map();                              // an empty string-keyed node
-  static Dict list(std::vector<Dict> items = {}); // int-keyed node with keys 0..n-1
+  static Dict map();                                                      // an empty string-keyed node
+  static Dict list(std::vector<Dict> items = {});                         // int-keyed node with keys 0..n-1
 
   Dict(const Dict&);
   Dict(Dict&&) noexcept;
@@ -197,13 +198,15 @@ class Dict {
   Dict& operator[](const std::string& key);
   Dict& operator[](const char* key) { return (*this)[std::string(key)]; }
   Dict& operator[](std::string_view key) { return (*this)[std::string(key)]; }
-  template <class I> requires(std::is_integral_v<I> && !std::is_same_v<I, bool>)
-  Dict& operator[](I i) { return index_mut(int64_t(i)); }
+  template <class I>
+  requires(std::is_integral_v<I> && !std::is_same_v<I, bool>) Dict& operator[](I i) { return index_mut(int64_t(i)); }
   const Dict& operator[](const std::string& key) const;
   const Dict& operator[](const char* key) const { return (*this)[std::string(key)]; }
   const Dict& operator[](std::string_view key) const { return (*this)[std::string(key)]; }
-  template <class I> requires(std::is_integral_v<I> && !std::is_same_v<I, bool>)
-  const Dict& operator[](I i) const { return index_const(int64_t(i)); }
+  template <class I>
+  requires(std::is_integral_v<I> && !std::is_same_v<I, bool>) const Dict& operator[](I i) const {
+    return index_const(int64_t(i));
+  }
   const Dict& at(const std::string& key) const { return (*this)[key]; }
   const Dict& at(int64_t i) const { return index_const(i); }
 
@@ -243,10 +246,12 @@ bool operator==(const Dict&, const Dict&) = delete;
 // ------------------------------------------------------------------------------------------------
 // TreeTraits (see the top of this file).
 
-template <class T> struct TreeTraits {
+template <class T>
+struct TreeTraits {
   static constexpr bool is_tree = false;
 };
-template <class T> inline constexpr bool is_tree_v = TreeTraits<std::remove_cvref_t<T>>::is_tree;
+template <class T>
+inline constexpr bool is_tree_v = TreeTraits<std::remove_cvref_t<T>>::is_tree;
 
 namespace tree_detail {
 
@@ -275,25 +280,33 @@ struct StructInfo {
   std::vector<std::string> fields;
 };
 
-template <class T> struct is_std_array : std::false_type {};
-template <class T, size_t N> struct is_std_array<std::array<T, N>> : std::true_type {};
+template <class T>
+struct is_std_array : std::false_type {};
+template <class T, size_t N>
+struct is_std_array<std::array<T, N>> : std::true_type {};
 
 }  // namespace tree_detail
 
 // ---- Array: a leaf --------------------------------------------------------------------------------
-template <> struct TreeTraits<Array> {
+template <>
+struct TreeTraits<Array> {
   static constexpr bool is_tree = true;
   static void flatten(const Array& x, std::vector<Array>& out) { out.push_back(x); }
   static TreeDef structure(const Array&) { return TreeDef::leaf(); }
   static Array unflatten(const Array&, tree_detail::LeafCursor& in) { return in.next(); }
-  template <class V> static void visit(const Array& x, KeyPath& path, V& v) { v(std::as_const(path), x); }
-  template <class F, class... R> static Array map(F& f, KeyPath& path, const Array& x, const R&... rest) {
+  template <class V>
+  static void visit(const Array& x, KeyPath& path, V& v) {
+    v(std::as_const(path), x);
+  }
+  template <class F, class... R>
+  static Array map(F& f, KeyPath& path, const Array& x, const R&... rest) {
     return Array(f(std::as_const(path), x, rest...));
   }
 };
 
 // ---- std::vector<T> / std::array<T, N> --------------------------------------------------------------
-template <class C> struct SequenceTreeTraits {
+template <class C>
+struct SequenceTreeTraits {
   using E = typename C::value_type;
   static constexpr bool is_tree = true;
   static void flatten(const C& x, std::vector<Array>& out) {
@@ -310,17 +323,19 @@ template <class C> struct SequenceTreeTraits {
     for (size_t i = 0; i < like.size(); ++i) out[i] = TreeTraits<E>::unflatten(like[i], in);
     return out;
   }
-  template <class V> static void visit(const C& x, KeyPath& path, V& v) {
+  template <class V>
+  static void visit(const C& x, KeyPath& path, V& v) {
     for (size_t i = 0; i < x.size(); ++i) {
       path.push(PathKey::index(int64_t(i)));
       TreeTraits<E>::visit(x[i], path, v);
       path.pop();
     }
   }
-  template <class F, class... R> static C map(F& f, KeyPath& path, const C& x, const R&... rest) {
+  template <class F, class... R>
+  static C map(F& f, KeyPath& path, const C& x, const R&... rest) {
     int which = 1;
-    ((++which, rest.size() != x.size() ? tree_detail::throw_mismatch(path, structure(x), structure(rest), which)
-                                       : void()),
+    ((++which,
+      rest.size() != x.size() ? tree_detail::throw_mismatch(path, structure(x), structure(rest), which) : void()),
      ...);
     C out = x;
     for (size_t i = 0; i < x.size(); ++i) {
@@ -331,16 +346,22 @@ template <class C> struct SequenceTreeTraits {
     return out;
   }
 };
-template <class T, class A> requires is_tree_v<T>
-struct TreeTraits<std::vector<T, A>> : SequenceTreeTraits<std::vector<T, A>> {};
-template <class T, size_t N> requires is_tree_v<T>
-struct TreeTraits<std::array<T, N>> : SequenceTreeTraits<std::array<T, N>> {};
+template <class T, class A>
+requires is_tree_v<T>
+struct TreeTraits<std::vector<T, A>> : SequenceTreeTraits<std::vector<T, A>> {
+};
+template <class T, size_t N>
+requires is_tree_v<T>
+struct TreeTraits<std::array<T, N>> : SequenceTreeTraits<std::array<T, N>> {
+};
 
 // ---- std::tuple<T...> / std::pair<A, B> ---------------------------------------------------------------
-template <class Tup> struct TupleTreeTraits {
+template <class Tup>
+struct TupleTreeTraits {
   static constexpr size_t N = std::tuple_size_v<Tup>;
   static constexpr bool is_tree = true;
-  template <size_t I> using E = std::remove_cvref_t<std::tuple_element_t<I, Tup>>;
+  template <size_t I>
+  using E = std::remove_cvref_t<std::tuple_element_t<I, Tup>>;
 
   static void flatten(const Tup& x, std::vector<Array>& out) {
     [&]<size_t... I>(std::index_sequence<I...>) { (TreeTraits<E<I>>::flatten(std::get<I>(x), out), ...); }
@@ -361,7 +382,8 @@ template <class Tup> struct TupleTreeTraits {
     (std::make_index_sequence<N>{});
     return out;
   }
-  template <class V> static void visit(const Tup& x, KeyPath& path, V& v) {
+  template <class V>
+  static void visit(const Tup& x, KeyPath& path, V& v) {
     [&]<size_t... I>(std::index_sequence<I...>) {
       ((path.push(PathKey::index(int64_t(I))), TreeTraits<E<I>>::visit(std::get<I>(x), path, v), path.pop()), ...);
     }
@@ -373,20 +395,24 @@ template <class Tup> struct TupleTreeTraits {
     std::get<I>(out) = TreeTraits<E<I>>::map(f, path, std::get<I>(x), std::get<I>(rest)...);
     path.pop();
   }
-  template <class F, class... R> static Tup map(F& f, KeyPath& path, const Tup& x, const R&... rest) {
+  template <class F, class... R>
+  static Tup map(F& f, KeyPath& path, const Tup& x, const R&... rest) {
     Tup out = x;
     [&]<size_t... I>(std::index_sequence<I...>) { (map_one<I>(f, path, out, x, rest...), ...); }
     (std::make_index_sequence<N>{});
     return out;
   }
 };
-template <class... T> requires(is_tree_v<T> && ...)
-struct TreeTraits<std::tuple<T...>> : TupleTreeTraits<std::tuple<T...>> {};
-template <class A, class B> requires(is_tree_v<A> && is_tree_v<B>)
-struct TreeTraits<std::pair<A, B>> : TupleTreeTraits<std::pair<A, B>> {};
+template <class... T>
+requires(is_tree_v<T>&&...) struct TreeTraits<std::tuple<T...>> : TupleTreeTraits<std::tuple<T...>> {
+};
+template <class A, class B>
+requires(is_tree_v<A>&& is_tree_v<B>) struct TreeTraits<std::pair<A, B>> : TupleTreeTraits<std::pair<A, B>> {
+};
 
 // ---- std::map<std::string, T> -------------------------------------------------------------------------
-template <class T, class Cmp, class A> requires is_tree_v<T>
+template <class T, class Cmp, class A>
+requires is_tree_v<T>
 struct TreeTraits<std::map<std::string, T, Cmp, A>> {
   using M = std::map<std::string, T, Cmp, A>;
   static constexpr bool is_tree = true;
@@ -407,7 +433,8 @@ struct TreeTraits<std::map<std::string, T, Cmp, A>> {
     for (auto& [k, v] : out) v = TreeTraits<T>::unflatten(v, in);
     return out;
   }
-  template <class V> static void visit(const M& x, KeyPath& path, V& v) {
+  template <class V>
+  static void visit(const M& x, KeyPath& path, V& v) {
     for (const auto& [k, e] : x) {
       path.push(PathKey::key(k));
       TreeTraits<T>::visit(e, path, v);
@@ -420,10 +447,10 @@ struct TreeTraits<std::map<std::string, T, Cmp, A>> {
       if (i->first != j->first) return false;
     return true;
   }
-  template <class F, class... R> static M map(F& f, KeyPath& path, const M& x, const R&... rest) {
+  template <class F, class... R>
+  static M map(F& f, KeyPath& path, const M& x, const R&... rest) {
     int which = 1;
-    ((++which, !same_keys(x, rest) ? tree_detail::throw_mismatch(path, structure(x), structure(rest), which)
-                                   : void()),
+    ((++which, !same_keys(x, rest) ? tree_detail::throw_mismatch(path, structure(x), structure(rest), which) : void()),
      ...);
     M out = x;
     for (auto& [k, v] : out) {
@@ -436,13 +463,15 @@ struct TreeTraits<std::map<std::string, T, Cmp, A>> {
 };
 
 // ---- Dict ---------------------------------------------------------------------------------------------
-template <> struct TreeTraits<Dict> {
+template <>
+struct TreeTraits<Dict> {
   static constexpr bool is_tree = true;
   static void flatten(const Dict& x, std::vector<Array>& out);
   static TreeDef structure(const Dict& x);
   static Dict unflatten(const Dict& like, tree_detail::LeafCursor& in);
   static Dict from_structure(const TreeDef& td, tree_detail::LeafCursor& in);  // see tree::unflatten
-  template <class V> static void visit(const Dict& x, KeyPath& path, V& v) {
+  template <class V>
+  static void visit(const Dict& x, KeyPath& path, V& v) {
     switch (x.kind()) {
       case Dict::Kind::None: return;
       case Dict::Kind::Leaf: v(std::as_const(path), x.array()); return;
@@ -464,12 +493,12 @@ template <> struct TreeTraits<Dict> {
   }
   // Prefix semantics: see the top of this file.
   static bool same_node(const Dict& a, const Dict& b);
-  template <class F, class... R> static Dict map(F& f, KeyPath& path, const Dict& x, const R&... rest) {
+  template <class F, class... R>
+  static Dict map(F& f, KeyPath& path, const Dict& x, const R&... rest) {
     static_assert((std::is_same_v<R, Dict> && ...), "tree::map: at a Dict node the other trees must be Dicts too");
     if (x.is_leaf()) return Dict(f(std::as_const(path), x.array(), rest...));
     int which = 1;
-    ((++which, !same_node(x, rest) ? tree_detail::throw_mismatch(path, structure(x), structure(rest), which)
-                                   : void()),
+    ((++which, !same_node(x, rest) ? tree_detail::throw_mismatch(path, structure(x), structure(rest), which) : void()),
      ...);
     switch (x.kind()) {
       case Dict::Kind::Map: {
@@ -496,19 +525,23 @@ template <> struct TreeTraits<Dict> {
 };
 
 // ---- structs registered with CJAX_TREE ----------------------------------------------------------------
-template <class T> concept registered_tree_struct = requires(const T* p) {
+template <class T>
+concept registered_tree_struct = requires(const T* p) {
   cjax_tree_fields_(p);
   cjax_tree_info_(p);
 };
 
-template <registered_tree_struct T> struct TreeTraits<T> {
+template <registered_tree_struct T>
+struct TreeTraits<T> {
   static constexpr bool is_tree = true;
   static auto fields() { return cjax_tree_fields_(static_cast<const T*>(nullptr)); }
   static const tree_detail::StructInfo& info() { return cjax_tree_info_(static_cast<const T*>(nullptr)); }
   static constexpr size_t N = std::tuple_size_v<decltype(cjax_tree_fields_(static_cast<const T*>(nullptr)))>;
-  template <size_t I> using FieldT =
-      std::remove_cvref_t<decltype(std::declval<const T&>().*std::get<I>(cjax_tree_fields_(static_cast<const T*>(nullptr))))>;
-  template <class G> static void for_each_field(G&& g) {
+  template <size_t I>
+  using FieldT = std::remove_cvref_t<decltype(std::declval<const T&>().*
+                                              std::get<I>(cjax_tree_fields_(static_cast<const T*>(nullptr))))>;
+  template <class G>
+  static void for_each_field(G&& g) {
     auto fs = fields();
     [&]<size_t... I>(std::index_sequence<I...>) {
       static_assert((is_tree_v<FieldT<I>> && ...),
@@ -533,14 +566,16 @@ template <registered_tree_struct T> struct TreeTraits<T> {
     for_each_field([&](auto I, auto mp) { out.*mp = TreeTraits<FieldT<I>>::unflatten(like.*mp, in); });
     return out;
   }
-  template <class V> static void visit(const T& x, KeyPath& path, V& v) {
+  template <class V>
+  static void visit(const T& x, KeyPath& path, V& v) {
     for_each_field([&](auto I, auto mp) {
       path.push(PathKey::attr(info().fields[I]));
       TreeTraits<FieldT<I>>::visit(x.*mp, path, v);
       path.pop();
     });
   }
-  template <class F, class... R> static T map(F& f, KeyPath& path, const T& x, const R&... rest) {
+  template <class F, class... R>
+  static T map(F& f, KeyPath& path, const T& x, const R&... rest) {
     T out = x;
     for_each_field([&](auto I, auto mp) {
       path.push(PathKey::attr(info().fields[I]));
@@ -557,21 +592,25 @@ template <registered_tree_struct T> struct TreeTraits<T> {
 namespace tree {
 
 // All leaves in canonical order (JAX's tree.leaves). A None node has no leaves.
-template <class T> std::vector<Array> leaves(const T& x) {
+template <class T>
+std::vector<Array> leaves(const T& x) {
   static_assert(is_tree_v<T>, "tree::leaves: the argument is not a tree (see cjax/tree.h)");
   std::vector<Array> out;
   TreeTraits<std::remove_cvref_t<T>>::flatten(x, out);
   return out;
 }
-template <class T> TreeDef structure(const T& x) {
+template <class T>
+TreeDef structure(const T& x) {
   static_assert(is_tree_v<T>, "tree::structure: the argument is not a tree (see cjax/tree.h)");
   return TreeTraits<std::remove_cvref_t<T>>::structure(x);
 }
-template <class T> std::pair<std::vector<Array>, TreeDef> flatten(const T& x) {
+template <class T>
+std::pair<std::vector<Array>, TreeDef> flatten(const T& x) {
   return {leaves(x), structure(x)};
 }
 // (key path, leaf) pairs in canonical order (JAX's tree_util.tree_flatten_with_path).
-template <class T> std::vector<std::pair<KeyPath, Array>> leaves_with_path(const T& x) {
+template <class T>
+std::vector<std::pair<KeyPath, Array>> leaves_with_path(const T& x) {
   static_assert(is_tree_v<T>, "tree::leaves_with_path: the argument is not a tree (see cjax/tree.h)");
   std::vector<std::pair<KeyPath, Array>> out;
   KeyPath path;
@@ -585,7 +624,8 @@ template <class T> std::vector<std::pair<KeyPath, Array>> leaves_with_path(const
 // leaves differs from treedef.num_leaves().
 Dict unflatten(const TreeDef& treedef, const std::vector<Array>& leaves);
 // Rebuilds a value of the caller's own type with `like`'s structure (and its non-tree members).
-template <class T> requires is_tree_v<T> T unflatten(const T& like, const std::vector<Array>& leaves) {
+template <class T>
+requires is_tree_v<T> T unflatten(const T& like, const std::vector<Array>& leaves) {
   tree_detail::LeafCursor in(leaves.data(), leaves.data() + leaves.size());
   T out = TreeTraits<std::remove_cvref_t<T>>::unflatten(like, in);
   if (in.remaining() != 0)
@@ -596,7 +636,8 @@ template <class T> requires is_tree_v<T> T unflatten(const T& like, const std::v
 }
 
 // JAX's tree.map_with_path: f(const KeyPath&, const Array& leaf, rest...) -> new leaf.
-template <class F, class T, class... R> auto map_with_path(F&& f, const T& x, const R&... rest) {
+template <class F, class T, class... R>
+auto map_with_path(F&& f, const T& x, const R&... rest) {
   static_assert(is_tree_v<T>, "tree::map_with_path: the first argument is not a tree (see cjax/tree.h)");
   static_assert((std::is_same_v<std::remove_cvref_t<T>, std::remove_cvref_t<R>> && ...),
                 "tree::map_with_path: the other trees must have the type of the first");
@@ -604,7 +645,8 @@ template <class F, class T, class... R> auto map_with_path(F&& f, const T& x, co
   return TreeTraits<std::remove_cvref_t<T>>::map(f, path, x, rest...);
 }
 // JAX's tree.map: f(const Array& leaf, rest...) -> new leaf. See "MAP SEMANTICS" above.
-template <class F, class T, class... R> auto map(F&& f, const T& x, const R&... rest) {
+template <class F, class T, class... R>
+auto map(F&& f, const T& x, const R&... rest) {
   static_assert(is_tree_v<T>, "tree::map: the first argument is not a tree (see cjax/tree.h)");
   static_assert((std::is_same_v<std::remove_cvref_t<T>, std::remove_cvref_t<R>> && ...),
                 "tree::map: the other trees must have the type of the first (Dicts: prefix semantics)");
@@ -616,7 +658,8 @@ template <class F, class T, class... R> auto map(F&& f, const T& x, const R&... 
 }  // namespace tree
 }  // namespace cjax
 
-template <> struct std::hash<cjax::TreeDef> {
+template <>
+struct std::hash<cjax::TreeDef> {
   size_t operator()(const cjax::TreeDef& t) const { return t.hash(); }
 };
 
@@ -626,21 +669,25 @@ template <> struct std::hash<cjax::TreeDef> {
 // (it defines two functions found by argument-dependent lookup). Members not listed are copied
 // from the reference value on unflatten (static configuration). Up to 64 fields.
 #define CJAX_TREE_PARENS_ ()
-#define CJAX_TREE_EXPAND_(...) CJAX_TREE_EXPAND3_(CJAX_TREE_EXPAND3_(CJAX_TREE_EXPAND3_(CJAX_TREE_EXPAND3_(__VA_ARGS__))))
-#define CJAX_TREE_EXPAND3_(...) CJAX_TREE_EXPAND2_(CJAX_TREE_EXPAND2_(CJAX_TREE_EXPAND2_(CJAX_TREE_EXPAND2_(__VA_ARGS__))))
-#define CJAX_TREE_EXPAND2_(...) CJAX_TREE_EXPAND1_(CJAX_TREE_EXPAND1_(CJAX_TREE_EXPAND1_(CJAX_TREE_EXPAND1_(__VA_ARGS__))))
+#define CJAX_TREE_EXPAND_(...) \
+  CJAX_TREE_EXPAND3_(CJAX_TREE_EXPAND3_(CJAX_TREE_EXPAND3_(CJAX_TREE_EXPAND3_(__VA_ARGS__))))
+#define CJAX_TREE_EXPAND3_(...) \
+  CJAX_TREE_EXPAND2_(CJAX_TREE_EXPAND2_(CJAX_TREE_EXPAND2_(CJAX_TREE_EXPAND2_(__VA_ARGS__))))
+#define CJAX_TREE_EXPAND2_(...) \
+  CJAX_TREE_EXPAND1_(CJAX_TREE_EXPAND1_(CJAX_TREE_EXPAND1_(CJAX_TREE_EXPAND1_(__VA_ARGS__))))
 #define CJAX_TREE_EXPAND1_(...) __VA_ARGS__
-#define CJAX_TREE_FOR_EACH_(macro, arg, ...) __VA_OPT__(CJAX_TREE_EXPAND_(CJAX_TREE_FOR_EACH_HELPER_(macro, arg, __VA_ARGS__)))
+#define CJAX_TREE_FOR_EACH_(macro, arg, ...) \
+  __VA_OPT__(CJAX_TREE_EXPAND_(CJAX_TREE_FOR_EACH_HELPER_(macro, arg, __VA_ARGS__)))
 #define CJAX_TREE_FOR_EACH_HELPER_(macro, arg, a1, ...) \
   macro(arg, a1) __VA_OPT__(CJAX_TREE_FOR_EACH_AGAIN_ CJAX_TREE_PARENS_(macro, arg, __VA_ARGS__))
 #define CJAX_TREE_FOR_EACH_AGAIN_() CJAX_TREE_FOR_EACH_HELPER_
 #define CJAX_TREE_FIELD_(Type, field) , std::make_tuple(&Type::field)
 
-#define CJAX_TREE(Type, ...)                                                                          \
-  [[maybe_unused]] inline auto cjax_tree_fields_(const Type*) {                                       \
-    return std::tuple_cat(std::tuple<>{} CJAX_TREE_FOR_EACH_(CJAX_TREE_FIELD_, Type, __VA_ARGS__));   \
-  }                                                                                                   \
-  [[maybe_unused]] inline const ::cjax::tree_detail::StructInfo& cjax_tree_info_(const Type*) {       \
-    static const ::cjax::tree_detail::StructInfo info(#Type, #__VA_ARGS__);                           \
-    return info;                                                                                      \
+#define CJAX_TREE(Type, ...)                                                                         \
+  [[maybe_unused]] inline auto cjax_tree_fields_(const Type*) {                                      \
+    return std::tuple_cat(std::tuple<> {} CJAX_TREE_FOR_EACH_(CJAX_TREE_FIELD_, Type, __VA_ARGS__)); \
+  }                                                                                                  \
+  [[maybe_unused]] inline const ::cjax::tree_detail::StructInfo& cjax_tree_info_(const Type*) {      \
+    static const ::cjax::tree_detail::StructInfo info(#Type, #__VA_ARGS__);                          \
+    return info;                                                                                     \
   }

@@ -55,7 +55,7 @@ class AxisSpec {
 };
 
 struct VmapOptions {
-  std::string axis_name = "";       // binds the vmapped axis for collectives (see above)
+  std::string axis_name = "";                       // binds the vmapped axis for collectives (see above)
   std::optional<int64_t> axis_size = std::nullopt;  // required when no input is mapped
   // Inside a shard_map being vmapped, split the batch dimension over this mesh axis (JAX's
   // spmd_axis_name): the specs gain it as their leading entry, P('x') -> P('y', 'x').
@@ -68,8 +68,9 @@ using FlatFn = std::function<std::vector<Array>(const std::vector<Array>&)>;
 // flat output and its unbatched rank.
 std::vector<Array> vmap(const FlatFn& f, const std::vector<Array>& args, const std::vector<std::optional<int>>& in_axes,
                         const std::vector<std::optional<int>>& out_axes, const VmapOptions& opts);
-template <class A> void flatten_arg(const A& a, const AxisSpec& spec, size_t index, std::vector<Array>& leaves,
-                                    std::vector<std::optional<int>>& axes) {
+template <class A>
+void flatten_arg(const A& a, const AxisSpec& spec, size_t index, std::vector<Array>& leaves,
+                 std::vector<std::optional<int>>& axes) {
   std::string what = "argument " + std::to_string(index);
   if constexpr (is_tree_v<A>) {
     for (const Array& l : tree::leaves(a)) leaves.push_back(l);
@@ -84,7 +85,8 @@ using jaxpr_detail::rebuild;
 void check_in_axes_arity(const AxisSpec& in_axes, size_t num_args);
 }  // namespace vmap_detail
 
-template <class F> auto vmap(F f, AxisSpec in_axes = 0, AxisSpec out_axes = 0, VmapOptions opts = {}) {
+template <class F>
+auto vmap(F f, AxisSpec in_axes = 0, AxisSpec out_axes = 0, VmapOptions opts = {}) {
   return [f = std::move(f), in_axes = std::move(in_axes), out_axes = std::move(out_axes),
           opts = std::move(opts)](const auto&... args) {
     vmap_detail::check_in_axes_arity(in_axes, sizeof...(args));

@@ -1,6 +1,4 @@
 // fold_constants: scalar equations of literals evaluated at compile time (jit/passes/passes.h).
-#include "jit/passes/passes.h"
-
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
@@ -12,11 +10,12 @@
 
 #include "cjax/lax.h"
 #include "core/array/kernel_table.h"
+#include "core/array/trace.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
-#include "trace/eval_jaxpr.h"
-#include "core/array/trace.h"
+#include "jit/passes/passes.h"
 #include "jit/passes/rewrite.h"
+#include "trace/eval_jaxpr.h"
 
 namespace cjax {
 using namespace passes_detail;

@@ -1,6 +1,4 @@
 // fuse_gemm_updates: SGD updates on a dot_general become dot_general_accumulate (jit/passes/passes.h).
-#include "jit/passes/passes.h"
-
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
@@ -12,11 +10,12 @@
 
 #include "cjax/lax.h"
 #include "core/array/kernel_table.h"
+#include "core/array/trace.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
-#include "trace/eval_jaxpr.h"
-#include "core/array/trace.h"
+#include "jit/passes/passes.h"
 #include "jit/passes/rewrite.h"
+#include "trace/eval_jaxpr.h"
 
 namespace cjax {
 using namespace passes_detail;
@@ -61,7 +60,8 @@ std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr) {
         const JaxprEqn* mul = single_use(term, "mul");
         if (!mul) continue;
         for (int k = 0; k < 2 && !dot; ++k)
-          if (scalar_literal(mul->inputs[size_t(1 - k)], &scale)) dot = single_use(mul->inputs[size_t(k)], "dot_general");
+          if (scalar_literal(mul->inputs[size_t(1 - k)], &scale))
+            dot = single_use(mul->inputs[size_t(k)], "dot_general");
         if (!dot) continue;
       }
       // A broadcast accumulator (a bias) stays with the elementwise kernel that reads it

@@ -11,10 +11,10 @@
 
 #include "cjax/lax.h"
 #include "core/array/kernel_table.h"
+#include "core/array/trace.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
 #include "trace/eval_jaxpr.h"
-#include "core/array/trace.h"
 
 namespace cjax::passes_detail {
 

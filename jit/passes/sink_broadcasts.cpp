@@ -1,6 +1,4 @@
 // sink_broadcasts: elementwise work on broadcasts moves before the broadcast (jit/passes/passes.h).
-#include "jit/passes/passes.h"
-
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
@@ -12,11 +10,12 @@
 
 #include "cjax/lax.h"
 #include "core/array/kernel_table.h"
+#include "core/array/trace.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
-#include "trace/eval_jaxpr.h"
-#include "core/array/trace.h"
+#include "jit/passes/passes.h"
 #include "jit/passes/rewrite.h"
+#include "trace/eval_jaxpr.h"
 
 namespace cjax {
 using namespace passes_detail;
@@ -28,7 +27,7 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
                                      n == "select_n" || n == "add_any");
   };
   std::unordered_map<const void*, JaxprEqn> broadcast_of;  // a var -> the broadcast_in_dim defining it
-  std::unordered_map<const void*, Literal> splat_of;        // a var -> the scalar literal it broadcasts
+  std::unordered_map<const void*, Literal> splat_of;       // a var -> the scalar literal it broadcasts
   std::vector<JaxprEqn> eqns;
   std::function<void(JaxprEqn)> emit = [&](JaxprEqn e) {
     if (broadcasts_a_var(e)) broadcast_of[e.outputs[0].id()] = e;
@@ -48,8 +47,10 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
           break;
         }
         const JaxprEqn& b = it->second;
-        if (!first) first = &b;
-        else ok = ok && b.params == first->params && atom_aval(b.inputs[0]).shape == atom_aval(first->inputs[0]).shape;
+        if (!first)
+          first = &b;
+        else
+          ok = ok && b.params == first->params && atom_aval(b.inputs[0]).shape == atom_aval(first->inputs[0]).shape;
       }
       if (ok && first && atom_aval(first->inputs[0]).shape != e.outputs[0].aval().shape) {
         JaxprEqn inner = e;

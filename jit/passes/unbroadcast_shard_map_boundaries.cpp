@@ -1,6 +1,4 @@
 // unbroadcast_shard_map_boundaries: broadcasts cross shard_map boundaries at source size (jit/passes/passes.h).
-#include "jit/passes/passes.h"
-
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
@@ -12,11 +10,12 @@
 
 #include "cjax/lax.h"
 #include "core/array/kernel_table.h"
+#include "core/array/trace.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
-#include "trace/eval_jaxpr.h"
-#include "core/array/trace.h"
+#include "jit/passes/passes.h"
 #include "jit/passes/rewrite.h"
+#include "trace/eval_jaxpr.h"
 #include "trace/shard_map.h"
 
 namespace cjax {
@@ -43,7 +42,7 @@ std::optional<PartitionSpec> spec_through_broadcast(const PartitionSpec& spec, c
 
 std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, JaxprEqn> broadcast_of;  // top-level var -> its broadcast_in_dim of a var
-  std::unordered_map<const void*, Literal> splat_of;        // top-level var -> the scalar literal it broadcasts
+  std::unordered_map<const void*, Literal> splat_of;       // top-level var -> the scalar literal it broadcasts
   std::vector<JaxprEqn> eqns;
   bool changed = false;
   for (const JaxprEqn& e0 : jaxpr.eqns()) {

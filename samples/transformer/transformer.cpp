@@ -86,7 +86,8 @@ LeafLayout leaf_layout(const Config& c, Kind k) {
     case Kind::Embed:
     case Kind::Pos: return {P(None, "fsdp"), 1};
     case Kind::Norm: return {P("fsdp"), 0};
-    case Kind::Qkv: return tp ? LeafLayout{P(None, "fsdp", "tensor", None), 1} : LeafLayout{P(None, "fsdp", None, None), 1};
+    case Kind::Qkv:
+      return tp ? LeafLayout{P(None, "fsdp", "tensor", None), 1} : LeafLayout{P(None, "fsdp", None, None), 1};
     // FSDP: the cookbook's P('fsdp', None, None) (heads); FSDP+TP: the Megatron-consistent
     // P('tensor', None, 'fsdp') of docs/sharding.md §3.2.
     case Kind::AttnOut: return tp ? LeafLayout{P("tensor", None, "fsdp"), 2} : LeafLayout{P("fsdp", None, None), 0};
@@ -168,7 +169,8 @@ void check_config(const Config& c) {
                              std::to_string(f) + ")");
   if (c.layout == Layout::FSDP || c.layout == Layout::FSDP_TP) {
     need(c.d_model % f == 0 && c.d_ff % f == 0, "d_model and d_ff must be multiples of the fsdp axis size");
-    if (c.layout == Layout::FSDP) need(c.n_heads % f == 0, "FSDP shards attn_out over heads: n_heads must be a multiple of the device count");
+    if (c.layout == Layout::FSDP)
+      need(c.n_heads % f == 0, "FSDP shards attn_out over heads: n_heads must be a multiple of the device count");
   }
 }
 
@@ -199,8 +201,8 @@ SpecTree param_specs(const Config& c) {
     for (Kind k : kBlockKinds) b.push_back(leaf_layout(c, k).spec);
     blocks.push_back(SpecTree(b));
   }
-  return SpecTree(std::vector<SpecTree>{leaf_layout(c, Kind::Embed).spec, leaf_layout(c, Kind::Pos).spec, SpecTree(blocks),
-                                        leaf_layout(c, Kind::OutKernel).spec});
+  return SpecTree(std::vector<SpecTree>{leaf_layout(c, Kind::Embed).spec, leaf_layout(c, Kind::Pos).spec,
+                                        SpecTree(blocks), leaf_layout(c, Kind::OutKernel).spec});
 }
 
 SpecTree state_specs(const Config& c) {
@@ -267,16 +269,16 @@ TrainState init_state(const Config& c) {
         block[d] = g[d] / parts;
         offs.push_back(lax::axis_index(AxisNames(names)) * int(block[d]));
       }
-      if (k == Kind::Norm) return jnp::ones(block, c.param_dtype) + 0 * offs[0].astype(c.param_dtype);  // varies like its spec
+      if (k == Kind::Norm)
+        return jnp::ones(block, c.param_dtype) + 0 * offs[0].astype(c.param_dtype);  // varies like its spec
       return (normal_block(key, g, offs, block) * float(scale)).astype(c.param_dtype);
     };
     Array key = keys[int64_t(i)];
     if (!sharded) {
       leaves.push_back(jit([g, k, scale, &c](const Array& kk) {
-                         if (k == Kind::Norm) return jnp::ones(g, c.param_dtype);
-                         return (normal_block(kk, g, std::vector<Array>(g.size(), Array(0)), g) * float(scale))
-                             .astype(c.param_dtype);
-                       })(key));
+        if (k == Kind::Norm) return jnp::ones(g, c.param_dtype);
+        return (normal_block(kk, g, std::vector<Array>(g.size(), Array(0)), g) * float(scale)).astype(c.param_dtype);
+      })(key));
     } else {
       // Every device computes only its block; the key is replicated.
       leaves.push_back(jit(shard_map(gen, mesh, P(), spec))(device_put(key, NamedSharding(mesh, P()))));
@@ -363,11 +365,13 @@ Array loss_fn(const Config& c, const Params& params, const Array& tokens) {
                       : body(p, t);
         return lax::pmean(l, m.batch);
       },
-      layout_mesh(c),
-      {param_specs(c), P(m.batch, None)}, P(), {.name = "loss_" + layout_name(c.layout)})(params, tokens);
+      layout_mesh(c), {param_specs(c), P(m.batch, None)}, P(),
+      {.name = "loss_" + layout_name(c.layout)})(params, tokens);
 }
 
-Array logits_fn(const Config& c, const Params& params, const Array& ids) { return logits_local(c, Comm{}, params, ids); }
+Array logits_fn(const Config& c, const Params& params, const Array& ids) {
+  return logits_local(c, Comm{}, params, ids);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Adam and the step
@@ -381,11 +385,13 @@ TrainState adam_update(const Config& c, const TrainState& s, const Params& g, co
   Array bc2 = 1.0f - jnp::power(jnp::full({}, c.b2, DType::float32), t);
   float b1 = float(c.b1), b2 = float(c.b2), eps = float(c.eps);
   auto f32 = [](const Array& x) { return x.astype(DType::float32); };
-  Params mu = tree::map([&](const Array& m, const Array& gr) { return (b1 * f32(m) + (1 - b1) * f32(gr)).astype(m.dtype()); },
-                        s.mu, g);
-  Params nu = tree::map(
-      [&](const Array& v, const Array& gr) { return (b2 * f32(v) + (1 - b2) * jnp::square(f32(gr))).astype(v.dtype()); },
-      s.nu, g);
+  Params mu =
+      tree::map([&](const Array& m, const Array& gr) { return (b1 * f32(m) + (1 - b1) * f32(gr)).astype(m.dtype()); },
+                s.mu, g);
+  Params nu =
+      tree::map([&](const Array& v,
+                    const Array& gr) { return (b2 * f32(v) + (1 - b2) * jnp::square(f32(gr))).astype(v.dtype()); },
+                s.nu, g);
   Params p = tree::map(
       [&](const Array& w, const Array& m, const Array& v) {
         Array mhat = f32(m) / bc1, vhat = f32(v) / bc2;
@@ -407,10 +413,10 @@ Trainer::Trainer(Config c) : cfg_(std::move(c)) {
       next = adam_update(cfg, s, grads, lr);
     } else {
       // The update is elementwise on each device's shards: no communication.
-      next = shard_map([cfg](const TrainState& st, const Params& g,
-                             const Array& l) { return adam_update(cfg, st, g, l); },
-                       layout_mesh(cfg), {state_specs(cfg), param_specs(cfg), P()}, state_specs(cfg),
-                       {.name = "adam"})(s, grads, lr);
+      next =
+          shard_map([cfg](const TrainState& st, const Params& g, const Array& l) { return adam_update(cfg, st, g, l); },
+                    layout_mesh(cfg), {state_specs(cfg), param_specs(cfg), P()}, state_specs(cfg),
+                    {.name = "adam"})(s, grads, lr);
     }
     return std::pair{next, loss};
   };
@@ -462,7 +468,8 @@ Corpus load_corpus(const std::filesystem::path& path) {
     got += size_t(r);
   }
   c.bytes.resize(got);
-  if (c.bytes.size() < 1024) throw IoError(name + " is too small (" + std::to_string(c.bytes.size()) + " bytes; need >= 1024)");
+  if (c.bytes.size() < 1024)
+    throw IoError(name + " is too small (" + std::to_string(c.bytes.size()) + " bytes; need >= 1024)");
   return c;
 }
 

@@ -39,9 +39,9 @@ struct Config {
   uint64_t seed = 0;
   // Layout.
   Layout layout = Layout::Single;
-  int64_t tensor = 2;      // size of the `tensor` axis in FSDP+TP (the `fsdp` axis gets the rest)
-  int64_t devices = 8;     // devices used by the sharded layouts
-  bool regather = true;    // FSDP: re-gather weights in the backward pass instead of keeping them
+  int64_t tensor = 2;    // size of the `tensor` axis in FSDP+TP (the `fsdp` axis gets the rest)
+  int64_t devices = 8;   // devices used by the sharded layouts
+  bool regather = true;  // FSDP: re-gather weights in the backward pass instead of keeping them
   bool operator==(const Config&) const = default;
   size_t hash() const;
   std::string str() const;
@@ -50,10 +50,10 @@ struct Config {
 // Parameters (sorted-key flattening is not needed: a struct flattens in field order, which is the
 // order of the PRNG keys and of the checkpoint entries' leaves).
 struct Block {
-  Array attn_qkv;  // [3, D, N, H]
-  Array attn_out;  // [N, H, D]
-  Array mlp_in;    // [D, F]
-  Array mlp_out;   // [F, D]
+  Array attn_qkv;      // [3, D, N, H]
+  Array attn_out;      // [N, H, D]
+  Array mlp_in;        // [D, F]
+  Array mlp_out;       // [F, D]
   Array norm1, norm2;  // [D] RMSNorm gains
 };
 CJAX_TREE(Block, attn_qkv, attn_out, mlp_in, mlp_out, norm1, norm2)
@@ -137,7 +137,7 @@ class Loader {
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
-  Array next();                          // the batch at position(), then advances
+  Array next();  // the batch at position(), then advances
   int64_t position() const { return next_index_; }
 
  private:

@@ -16,8 +16,7 @@ namespace jnp = cjax::numpy;
   volatile int* unmapped = reinterpret_cast<volatile int*>(uintptr_t(16));
   if (a.defined()) *unmapped = 1;  // SIGSEGV in this frame
 }
-extern "C" __attribute__((visibility("default"), used)) const char* cjax_test_faulting_debug_string(
-    const void* array) {
+extern "C" __attribute__((visibility("default"), used)) const char* cjax_test_faulting_debug_string(const void* array) {
   fault_while_holding(*static_cast<const Array*>(array));
   return "unreachable";
 }

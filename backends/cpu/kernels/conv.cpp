@@ -10,15 +10,15 @@
 #include <cstring>
 #include <memory>
 
+#include "backends/cpu/kernels/gemm.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
-#include "core/lax/elementwise.h"
-#include "core/lax/linalg.h"
-#include "core/backend/parallel.h"
 #include "core/array/primitive.h"
 #include "core/array/visit_dtype.h"
-#include "backends/cpu/kernels/gemm.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/lax/elementwise.h"
+#include "core/lax/linalg.h"
 
 namespace cjax::cpu {
 namespace {
@@ -176,20 +176,22 @@ void conv_kernel(const Array& lhs, const Array& rhs, const Array& out, const Par
 std::vector<Array> conv_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   DType dt = in[0].dtype(), od = out_avals[0].dtype;
   DType ct = (dt == DType::float64 || od == DType::float64) ? DType::float64
-             : (is_floating(dt) || is_floating(od))          ? DType::float32
-                                                             : DType::int64;
+             : (is_floating(dt) || is_floating(od))         ? DType::float32
+                                                            : DType::int64;
   Array lhs = convert_concrete(in[0], ct), rhs = convert_concrete(in[1], ct);
   AbstractValue ct_aval = out_avals[0];
   ct_aval.dtype = ct;
   Array out = make_uninitialized(ct_aval, concrete(in[0])->device());
-  if (ct == DType::float64) conv_kernel<double>(lhs, rhs, out, p);
-  else if (ct == DType::float32) conv_kernel<float>(lhs, rhs, out, p);
-  else conv_kernel<int64_t>(lhs, rhs, out, p);
+  if (ct == DType::float64)
+    conv_kernel<double>(lhs, rhs, out, p);
+  else if (ct == DType::float32)
+    conv_kernel<float>(lhs, rhs, out, p);
+  else
+    conv_kernel<int64_t>(lhs, rhs, out, p);
   Array result = convert_concrete(out, od);
   if (result.weak_type() != out_avals[0].weak_type) result = make_view(result, out_avals[0]);
   return {result};
 }
-
 
 const bool g_registered = [] {
   register_kernel("conv_general_dilated", Platform::cpu, conv_impl);

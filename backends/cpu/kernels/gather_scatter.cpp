@@ -11,6 +11,8 @@
 // scatter*: the transpose of gather. Each update window is combined into the operand in index
 // order (sequentially, so duplicates accumulate deterministically). CLIP clamps window starts;
 // FILL_OR_DROP and PROMISE_IN_BOUNDS drop windows that are not entirely in bounds (XLA).
+#include "core/lax/gather_scatter.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,12 +22,11 @@
 
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
-#include "core/lax/gather_scatter.h"
-#include "core/backend/parallel.h"
 #include "core/array/primitive.h"
-#include "core/lax/scalar_fns.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax::cpu {
 namespace {
@@ -85,7 +86,8 @@ BoxPlan make_box(const std::vector<int64_t>& ext, const std::vector<int64_t>& sr
 
 // Calls f(src_offset, dst_offset, run_length, src_step, dst_step) for every innermost run of the
 // box; `counter` is scratch of size plan.ext.size().
-template <class F> inline void for_each_run(const BoxPlan& p, int64_t* counter, F&& f) {
+template <class F>
+inline void for_each_run(const BoxPlan& p, int64_t* counter, F&& f) {
   size_t nd = p.ext.size();
   if (nd == 0) {
     f(int64_t(0), int64_t(0), int64_t(1), int64_t(0), int64_t(0));
@@ -202,7 +204,8 @@ void gather_kernel(const Array& operand, const Array& indices, Array& out, const
   }
   int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, box.size));
   parallel_for(NB, grain, [&](int64_t b0, int64_t b1) {
-    std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R)), counter(box.ext.size() + 1);
+    std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R)),
+        counter(box.ext.size() + 1);
     for (int64_t b = b0; b < b1; ++b) {
       unravel(b, g.batch_shape, coords.data());
       int64_t dst_base = 0;
@@ -229,14 +232,14 @@ void gather_kernel(const Array& operand, const Array& indices, Array& out, const
       for_each_run(box, counter.data(), [&](int64_t s0, int64_t d0, int64_t n, int64_t ssd, int64_t dsd) {
         const T* s = src + src_base + s0;
         T* o = y + dst_base + d0;
-        if (ssd == 1 && dsd == 1) std::memcpy(static_cast<void*>(o), s, size_t(n) * sizeof(T));
+        if (ssd == 1 && dsd == 1)
+          std::memcpy(static_cast<void*>(o), s, size_t(n) * sizeof(T));
         else
           for (int64_t i = 0; i < n; ++i) o[i * dsd] = s[i * ssd];
       });
     }
   });
 }
-
 
 std::vector<Array> gather_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   const auto& dn = gather_dimension_numbers(p);
@@ -251,25 +254,39 @@ std::vector<Array> gather_impl(std::span<const Array> in, std::span<const Abstra
   return std::vector<Array>{out};
 }
 
-template <ScatterKind kind, class T> inline T combine(T a, T b) {
-  if constexpr (kind == ScatterKind::Set) return b;
+template <ScatterKind kind, class T>
+inline T combine(T a, T b) {
+  if constexpr (kind == ScatterKind::Set)
+    return b;
   else if constexpr (std::is_same_v<T, bool>) {
-    if constexpr (kind == ScatterKind::Add || kind == ScatterKind::Max) return a || b;
-    else return a && b;
+    if constexpr (kind == ScatterKind::Add || kind == ScatterKind::Max)
+      return a || b;
+    else
+      return a && b;
   } else if constexpr (is_float_like_v<T>) {
     using C = compute_t<T>;
     C x = C(a), y = C(b), r;
-    if constexpr (kind == ScatterKind::Add) r = x + y;
-    else if constexpr (kind == ScatterKind::Mul) r = x * y;
-    else if constexpr (kind == ScatterKind::Min) r = (std::isnan(x) || std::isnan(y)) ? x + y : std::min(x, y);
-    else r = (std::isnan(x) || std::isnan(y)) ? x + y : std::max(x, y);
-    if constexpr (is_half_v<T>) return T(float(r));
-    else return r;
+    if constexpr (kind == ScatterKind::Add)
+      r = x + y;
+    else if constexpr (kind == ScatterKind::Mul)
+      r = x * y;
+    else if constexpr (kind == ScatterKind::Min)
+      r = (std::isnan(x) || std::isnan(y)) ? x + y : std::min(x, y);
+    else
+      r = (std::isnan(x) || std::isnan(y)) ? x + y : std::max(x, y);
+    if constexpr (is_half_v<T>)
+      return T(float(r));
+    else
+      return r;
   } else {
-    if constexpr (kind == ScatterKind::Add) return scalar::wrap_add(a, b);
-    else if constexpr (kind == ScatterKind::Mul) return scalar::wrap_mul(a, b);
-    else if constexpr (kind == ScatterKind::Min) return std::min(a, b);
-    else return std::max(a, b);
+    if constexpr (kind == ScatterKind::Add)
+      return scalar::wrap_add(a, b);
+    else if constexpr (kind == ScatterKind::Mul)
+      return scalar::wrap_mul(a, b);
+    else if constexpr (kind == ScatterKind::Min)
+      return std::min(a, b);
+    else
+      return std::max(a, b);
   }
 }
 
@@ -306,8 +323,7 @@ void scatter_kernel(const Array& indices, const Array& updates, Array& out, cons
     for (int64_t d = 0; d < R; ++d) dst_base += start[d] * ostr[size_t(d)];
     return true;
   };
-  auto apply_run = [&](int64_t src_base, int64_t dst_base, int64_t s0, int64_t d0, int64_t n, int64_t ss,
-                       int64_t ds) {
+  auto apply_run = [&](int64_t src_base, int64_t dst_base, int64_t s0, int64_t d0, int64_t n, int64_t ss, int64_t ds) {
     const T* s = u + src_base + s0;
     T* o = y + dst_base + d0;
     for (int64_t i = 0; i < n; ++i) o[i * ds] = combine<kind, T>(o[i * ds], s[i * ss]);
@@ -317,7 +333,8 @@ void scatter_kernel(const Array& indices, const Array& updates, Array& out, cons
     int64_t grain = std::max<int64_t>(1, (1 << 15) / box.size);
     if (NB == 1) grain = 1;
     parallel_for(NB, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R) + 1), counter(box.ext.size() + 1);
+      std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R) + 1),
+          counter(box.ext.size() + 1);
       for (int64_t b = b0; b < b1; ++b) {
         int64_t dst_base, src_base;
         if (!locate(b, coords.data(), start.data(), dst_base, src_base)) continue;
@@ -331,10 +348,10 @@ void scatter_kernel(const Array& indices, const Array& updates, Array& out, cons
                        [&](int64_t o0, int64_t o1) {
                          std::vector<int64_t> cnt(inner.ext.size() + 1);
                          for (int64_t o = o0; o < o1; ++o)
-                           for_each_run(inner, cnt.data(), [&](int64_t s0, int64_t d0, int64_t n, int64_t ss,
-                                                                 int64_t ds) {
-                             apply_run(src_base + o * sst, dst_base + o * dst, s0, d0, n, ss, ds);
-                           });
+                           for_each_run(inner, cnt.data(),
+                                        [&](int64_t s0, int64_t d0, int64_t n, int64_t ss, int64_t ds) {
+                                          apply_run(src_base + o * sst, dst_base + o * dst, s0, d0, n, ss, ds);
+                                        });
                        });
           continue;
         }
@@ -362,7 +379,8 @@ void scatter_kernel(const Array& indices, const Array& updates, Array& out, cons
     }
     return;
   }
-  std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R) + 1), counter(box.ext.size() + 1);
+  std::vector<int64_t> coords(static_cast<size_t>(nb) + 1), start(static_cast<size_t>(R) + 1),
+      counter(box.ext.size() + 1);
   for (int64_t b = 0; b < NB; ++b) {
     int64_t dst_base, src_base;
     if (!locate(b, coords.data(), start.data(), dst_base, src_base)) continue;
@@ -372,7 +390,8 @@ void scatter_kernel(const Array& indices, const Array& updates, Array& out, cons
   }
 }
 
-template <ScatterKind kind> std::vector<Array> scatter_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+template <ScatterKind kind>
+std::vector<Array> scatter_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   const auto& dn = scatter_dimension_numbers(p);
   ScatterGeom g = scatter_geometry(scatter_name(kind), in[0], in[1], in[2], dn);
   Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
@@ -389,7 +408,6 @@ template <ScatterKind kind> std::vector<Array> scatter_impl(std::span<const Arra
   });
   return std::vector<Array>{out};
 }
-
 
 const bool g_registered = [] {
   register_kernel("gather", Platform::cpu, gather_impl);

@@ -8,8 +8,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "core/backend/parallel.h"
 #include "core/array/util.h"
+#include "core/backend/parallel.h"
 
 namespace cjax {
 namespace {
@@ -19,14 +19,15 @@ constexpr int64_t kTile = 64;  // rows and columns of C per kernel call
 // share would save (an MLP step with batch 32 ran 1.3x slower with one task per tile).
 constexpr int64_t kTaskWork = int64_t(1) << 23;
 
-template <class T> using Kernel = std::conditional_t<std::is_same_v<T, float>, libxsmm_smmfunction, libxsmm_dmmfunction>;
+template <class T>
+using Kernel = std::conditional_t<std::is_same_v<T, float>, libxsmm_smmfunction, libxsmm_dmmfunction>;
 
 // LIBXSMM is column major: a tile C (tm x tn, row major, ld ldc) is C^T (tn x tm, column major)
 // = op(B)^T (tn x K) * op(A)^T (K x tm). op(B) row major [K, N] is op(B)^T column major with the
 // same leading dimension; A row major [M, K] likewise; a transposed A ([K, M] in memory) is
 // LIBXSMM's transposed second operand.
-template <class T> Kernel<T> dispatch(int64_t tm, int64_t tn, int64_t K, int64_t ldb, int64_t lda, bool a_trans,
-                                      int64_t ldc, T beta) {
+template <class T>
+Kernel<T> dispatch(int64_t tm, int64_t tn, int64_t K, int64_t ldb, int64_t lda, bool a_trans, int64_t ldc, T beta) {
   libxsmm_blasint m = tn, n = tm, k = K, la = ldb, lb = lda, lc = ldc;
   T alpha = 1;
   int flags = a_trans ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;

@@ -11,9 +11,9 @@
 // The tiling: C (M x N, row major) is cut into tiles of up to 64 x 64; one LIBXSMM kernel
 // computes a tile over the whole K, reading A and B in place (no packing) except a transposed B,
 // which is first copied to row major [K, N], and an alpha != 1, folded into a scaled copy of
-// the smaller operand (LIBXSMM's kernels have alpha = 1, beta = 0 or 1). Work items are (batch, tile) pairs, spread over the
-// pool (inside a parallel region, e.g. one SPMD device's task, they run serially). Each tile's
-// sum runs in a fixed order, so results do not depend on the thread count.
+// the smaller operand (LIBXSMM's kernels have alpha = 1, beta = 0 or 1). Work items are (batch, tile) pairs, spread
+// over the pool (inside a parallel region, e.g. one SPMD device's task, they run serially). Each tile's sum runs in a
+// fixed order, so results do not depend on the thread count.
 #pragma once
 #include <cstdint>
 

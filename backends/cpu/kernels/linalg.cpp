@@ -6,27 +6,28 @@
 // the GEMM as is (transpose flag + leading dimension); only operands whose dim groups interleave in
 // memory are copied into canonical order first. f32/f64 GEMMs try LIBXSMM (gemm_xsmm.h), then
 // OpenBLAS.
-#include <fmt/format.h>
+#include "core/lax/linalg.h"
 
 #include <absl/hash/hash.h>
 #include <cblas.h>
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
 
-#include "core/array/array_impl.h"
-#include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
-#include "core/lax/linalg.h"
-#include "core/backend/parallel.h"
-#include "core/array/primitive.h"
-#include "core/lax/scalar_fns.h"
-#include "core/array/spmd.h"
-#include "core/array/visit_dtype.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
+#include "core/array/array_impl.h"
+#include "core/array/kernel_table.h"
+#include "core/array/primitive.h"
+#include "core/array/spmd.h"
+#include "core/array/visit_dtype.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax::cpu {
 namespace {
@@ -35,7 +36,8 @@ constexpr int64_t kCopyGrain = 1 << 15;
 
 // Scratch memory, 64-byte aligned (BLAS likes aligned panels).
 struct Scratch {
-  explicit Scratch(size_t nbytes) : p(static_cast<std::byte*>(::operator new(std::max<size_t>(nbytes, 64), std::align_val_t(64)))) {}
+  explicit Scratch(size_t nbytes)
+      : p(static_cast<std::byte*>(::operator new(std::max<size_t>(nbytes, 64), std::align_val_t(64)))) {}
   ~Scratch() { ::operator delete(p, std::align_val_t(64)); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -64,8 +66,9 @@ void gather_convert(const S* src, const GemmOperand& op, int64_t batch, int64_t 
   });
 }
 
-template <class T> void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-                                  const T* B, int64_t ldb, T* C, T alpha, T beta) {
+template <class T>
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+               T* C, T alpha, T beta) {
   auto fa = ta ? CblasTrans : CblasNoTrans, fb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
     cblas_sgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
@@ -120,11 +123,13 @@ void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand&
 }
 
 // Wrapping integer arithmetic type: unsigned, at least 32 bits (no promotion to signed int).
-template <class T> using wrap_t = typename scalar::wrap_type<T>::type;  // integer products wrap
+template <class T>
+using wrap_t = typename scalar::wrap_type<T>::type;  // integer products wrap
 
 // Integer / bool GEMM on canonical contiguous operands A [batch, M, K] and B [batch, K, N] of the
 // accumulation type T. Rows of C in parallel, k-blocked so a block of B rows stays in cache.
-template <class T> void int_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const T* A, const T* B, T* C) {
+template <class T>
+void int_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const T* A, const T* B, T* C) {
   int64_t grain = std::max<int64_t>(1, kCopyGrain / std::max<int64_t>(1, N * K / 8));
   constexpr int64_t kb = 256;
   parallel_for(batch * M, grain, [&](int64_t s, int64_t e) {
@@ -163,23 +168,25 @@ bool is_canonical(const GemmOperand& op, int64_t batch, int64_t rows, int64_t co
          (batch <= 1 || (op.batch_dims.empty() && op.batch_stride == rows * cols));
 }
 
-template <class T> void store_convert(const T* src, void* dst, DType out, int64_t n) {
+template <class T>
+void store_convert(const T* src, void* dst, DType out, int64_t n) {
   visit_dtype(out, [&](auto tag) {
     using O = typename decltype(tag)::type;
     O* d = static_cast<O*>(dst);
     parallel_for(n, kCopyGrain, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) {
-        if constexpr (is_half_v<O>) d[i] = O(float(src[i]));
-        else d[i] = O(src[i]);
+        if constexpr (is_half_v<O>)
+          d[i] = O(float(src[i]));
+        else
+          d[i] = O(src[i]);
       }
     });
   });
 }
 
-
 // Copies x (element size es) permuted by perm into dst (contiguous).
-template <size_t ES> void permute_copy_t(const std::byte* src, const Shape& shape, const std::vector<int64_t>& perm,
-                                         std::byte* dst) {
+template <size_t ES>
+void permute_copy_t(const std::byte* src, const Shape& shape, const std::vector<int64_t>& perm, std::byte* dst) {
   size_t nd = perm.size();
   auto sstr = row_major_strides(shape);
   Shape oshape(nd);
@@ -278,8 +285,7 @@ std::vector<Array> dot_general_impl(std::span<const Array> in, std::span<const A
   return {out};
 }
 
-void accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha,
-                                 const Array& acc) {
+void accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn, double alpha, const Array& acc) {
   DType dt = acc.dtype();
   if ((dt != DType::float32 && dt != DType::float64) || lhs.dtype() != dt || rhs.dtype() != dt)
     throw Error(fmt::format("internal: dot_general_accumulate on {} x {} into {}; only f32 and f64 GEMMs accumulate",
@@ -348,8 +354,10 @@ void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t 
       run_blas<CT>(batch, M, N, K, a, b, c);
       if (out != ct) store_convert<CT>(c, C, out, csize);
     };
-    if (dbl) run(Tag<double>{});
-    else run(Tag<float>{});
+    if (dbl)
+      run(Tag<double>{});
+    else
+      run(Tag<float>{});
     return;
   }
   // Integers and bool: accumulate in the output type.
@@ -381,7 +389,6 @@ void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t 
     }
   });
 }
-
 
 namespace {
 

@@ -12,6 +12,8 @@
 //    row (contiguous, vectorizable) instead of striding through memory.
 //  * max/min propagate NaN (like XLA); argmax/argmin treat NaN as the extreme value (first NaN wins,
 //    as JAX does) and return the first occurrence on ties.
+#include "core/lax/reduce.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,13 +25,12 @@
 
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
-#include "core/backend/parallel.h"
 #include "core/array/primitive.h"
-#include "core/lax/reduce.h"
-#include "core/lax/scalar_fns.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax::cpu {
 namespace {
@@ -37,7 +38,8 @@ namespace {
 constexpr int64_t kBlock = 1 << 15;  // elements per fixed reduction block (shape-only decomposition)
 
 // Uninitialized scratch memory (std::vector<bool> has no data(); kernels need a plain array).
-template <class T> class Scratch {
+template <class T>
+class Scratch {
  public:
   Scratch() = default;
   explicit Scratch(int64_t n) { resize(n); }
@@ -56,58 +58,89 @@ template <class T> class Scratch {
 };
 
 // ---- accumulator types and scalar ops ----
-template <class T> struct WrapInt {
+template <class T>
+struct WrapInt {
   using type = std::conditional_t<(sizeof(T) <= 4), uint32_t, uint64_t>;
 };
-template <RedOp op, class T> struct AccOf {
+template <RedOp op, class T>
+struct AccOf {
   using type = compute_t<T>;
 };
-template <class T> struct AccOf<RedOp::Sum, T> {
-  using type = std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, typename WrapInt<T>::type,
-                                  compute_t<T>>;
+template <class T>
+struct AccOf<RedOp::Sum, T> {
+  using type =
+      std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, typename WrapInt<T>::type, compute_t<T>>;
 };
-template <class T> struct AccOf<RedOp::Prod, T> : AccOf<RedOp::Sum, T> {};
-template <RedOp op, class T> using acc_t = typename AccOf<op, T>::type;
+template <class T>
+struct AccOf<RedOp::Prod, T> : AccOf<RedOp::Sum, T> {};
+template <RedOp op, class T>
+using acc_t = typename AccOf<op, T>::type;
 
-template <class A> inline bool is_nan(A v) {
-  if constexpr (std::is_floating_point_v<A>) return v != v;
-  else return false;
+template <class A>
+inline bool is_nan(A v) {
+  if constexpr (std::is_floating_point_v<A>)
+    return v != v;
+  else
+    return false;
 }
 
-template <RedOp op, class A> struct Red {
+template <RedOp op, class A>
+struct Red {
   static A identity() {
-    if constexpr (op == RedOp::Sum || op == RedOp::Or) return A(0);
-    else if constexpr (op == RedOp::Prod) return A(1);
+    if constexpr (op == RedOp::Sum || op == RedOp::Or)
+      return A(0);
+    else if constexpr (op == RedOp::Prod)
+      return A(1);
     else if constexpr (op == RedOp::And) {
-      if constexpr (std::is_same_v<A, bool>) return true;
-      else return A(~A(0));
+      if constexpr (std::is_same_v<A, bool>)
+        return true;
+      else
+        return A(~A(0));
     } else if constexpr (op == RedOp::Max || op == RedOp::LogAddExp) {
-      if constexpr (std::is_same_v<A, bool>) return false;
-      else if constexpr (std::is_floating_point_v<A>) return -std::numeric_limits<A>::infinity();
-      else return std::numeric_limits<A>::lowest();
+      if constexpr (std::is_same_v<A, bool>)
+        return false;
+      else if constexpr (std::is_floating_point_v<A>)
+        return -std::numeric_limits<A>::infinity();
+      else
+        return std::numeric_limits<A>::lowest();
     } else {  // Min
-      if constexpr (std::is_same_v<A, bool>) return true;
-      else if constexpr (std::is_floating_point_v<A>) return std::numeric_limits<A>::infinity();
-      else return std::numeric_limits<A>::max();
+      if constexpr (std::is_same_v<A, bool>)
+        return true;
+      else if constexpr (std::is_floating_point_v<A>)
+        return std::numeric_limits<A>::infinity();
+      else
+        return std::numeric_limits<A>::max();
     }
   }
   static inline A apply(A a, A x) {
-    if constexpr (op == RedOp::Sum) return scalar::wrap_add(a, x);  // integers wrap, as in XLA
-    else if constexpr (op == RedOp::Prod) return scalar::wrap_mul(a, x);
+    if constexpr (op == RedOp::Sum)
+      return scalar::wrap_add(a, x);  // integers wrap, as in XLA
+    else if constexpr (op == RedOp::Prod)
+      return scalar::wrap_mul(a, x);
     else if constexpr (op == RedOp::And) {
-      if constexpr (std::is_same_v<A, bool>) return a && x;
-      else return A(a & x);
+      if constexpr (std::is_same_v<A, bool>)
+        return a && x;
+      else
+        return A(a & x);
     } else if constexpr (op == RedOp::Or) {
-      if constexpr (std::is_same_v<A, bool>) return a || x;
-      else return A(a | x);
+      if constexpr (std::is_same_v<A, bool>)
+        return a || x;
+      else
+        return A(a | x);
     } else if constexpr (op == RedOp::Max) {
-      if constexpr (std::is_same_v<A, bool>) return a || x;
-      else if constexpr (std::is_floating_point_v<A>) return ((x > a) | (x != x)) ? x : a;  // NaN sticks
-      else return x > a ? x : a;
+      if constexpr (std::is_same_v<A, bool>)
+        return a || x;
+      else if constexpr (std::is_floating_point_v<A>)
+        return ((x > a) | (x != x)) ? x : a;  // NaN sticks
+      else
+        return x > a ? x : a;
     } else if constexpr (op == RedOp::Min) {
-      if constexpr (std::is_same_v<A, bool>) return a && x;
-      else if constexpr (std::is_floating_point_v<A>) return ((x < a) | (x != x)) ? x : a;
-      else return x < a ? x : a;
+      if constexpr (std::is_same_v<A, bool>)
+        return a && x;
+      else if constexpr (std::is_floating_point_v<A>)
+        return ((x < a) | (x != x)) ? x : a;
+      else
+        return x < a ? x : a;
     } else {  // LogAddExp (floating only)
       if (a != a || x != x) return a + x;
       A m = a > x ? a : x, d = a > x ? x - a : a - x;
@@ -117,32 +150,47 @@ template <RedOp op, class A> struct Red {
   }
 };
 
-template <class A, class In> inline A load_as(const In& v) {
-  if constexpr (std::is_same_v<In, bool>) return A(v);
-  else return A(compute_t<In>(v));
+template <class A, class In>
+inline A load_as(const In& v) {
+  if constexpr (std::is_same_v<In, bool>)
+    return A(v);
+  else
+    return A(compute_t<In>(v));
 }
-template <class Out, class A> inline Out store_as(A v) {
-  if constexpr (is_half_v<Out>) return Out(float(v));
-  else return Out(v);
+template <class Out, class A>
+inline Out store_as(A v) {
+  if constexpr (is_half_v<Out>)
+    return Out(float(v));
+  else
+    return Out(v);
 }
 
 // ---- max/min of float/double with explicit 256-bit vectors (GCC -O2 does not if-convert the
 // NaN-propagating select in scalar code) ----
-template <RedOp op, class A> constexpr bool kVecMinMax =
-    (op == RedOp::Max || op == RedOp::Min) && (std::is_same_v<A, float> || std::is_same_v<A, double>);
-template <class A> struct Vec256Of;
-template <> struct Vec256Of<float> {
+template <RedOp op, class A>
+constexpr bool kVecMinMax = (op == RedOp::Max || op == RedOp::Min) &&
+                            (std::is_same_v<A, float> || std::is_same_v<A, double>);
+template <class A>
+struct Vec256Of;
+template <>
+struct Vec256Of<float> {
   typedef float type __attribute__((vector_size(32)));
 };
-template <> struct Vec256Of<double> {
+template <>
+struct Vec256Of<double> {
   typedef double type __attribute__((vector_size(32)));
 };
-template <class A> using Vec256 = typename Vec256Of<A>::type;
-template <RedOp op, class V> inline V vec_apply(V a, V x) {
-  if constexpr (op == RedOp::Max) return ((x > a) | (x != x)) ? x : a;
-  else return ((x < a) | (x != x)) ? x : a;
+template <class A>
+using Vec256 = typename Vec256Of<A>::type;
+template <RedOp op, class V>
+inline V vec_apply(V a, V x) {
+  if constexpr (op == RedOp::Max)
+    return ((x > a) | (x != x)) ? x : a;
+  else
+    return ((x < a) | (x != x)) ? x : a;
 }
-template <RedOp op, class A> A reduce_contig_vec(const A* __restrict x, int64_t n) {
+template <RedOp op, class A>
+A reduce_contig_vec(const A* __restrict x, int64_t n) {
   using R = Red<op, A>;
   using V = Vec256<A>;
   constexpr int W = int(32 / sizeof(A)), NV = 4;
@@ -166,7 +214,8 @@ template <RedOp op, class A> A reduce_contig_vec(const A* __restrict x, int64_t 
 }
 
 // ---- contiguous reduction of one run with K independent accumulators ----
-template <RedOp op, class In, class A> A reduce_contig(const In* __restrict x, int64_t n) {
+template <RedOp op, class In, class A>
+A reduce_contig(const In* __restrict x, int64_t n) {
   using R = Red<op, A>;
   if constexpr (kVecMinMax<op, A> && std::is_same_v<In, A>) return reduce_contig_vec<op, A>(x, n);
   constexpr int K = sizeof(A) >= 8 ? 16 : 32;  // 4 (AVX2) / 2 (AVX-512) vector registers of accumulators
@@ -210,7 +259,8 @@ void reduce_rows(const In* __restrict x, int64_t rows, int64_t stride, int64_t n
 }
 
 // out[o, i] = reduce_r x[o, r, i]   (out holds O*I accumulators)
-template <RedOp op, class In, class A> void reduce_ori(const In* x, A* out, int64_t O, int64_t R, int64_t I) {
+template <RedOp op, class In, class A>
+void reduce_ori(const In* x, A* out, int64_t O, int64_t R, int64_t I) {
   using Rd = Red<op, A>;
   int64_t n_out = O * I;
   if (n_out == 0) return;
@@ -280,20 +330,24 @@ std::vector<Group> collapse(const Shape& shape, const std::vector<int64_t>& axes
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     bool red = std::find(axes.begin(), axes.end(), int64_t(d)) != axes.end();
-    if (!g.empty() && g.back().reduced == red) g.back().size *= shape[d];
-    else g.push_back({shape[d], red});
+    if (!g.empty() && g.back().reduced == red)
+      g.back().size *= shape[d];
+    else
+      g.push_back({shape[d], red});
   }
   return g;
 }
 
-template <class Out, class A> void store_all(const A* src, Out* dst, int64_t n) {
+template <class Out, class A>
+void store_all(const A* src, Out* dst, int64_t n) {
   parallel_for(n, kBlock, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) dst[i] = store_as<Out>(src[i]);
   });
 }
 
 // Reduces x (shape) over axes into y (of the same element type as x).
-template <RedOp op, class T> void run_reduce(const T* x, T* y, const Shape& shape, const std::vector<int64_t>& axes) {
+template <RedOp op, class T>
+void run_reduce(const T* x, T* y, const Shape& shape, const std::vector<int64_t>& axes) {
   using A = acc_t<op, T>;
   int64_t n_out = 1;
   for (size_t d = 0; d < shape.size(); ++d)
@@ -330,13 +384,16 @@ template <RedOp op, class T> void run_reduce(const T* x, T* y, const Shape& shap
     }
     int nj = last_reduced();
     A* dst;
-    if (nj < 0 && direct) dst = reinterpret_cast<A*>(y);
+    if (nj < 0 && direct)
+      dst = reinterpret_cast<A*>(y);
     else {
       next.resize(O * I);
       dst = next.data();
     }
-    if (first) reduce_ori<op, T, A>(x, dst, O, R, I);
-    else reduce_ori<op, A, A>(cur.data(), dst, O, R, I);
+    if (first)
+      reduce_ori<op, T, A>(x, dst, O, R, I);
+    else
+      reduce_ori<op, A, A>(cur.data(), dst, O, R, I);
     first = false;
     if (dst == next.data()) std::swap(cur, next);
     j = nj;
@@ -345,9 +402,12 @@ template <RedOp op, class T> void run_reduce(const T* x, T* y, const Shape& shap
 }
 
 // ---- argmax / argmin ----
-template <bool is_max, class V> inline bool better(V v, V best) {
-  if constexpr (is_max) return v > best || (is_nan(v) && !is_nan(best));
-  else return v < best || (is_nan(v) && !is_nan(best));
+template <bool is_max, class V>
+inline bool better(V v, V best) {
+  if constexpr (is_max)
+    return v > best || (is_nan(v) && !is_nan(best));
+  else
+    return v < best || (is_nan(v) && !is_nan(best));
 }
 template <bool is_max, class T, class Idx>
 void run_argminmax(const T* x, Idx* out, int64_t O, int64_t R, int64_t I) {
@@ -400,9 +460,11 @@ void run_argminmax(const T* x, Idx* out, int64_t O, int64_t R, int64_t I) {
 }
 
 // ---- cumulative ops ----
-template <RedOp op, class T> using cum_acc_t = std::conditional_t<op == RedOp::LogAddExp, compute_t<T>, acc_t<op, T>>;
+template <RedOp op, class T>
+using cum_acc_t = std::conditional_t<op == RedOp::LogAddExp, compute_t<T>, acc_t<op, T>>;
 
-template <RedOp op, class T> void run_cumulative(const T* x, T* y, int64_t O, int64_t R, int64_t I, bool reverse) {
+template <RedOp op, class T>
+void run_cumulative(const T* x, T* y, int64_t O, int64_t R, int64_t I, bool reverse) {
   using A = cum_acc_t<op, T>;
   using Rd = Red<op, A>;
   if (O * R * I == 0) return;
@@ -451,7 +513,8 @@ void ori(const Shape& shape, int64_t axis, int64_t& O, int64_t& R, int64_t& I) {
   for (size_t d = size_t(axis) + 1; d < shape.size(); ++d) I *= shape[d];
 }
 
-template <RedOp op> std::vector<Array> reduce_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+template <RedOp op>
+std::vector<Array> reduce_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
   visit_dtype(in[0].dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -463,7 +526,8 @@ template <RedOp op> std::vector<Array> reduce_kernel(std::span<const Array> in, 
   return std::vector<Array>{out};
 }
 
-template <bool is_max> std::vector<Array> arg_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+template <bool is_max>
+std::vector<Array> arg_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
   int64_t O, R, I;
   ori(in[0].shape(), p.ints("axes")[0], O, R, I);
@@ -478,7 +542,9 @@ template <bool is_max> std::vector<Array> arg_kernel(std::span<const Array> in, 
   return std::vector<Array>{out};
 }
 
-template <RedOp op> std::vector<Array> cumulative_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+template <RedOp op>
+std::vector<Array> cumulative_kernel(std::span<const Array> in, std::span<const AbstractValue> out_avals,
+                                     const Params& p) {
   Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
   int64_t O, R, I;
   ori(in[0].shape(), p.i("axis"), O, R, I);
@@ -490,7 +556,6 @@ template <RedOp op> std::vector<Array> cumulative_kernel(std::span<const Array> 
   });
   return std::vector<Array>{out};
 }
-
 
 const bool g_registered = [] {
   register_kernel("reduce_sum", Platform::cpu, reduce_kernel<RedOp::Sum>);

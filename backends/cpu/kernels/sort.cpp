@@ -15,18 +15,20 @@
 
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
-#include "core/backend/parallel.h"
 #include "core/array/primitive.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/backend.h"
+#include "core/backend/parallel.h"
 
 namespace cjax::cpu {
 namespace {
 
 // Order-preserving code of one key value.
-template <class T> inline uint64_t sort_code(T v) {
-  if constexpr (std::is_same_v<T, bool>) return v ? 1u : 0u;
+template <class T>
+inline uint64_t sort_code(T v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return v ? 1u : 0u;
   else if constexpr (is_float_like_v<T>) {
     using F = std::conditional_t<std::is_same_v<T, double>, double, float>;
     F f = F(v);
@@ -86,8 +88,10 @@ std::vector<Array> sort_impl(std::span<const Array> in, std::span<const Abstract
         slice_codes(in[0], base, R, I, codes.data());
         for (int64_t r = 0; r < R; ++r) pairs[size_t(r)] = {codes[size_t(r)], r};
         auto lt = [](const auto& a, const auto& c) { return a.first < c.first; };
-        if (stable) std::stable_sort(pairs.begin(), pairs.end(), lt);
-        else std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& c) { return a < c; });
+        if (stable)
+          std::stable_sort(pairs.begin(), pairs.end(), lt);
+        else
+          std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& c) { return a < c; });
         for (int64_t r = 0; r < R; ++r) perm[size_t(r)] = pairs[size_t(r)].second;
       } else {
         for (int64_t k = 0; k < nk; ++k) slice_codes(in[size_t(k)], base, R, I, codes.data() + k * R);
@@ -101,8 +105,10 @@ std::vector<Array> sort_impl(std::span<const Array> in, std::span<const Abstract
           return false;
         };
         // An unstable request still gets a deterministic order (ties by input position).
-        if (stable) std::stable_sort(perm.begin(), perm.end(), lt);
-        else std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t q) { return lt(a, q) || (!lt(q, a) && a < q); });
+        if (stable)
+          std::stable_sort(perm.begin(), perm.end(), lt);
+        else
+          std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t q) { return lt(a, q) || (!lt(q, a) && a < q); });
       }
       for (size_t k = 0; k < in.size(); ++k) slice_gather(in[k], outs[k], base, R, I, perm.data());
     }
@@ -110,40 +116,40 @@ std::vector<Array> sort_impl(std::span<const Array> in, std::span<const Abstract
   return outs;
 }
 
-
 const bool g_registered = [] {
   register_kernel("sort", Platform::cpu, sort_impl);
-  register_kernel("top_k", Platform::cpu, [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
-    Device dev = concrete(in[0])->device();
-    Array vals = make_uninitialized(out_avals[0], dev), idx = make_uninitialized(out_avals[1], dev);
-    int64_t k = p.i("k"), R = in[0].shape().back();
-    int64_t rows = R == 0 ? 0 : in[0].size() / R;
-    if (k == 0 || rows == 0) return std::vector<Array>{vals, idx};
-    visit_dtype(in[0].dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const T* x = data_ptr<const T>(in[0]);
-      T* v = data_ptr<T>(vals);
-      int32_t* ix = data_ptr<int32_t>(idx);
-      parallel_for(rows, std::max<int64_t>(1, 4096 / R), [&](int64_t b, int64_t e) {
-        std::vector<uint64_t> codes(static_cast<size_t>(R));
-        std::vector<int64_t> perm(static_cast<size_t>(R));
-        for (int64_t row = b; row < e; ++row) {
-          const T* xr = x + row * R;
-          for (int64_t r = 0; r < R; ++r) codes[size_t(r)] = sort_code(xr[r]);
-          std::iota(perm.begin(), perm.end(), int64_t(0));
-          std::partial_sort(perm.begin(), perm.begin() + k, perm.end(), [&](int64_t a, int64_t c) {
-            uint64_t ca = codes[size_t(a)], cc = codes[size_t(c)];
-            return ca > cc || (ca == cc && a < c);
-          });
-          for (int64_t j = 0; j < k; ++j) {
-            v[row * k + j] = xr[perm[size_t(j)]];
-            ix[row * k + j] = int32_t(perm[size_t(j)]);
-          }
-        }
-      });
-    });
-    return std::vector<Array>{vals, idx};
-  });
+  register_kernel("top_k", Platform::cpu,
+                  [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
+                    Device dev = concrete(in[0])->device();
+                    Array vals = make_uninitialized(out_avals[0], dev), idx = make_uninitialized(out_avals[1], dev);
+                    int64_t k = p.i("k"), R = in[0].shape().back();
+                    int64_t rows = R == 0 ? 0 : in[0].size() / R;
+                    if (k == 0 || rows == 0) return std::vector<Array>{vals, idx};
+                    visit_dtype(in[0].dtype(), [&](auto tag) {
+                      using T = typename decltype(tag)::type;
+                      const T* x = data_ptr<const T>(in[0]);
+                      T* v = data_ptr<T>(vals);
+                      int32_t* ix = data_ptr<int32_t>(idx);
+                      parallel_for(rows, std::max<int64_t>(1, 4096 / R), [&](int64_t b, int64_t e) {
+                        std::vector<uint64_t> codes(static_cast<size_t>(R));
+                        std::vector<int64_t> perm(static_cast<size_t>(R));
+                        for (int64_t row = b; row < e; ++row) {
+                          const T* xr = x + row * R;
+                          for (int64_t r = 0; r < R; ++r) codes[size_t(r)] = sort_code(xr[r]);
+                          std::iota(perm.begin(), perm.end(), int64_t(0));
+                          std::partial_sort(perm.begin(), perm.begin() + k, perm.end(), [&](int64_t a, int64_t c) {
+                            uint64_t ca = codes[size_t(a)], cc = codes[size_t(c)];
+                            return ca > cc || (ca == cc && a < c);
+                          });
+                          for (int64_t j = 0; j < k; ++j) {
+                            v[row * k + j] = xr[perm[size_t(j)]];
+                            ix[row * k + j] = int32_t(perm[size_t(j)]);
+                          }
+                        }
+                      });
+                    });
+                    return std::vector<Array>{vals, idx};
+                  });
   return true;
 }();
 

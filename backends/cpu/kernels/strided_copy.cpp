@@ -8,9 +8,9 @@
 #include <numeric>
 
 #include "cjax/errors.h"
-#include "core/backend/parallel.h"
 #include "core/array/util.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/parallel.h"
 
 namespace cjax::cpu {
 namespace {
@@ -40,12 +40,14 @@ Dims collapse(const std::vector<int64_t>& shape, const std::vector<int64_t>& ds,
   return r;
 }
 
-template <class U> inline void copy_run(U* d, int64_t ds, const U* s, int64_t ss, int64_t n) {
+template <class U>
+inline void copy_run(U* d, int64_t ds, const U* s, int64_t ss, int64_t n) {
   if (ds == 1 && ss == 1) {
     std::memcpy(d, s, size_t(n) * sizeof(U));
   } else if (ss == 0) {
     U v = *s;
-    if (ds == 1) std::fill_n(d, n, v);
+    if (ds == 1)
+      std::fill_n(d, n, v);
     else
       for (int64_t i = 0; i < n; ++i) d[i * ds] = v;
   } else if (ds == 1) {
@@ -84,7 +86,8 @@ struct OuterIter {
   }
 };
 
-template <class U> void copy_typed(U* dst, const U* src, const Dims& d) {
+template <class U>
+void copy_typed(U* dst, const U* src, const Dims& d) {
   const int r = int(d.shape.size());
   if (r == 0) {
     *dst = *src;
@@ -148,7 +151,8 @@ template <class U> void copy_typed(U* dst, const U* src, const Dims& d) {
   });
 }
 
-template <class F> void visit_itemsize(size_t itemsize, F&& f) {
+template <class F>
+void visit_itemsize(size_t itemsize, F&& f) {
   switch (itemsize) {
     case 1: return f(Tag<uint8_t>{});
     case 2: return f(Tag<uint16_t>{});
@@ -189,6 +193,5 @@ void copy_block_into(char* dst, const Shape& dst_shape, const std::vector<int64_
   for (size_t i = 0; i < starts.size(); ++i) off += starts[i] * dst_st[i];
   strided_copy(dst + off * int64_t(isz), dst_st, src, row_major_strides(shape), shape, isz);
 }
-
 
 }  // namespace cjax::cpu

@@ -24,9 +24,7 @@ template <class T> __device__ __forceinline__ T cj_min(T x, T y) { return x < y 
 
 bool is_half(DType d) { return d == DType::bfloat16 || d == DType::float16; }
 bool is_float(DType d) { return is_half(d) || d == DType::float32 || d == DType::float64; }
-bool is_signed_int(DType d) {
-  return d == DType::int8 || d == DType::int16 || d == DType::int32 || d == DType::int64;
-}
+bool is_signed_int(DType d) { return d == DType::int8 || d == DType::int16 || d == DType::int32 || d == DType::int64; }
 
 // The CUDA type an element is stored as.
 std::string storage_type(DType d) {
@@ -49,8 +47,10 @@ std::string storage_type(DType d) {
 std::string compute_type(DType d) { return is_half(d) ? "float" : storage_type(d); }
 
 const char* bits_type(size_t itemsize) {
-  return itemsize == 1 ? "unsigned char" : itemsize == 2 ? "unsigned short" : itemsize == 4 ? "unsigned int"
-                                                                                            : "unsigned long long";
+  return itemsize == 1   ? "unsigned char"
+         : itemsize == 2 ? "unsigned short"
+         : itemsize == 4 ? "unsigned int"
+                         : "unsigned long long";
 }
 
 std::string load(DType d, const std::string& v) {

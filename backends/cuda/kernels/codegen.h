@@ -17,9 +17,9 @@ extern const char* const kPrelude;
 bool is_half(DType d);
 bool is_float(DType d);
 bool is_signed_int(DType d);
-std::string storage_type(DType d);  // the CUDA type an element is stored as ("unsigned short" for bf16)
-std::string compute_type(DType d);  // the type arithmetic happens in (float for bf16/f16)
-const char* bits_type(size_t itemsize);  // an unsigned type of that size: copies move raw bits
+std::string storage_type(DType d);                 // the CUDA type an element is stored as ("unsigned short" for bf16)
+std::string compute_type(DType d);                 // the type arithmetic happens in (float for bf16/f16)
+const char* bits_type(size_t itemsize);            // an unsigned type of that size: copies move raw bits
 std::string load(DType d, const std::string& v);   // storage -> compute
 std::string store(DType d, const std::string& v);  // compute -> storage (round to nearest even)
 // `op` applied to compute-typed x (and y, z) of dtype d; nullopt where the dtype has no expression.

@@ -9,8 +9,8 @@
 #include "backends/cuda/kernels/codegen.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
 #include "core/array/primitive.h"
+#include "core/backend/backend.h"
 
 namespace cjax::cuda {
 namespace {
@@ -55,7 +55,8 @@ std::optional<std::string> convert_source(DType in, DType out) {
   if (!is_float(out) || (is_float(in) && in == out)) return std::nullopt;
   // f64 -> bf16/f16 would round twice through f32; the CPU rounds once.
   if (in == DType::float64 && is_half(out)) return std::nullopt;
-  std::string value = is_half(out) ? load(in, "in_0[i]") : fmt::format("({})({})", storage_type(out), load(in, "in_0[i]"));
+  std::string value =
+      is_half(out) ? load(in, "in_0[i]") : fmt::format("({})({})", storage_type(out), load(in, "in_0[i]"));
   return kernel({fmt::format("const {}* __restrict__ in_0", storage_type(in)),
                  fmt::format("{}* __restrict__ out", storage_type(out))},
                 fmt::format("      out[i] = {};", store(out, value)));
@@ -63,7 +64,8 @@ std::optional<std::string> convert_source(DType in, DType out) {
 
 std::string select_n_source(DType which, DType t, size_t ncases, bool scalar_which) {
   std::vector<std::string> params = {fmt::format("const {}* __restrict__ which", storage_type(which))};
-  for (size_t c = 0; c < ncases; ++c) params.push_back(fmt::format("const {}* __restrict__ case_{}", storage_type(t), c));
+  for (size_t c = 0; c < ncases; ++c)
+    params.push_back(fmt::format("const {}* __restrict__ case_{}", storage_type(t), c));
   params.push_back(fmt::format("{}* __restrict__ out", storage_type(t)));
   // Out-of-range selectors clamp, as on the CPU.
   std::string body = fmt::format("      long long c = (long long)which[{}];\n", scalar_which ? "0" : "i");
@@ -87,7 +89,8 @@ std::optional<std::string> integer_pow_source(DType d) {
         e >>= 1;
       }}
       out[i] = {2};)",
-                                       ct, load(d, "in_0[i]"), store(d, is_float(d) ? "(y < 0 ? (" + ct + ")1 / acc : acc)" : "acc")));
+                                       ct, load(d, "in_0[i]"),
+                                       store(d, is_float(d) ? "(y < 0 ? (" + ct + ")1 / acc : acc)" : "acc")));
   // cj_mul(x, y) is the table's mul (wrapping for integers); the kernel's own `y` is the exponent.
   std::string helper = fmt::format("__device__ __forceinline__ {0} cj_mul({0} x, {0} y) {{ return {1}; }}\n", ct, *mul);
   size_t at = src.find("extern \"C\"");
@@ -158,8 +161,8 @@ const bool g_registered = [] {
   for (const ScalarOpInfo& info : kScalarOps) {
     register_kernel(info.name, Platform::cuda,
                     [op = info.op, name = info.name.data()](std::span<const Array> in,
-                                                           std::span<const AbstractValue> out_avals,
-                                                           const Params& params) {
+                                                            std::span<const AbstractValue> out_avals,
+                                                            const Params& params) {
                       return run_scalar_op(op, name, in, out_avals, params);
                     });
   }
@@ -210,7 +213,9 @@ const bool g_registered = [] {
                      const Params& params) -> std::vector<Array> {
                     if (in[0].dtype() == out_avals[0].dtype) return {make_view(in[0], out_avals[0])};
                     std::optional<std::string> src = convert_source(in[0].dtype(), out_avals[0].dtype);
-                    if (!src) return run_on_host(*find_primitive("convert_element_type"), Platform::cuda, in, out_avals, params);
+                    if (!src)
+                      return run_on_host(*find_primitive("convert_element_type"), Platform::cuda, in, out_avals,
+                                         params);
                     Array out = make_uninitialized(out_avals[0], concrete(in[0])->device());
                     launch_elementwise(*src, in, out);
                     return {out};

@@ -12,8 +12,8 @@
 namespace cjax::cuda {
 
 inline constexpr const char* kElementwiseKernelName = "cj_elementwise";
-inline constexpr int kElementwiseThreads = 256;     // threads per block
-inline constexpr int kElementwisePerThread = 4;     // elements per thread, strided by the block
+inline constexpr int kElementwiseThreads = 256;  // threads per block
+inline constexpr int kElementwisePerThread = 4;  // elements per thread, strided by the block
 
 // The kernel `out[i] = op(in_0[i or 0], ...)` for i < n (an operand marked scalar is read at 0),
 // or nullopt when the op/dtype pair has no GPU expression yet (the primitive then falls back to

@@ -29,8 +29,9 @@ std::string literal(const KernelNode& n) {
     double v = n.fvalue;  // used as given, as by the CPU's code generator
     bool f64 = d == DType::float64;
     if (std::isnan(v)) return f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
-    if (std::isinf(v)) return v > 0 ? highest_literal(f64 ? DType::float64 : DType::float32)
-                                     : lowest_literal(f64 ? DType::float64 : DType::float32);
+    if (std::isinf(v))
+      return v > 0 ? highest_literal(f64 ? DType::float64 : DType::float32)
+                   : lowest_literal(f64 ? DType::float64 : DType::float32);
     return fmt::format("(({}){:a})", compute_type(d), v);
   }
   if (n.ivalue == std::numeric_limits<int64_t>::min()) return "(-9223372036854775807LL - 1)";
@@ -47,9 +48,10 @@ std::string convert_expr(DType from, DType to, const std::string& v) {
   if (to == DType::bool_) return fmt::format("({} != 0)", v);
   if (is_float(from) && !is_float(to) && to != DType::bool_) {
     std::string lo = lowest_literal(to), hi = highest_literal(to);
-    return fmt::format("({0} != {0} ? ({1})0 : (double){0} <= (double){2} ? ({1}){2} : (double){0} >= (double){3} ? "
-                       "({1}){3} : ({1}){0})",
-                       v, ct, lo, hi);
+    return fmt::format(
+        "({0} != {0} ? ({1})0 : (double){0} <= (double){2} ? ({1}){2} : (double){0} >= (double){3} ? "
+        "({1}){3} : ({1}){0})",
+        v, ct, lo, hi);
   }
   return fmt::format("(({}){})", ct, v);
 }
@@ -57,8 +59,8 @@ std::string convert_expr(DType from, DType to, const std::string& v) {
 std::string reduce_combine(const KernelNode& n, const std::string& a, const std::string& b, std::string* error) {
   static constexpr ScalarOp kOps[] = {ScalarOp::Add, ScalarOp::Mul, ScalarOp::Max, ScalarOp::Min};
   ScalarOp op = kOps[int(n.reduce)];
-  if (n.dtype == DType::bool_) op = n.reduce == KernelReduce::Sum ? ScalarOp::Or
-                                  : n.reduce == KernelReduce::Prod ? ScalarOp::And : op;
+  if (n.dtype == DType::bool_)
+    op = n.reduce == KernelReduce::Sum ? ScalarOp::Or : n.reduce == KernelReduce::Prod ? ScalarOp::And : op;
   std::optional<std::string> e = scalar_expression(op, n.dtype);
   if (!e) {
     *error = fmt::format("reduce of {}", dtype_name(n.dtype));
@@ -86,11 +88,13 @@ class Emitter {
     int64_t reach = total;
     for (const KernelInput& in : spec.inputs) {
       int64_t off = in.col_stride * std::max<int64_t>(spec.cols - 1, 0);
-      for (size_t d = 0; d < spec.outer.size(); ++d) off += std::max<int64_t>(spec.outer[d] - 1, 0) * in.outer_strides[d];
+      for (size_t d = 0; d < spec.outer.size(); ++d)
+        off += std::max<int64_t>(spec.outer[d] - 1, 0) * in.outer_strides[d];
       reach = std::max(reach, off + 1);
     }
     index_type_ = reach + int64_t(kElementThreads * kElementsPerThread) < std::numeric_limits<int32_t>::max()
-                      ? "int" : "long long";
+                      ? "int"
+                      : "long long";
   }
 
   std::optional<std::string> source(const std::string& name) {
@@ -99,8 +103,8 @@ class Emitter {
     for (const KernelOutput& o : s_.outputs)
       if (o.in_place_of >= 0) aliased[size_t(o.in_place_of)] = true;
     for (size_t k = 0; k < s_.inputs.size(); ++k)
-      params.push_back(fmt::format("const {}* {}in{}", storage_type(s_.inputs[k].dtype),
-                                   aliased[k] ? "" : "__restrict__ ", k));
+      params.push_back(
+          fmt::format("const {}* {}in{}", storage_type(s_.inputs[k].dtype), aliased[k] ? "" : "__restrict__ ", k));
     for (size_t o = 0; o < s_.outputs.size(); ++o)
       params.push_back(fmt::format("{}* {}out{}", storage_type(s_.outputs[o].dtype),
                                    s_.outputs[o].in_place_of >= 0 ? "" : "__restrict__ ", o));
@@ -115,10 +119,10 @@ class Emitter {
   FusedLaunchPlan plan_;
   std::string index_type_;
   std::string error_;
-  std::string code_;                 // statements being emitted
-  std::vector<bool> emitted_full_;   // per node, in the current scope
+  std::string code_;                // statements being emitted
+  std::vector<bool> emitted_full_;  // per node, in the current scope
   std::string indent_ = "  ";
-  std::string sfx_;  // appended to per-element names (the unrolled elements of a thread)
+  std::string sfx_;             // appended to per-element names (the unrolled elements of a thread)
   bool pair_rounding_ = false;  // bf16 results are rounded two at a time by the caller
 
   std::string round_result(DType d, const std::string& v) const {
@@ -224,8 +228,8 @@ class Emitter {
   std::string load_expr(int i, const std::string& col) {
     const KernelNode& n = s_.nodes[size_t(i)];
     const KernelInput& in = s_.inputs[size_t(n.input)];
-    std::string at = in.col_stride == 0 ? fmt::format("b{}{}", n.input, sfx_)
-                                        : fmt::format("b{}{} + {}", n.input, sfx_, col);
+    std::string at =
+        in.col_stride == 0 ? fmt::format("b{}{}", n.input, sfx_) : fmt::format("b{}{} + {}", n.input, sfx_, col);
     return fmt::format("({})({})", compute_type(n.dtype), load(in.dtype, fmt::format("in{}[{}]", n.input, at)));
   }
 
@@ -307,7 +311,8 @@ class Emitter {
       for (size_t i = 0; i < s_.nodes.size(); ++i) {
         const KernelNode& nd = s_.nodes[i];
         if (nd.op != Op::Load || nd.row_level) continue;
-        line(fmt::format("const {} {} = {};", compute_type(nd.dtype), name_of(int(i)), load_expr(int(i), "col" + sfx_)));
+        line(
+            fmt::format("const {} {} = {};", compute_type(nd.dtype), name_of(int(i)), load_expr(int(i), "col" + sfx_)));
       }
     }
     // Node by node across the elements, so that bf16 results round two at a time (one
@@ -383,7 +388,8 @@ class Emitter {
       for (int r : reduces[size_t(p)]) {
         int arg = s_.nodes[size_t(r)].args[0];
         full_value(arg, "col");
-        line(fmt::format("a{} = {};", r, reduce_combine(s_.nodes[size_t(r)], fmt::format("a{}", r), name_of(arg), &error_)));
+        line(fmt::format("a{} = {};", r,
+                         reduce_combine(s_.nodes[size_t(r)], fmt::format("a{}", r), name_of(arg), &error_)));
       }
       for (size_t o = 0; o < s_.outputs.size(); ++o) {
         const KernelOutput& out = s_.outputs[o];

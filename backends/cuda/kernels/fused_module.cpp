@@ -29,7 +29,8 @@ class FusedModule final : public KernelModule {
   void launch(size_t k, std::span<void* const> buffers) const override {
     const FusedLaunchPlan& p = plans[k];
     if (p.grid == 0) return;
-    if (p.grid > 0x7fffffff) throw BackendError(fmt::format("a fused kernel of {} blocks exceeds the grid limit", p.grid));
+    if (p.grid > 0x7fffffff)
+      throw BackendError(fmt::format("a fused kernel of {} blocks exceeds the grid limit", p.grid));
     std::vector<void*> args(buffers.size());
     for (size_t i = 0; i < buffers.size(); ++i) args[i] = const_cast<void**>(&buffers[i]);
     check(activate(device).cuLaunchKernel(functions[k], unsigned(p.grid), 1, 1, p.block, 1, 1, 0, nullptr, args.data(),
@@ -63,8 +64,8 @@ class FusedCompiler final : public KernelCompiler {
       std::ofstream(dump_base + ".ptx") << compile_ptx(source, info.cc_major, info.cc_minor);
     }
     const Nvrtc& rtc = nvrtc();
-    std::string key = fmt::format("cuda fused sm_{}{} nvrtc {}.{}\n{}", info.cc_major, info.cc_minor, rtc.major,
-                                  rtc.minor, source);
+    std::string key =
+        fmt::format("cuda fused sm_{}{} nvrtc {}.{}\n{}", info.cc_major, info.cc_minor, rtc.major, rtc.minor, source);
     if (!cubin.empty()) {
       store_kernel(key, std::string_view(cubin.data(), cubin.size()));
     } else if (std::optional<std::string> hit = cached_kernel(key)) {

@@ -14,9 +14,9 @@
 #include "backends/cuda/kernels/codegen.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
+#include "core/array/primitive.h"
 #include "core/backend/backend.h"
 #include "core/lax/gather_scatter.h"
-#include "core/array/primitive.h"
 
 namespace cjax::cuda {
 namespace {
@@ -144,9 +144,9 @@ extern "C" __global__ void __launch_bounds__({1}) cj_scatter(const {2}* __restri
   }}
 }}
 )",
-                     kMaxRank, kThreads, storage_type(d), storage_type(index_dtype), rank, compute_type(d),
-                     load(d, "operand[i]"), K, clip ? "true" : "false", load(d, "updates[b * g.window_size + wofs]"),
-                     combine, store(d, "acc"));
+                                kMaxRank, kThreads, storage_type(d), storage_type(index_dtype), rank, compute_type(d),
+                                load(d, "operand[i]"), K, clip ? "true" : "false",
+                                load(d, "updates[b * g.window_size + wofs]"), combine, store(d, "acc"));
 }
 
 std::optional<Array> scatter(ScalarOp op, bool overwrite, std::span<const Array> in, const AbstractValue& oa,

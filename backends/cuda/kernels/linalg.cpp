@@ -4,22 +4,22 @@
 // views (core/lax/linalg.h gemm_views), so no operand is copied unless its dims interleave. f32
 // computes in f32 (no TF32: the CPU's results, PyTorch's default), bf16/f16 in f32, f64 in f64.
 // Integer and bool operands run on the host (counted fallback).
+#include "core/lax/linalg.h"
+
+#include <absl/container/flat_hash_map.h>
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
-
-#include <absl/container/flat_hash_map.h>
 
 #include <mutex>
 #include <numeric>
 
 #include "backends/cuda/cuda_device.h"
 #include "cjax/errors.h"
+#include "cjax/lax.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
 #include "core/backend/backend.h"
-#include "core/lax/linalg.h"
-#include "cjax/lax.h"
 
 #define CJAX_STR2(x) #x
 #define CJAX_STR(x) CJAX_STR2(x)
@@ -27,18 +27,18 @@
 namespace cjax::cuda {
 namespace {
 
-#define CJAX_CUBLASLT_FUNCTIONS(X)     \
-  X(cublasLtCreate)                    \
-  X(cublasLtGetVersion)                \
-  X(cublasLtMatmul)                    \
-  X(cublasLtMatmulDescCreate)          \
-  X(cublasLtMatmulDescDestroy)         \
-  X(cublasLtMatmulDescSetAttribute)    \
-  X(cublasLtMatrixLayoutCreate)        \
-  X(cublasLtMatrixLayoutDestroy)       \
-  X(cublasLtMatrixLayoutSetAttribute)  \
-  X(cublasLtMatmulPreferenceCreate)    \
-  X(cublasLtMatmulPreferenceDestroy)   \
+#define CJAX_CUBLASLT_FUNCTIONS(X)        \
+  X(cublasLtCreate)                       \
+  X(cublasLtGetVersion)                   \
+  X(cublasLtMatmul)                       \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)          \
+  X(cublasLtMatrixLayoutSetAttribute)     \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
   X(cublasLtMatmulPreferenceSetAttribute) \
   X(cublasLtMatmulAlgoGetHeuristic)
 
@@ -62,8 +62,8 @@ const CublasLt& cublaslt() {
     }
     if (!lib) throw BackendError(fmt::format("cuBLASLt (libcublasLt.so.13) not found; tried {}", tried));
     CublasLt a;
-#define CJAX_X(f)                                                       \
-  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, CJAX_STR(f)));       \
+#define CJAX_X(f)                                                 \
+  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, CJAX_STR(f))); \
   if (!a.f) throw BackendError("libcublasLt.so.13 lacks " CJAX_STR(f));
     CJAX_CUBLASLT_FUNCTIONS(CJAX_X)
 #undef CJAX_X
@@ -118,7 +118,7 @@ struct Layout {
       check_lt(lt.cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                "BATCH_COUNT");
       check_lt(lt.cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                  sizeof(stride)),
+                                                   sizeof(stride)),
                "STRIDED_BATCH_OFFSET");
     }
   }
@@ -174,7 +174,8 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
       lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    cublasStatus_t s = lt.cublasLtMatmulAlgoGetHeuristic(pd.handle, desc, la.h, lb.h, ld.h, ld.h, pref, 1, &result, &found);
+    cublasStatus_t s =
+        lt.cublasLtMatmulAlgoGetHeuristic(pd.handle, desc, la.h, lb.h, ld.h, ld.h, pref, 1, &result, &found);
     lt.cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
       lt.cublasLtMatmulDescDestroy(desc);
@@ -213,7 +214,8 @@ std::optional<Array> gemm(const Array& lhs_in, const Array& rhs_in, const DotDim
     auto order = [](int64_t rank, const std::vector<int64_t>& first, const std::vector<int64_t>& last) {
       std::vector<int64_t> perm = first, free;
       for (int64_t d = 0; d < rank; ++d)
-        if (std::find(first.begin(), first.end(), d) == first.end() && std::find(last.begin(), last.end(), d) == last.end())
+        if (std::find(first.begin(), first.end(), d) == first.end() &&
+            std::find(last.begin(), last.end(), d) == last.end())
           free.push_back(d);
       perm.insert(perm.end(), free.begin(), free.end());
       perm.insert(perm.end(), last.begin(), last.end());
@@ -230,7 +232,8 @@ std::optional<Array> gemm(const Array& lhs_in, const Array& rhs_in, const DotDim
     int64_t nb = int64_t(dn_in.lhs_batch.size()), nc = int64_t(dn_in.lhs_contracting.size());
     dn = DotDimsParam{};
     for (int64_t b = 0; b < nb; ++b) dn.lhs_batch.push_back(b), dn.rhs_batch.push_back(b);
-    for (int64_t c = 0; c < nc; ++c) dn.lhs_contracting.push_back(lhs.ndim() - nc + c), dn.rhs_contracting.push_back(nb + c);
+    for (int64_t c = 0; c < nc; ++c)
+      dn.lhs_contracting.push_back(lhs.ndim() - nc + c), dn.rhs_contracting.push_back(nb + c);
     g = gemm_views(lhs.shape(), rhs.shape(), dn);
     if (!g) return std::nullopt;
   }

@@ -12,8 +12,8 @@
 #include "backends/cuda/kernels/codegen.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
 #include "core/array/primitive.h"
+#include "core/backend/backend.h"
 
 namespace cjax::cuda {
 namespace {
@@ -40,9 +40,9 @@ std::string one(DType d) { return d == DType::bool_ ? "true" : "1"; }
 std::string all_ones(DType d) { return d == DType::bool_ ? "true" : fmt::format("(({})~0ull)", storage_type(d)); }
 
 const Reduction kReductions[] = {
-    {"reduce_sum", ScalarOp::Add, zero},          {"reduce_prod", ScalarOp::Mul, one},
+    {"reduce_sum", ScalarOp::Add, zero},           {"reduce_prod", ScalarOp::Mul, one},
     {"reduce_max", ScalarOp::Max, lowest_literal}, {"reduce_min", ScalarOp::Min, highest_literal},
-    {"reduce_and", ScalarOp::And, all_ones},      {"reduce_or", ScalarOp::Or, zero},
+    {"reduce_and", ScalarOp::And, all_ones},       {"reduce_or", ScalarOp::Or, zero},
 };
 
 // The partial (per chunk) results are kept in the compute type: f32 for bf16/f16.
@@ -108,7 +108,7 @@ std::optional<Array> reduce(const Reduction& r, const Array& x, const AbstractVa
   // Adjacent dims of the same kind merge (the operand is row-major), so the common cases index
   // with one multiply instead of a division per dim; size-1 dims drop out.
   std::vector<std::pair<int64_t, int64_t>> kept_dims, red_dims;  // (extent, stride)
-  int last = -1;  // kind of the previous dim kept: 0 kept, 1 reduced
+  int last = -1;                                                 // kind of the previous dim kept: 0 kept, 1 reduced
   for (size_t i = 0; i < reduced.size(); ++i) {
     if (x.shape()[i] == 1) continue;
     auto& group = reduced[i] ? red_dims : kept_dims;
@@ -124,8 +124,10 @@ std::optional<Array> reduce(const Reduction& r, const Array& x, const AbstractVa
   ReduceDims dims{};
   for (int k = 0; k < kMaxRank; ++k) dims.kept_ext[k] = dims.red_ext[k] = 1;
   int kept = int(kept_dims.size()), red = int(red_dims.size());
-  for (int k = 0; k < kept; ++k) dims.kept_ext[k] = kept_dims[size_t(k)].first, dims.kept_stride[k] = kept_dims[size_t(k)].second;
-  for (int k = 0; k < red; ++k) dims.red_ext[k] = red_dims[size_t(k)].first, dims.red_stride[k] = red_dims[size_t(k)].second;
+  for (int k = 0; k < kept; ++k)
+    dims.kept_ext[k] = kept_dims[size_t(k)].first, dims.kept_stride[k] = kept_dims[size_t(k)].second;
+  for (int k = 0; k < red; ++k)
+    dims.red_ext[k] = red_dims[size_t(k)].first, dims.red_stride[k] = red_dims[size_t(k)].second;
   int64_t outputs = oa.size(), R = 1;
   for (int k = 0; k < red; ++k) R *= dims.red_ext[k];
   Device dev = concrete(x)->device();
@@ -133,7 +135,10 @@ std::optional<Array> reduce(const Reduction& r, const Array& x, const AbstractVa
   // again in a second pass, so the whole GPU works. The split depends on the shape only:
   // deterministic.
   int64_t sms = gpu(dev).multiprocessors;
-  int64_t chunks = outputs >= 2 * sms ? 1 : std::clamp<int64_t>(R / 4096, 1, std::max<int64_t>(1, 4 * sms / std::max<int64_t>(outputs, 1)));
+  int64_t chunks =
+      outputs >= 2 * sms
+          ? 1
+          : std::clamp<int64_t>(R / 4096, 1, std::max<int64_t>(1, 4 * sms / std::max<int64_t>(outputs, 1)));
   if (outputs * chunks > (int64_t(1) << 31) - 1) return std::nullopt;
   DType pd = chunks > 1 ? partial_dtype(x.dtype()) : oa.dtype;
   std::optional<std::string> src = reduce_source_of(r, x.dtype(), pd, std::max(kept, 1), std::max(red, 1));

@@ -4,6 +4,8 @@
 // out[out_off + sum_k c_k * out_stride_k] = in[in_off + sum_k c_k * in_stride_k] over an index
 // space of up to 8 dims. One kernel per (element size, rank); the extents and strides are kernel
 // arguments, so a new shape compiles nothing.
+#include "core/lax/shape.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,9 +14,8 @@
 #include "backends/cuda/kernels/codegen.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
-#include "core/backend/backend.h"
 #include "core/array/primitive.h"
-#include "core/lax/shape.h"
+#include "core/backend/backend.h"
 
 namespace cjax::cuda {
 namespace {
