@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <thread>
 #include <tuple>
 
+#include "backends/cpu/buffer_communicator.h"
+#include "core/backend/backend.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -530,4 +533,79 @@ TEST_CASE("staged bodies run in lockstep, bit-identical to one thread per device
       mesh_i(), P("i"), P(), {.check_vma = false}));
   CHECK(fv(branchy(jnp::ones({4}))) == std::vector<float>{7.0f});
   CHECK(spmd_run_stats().threaded == before.threaded + 3);
+}
+
+// The backend's buffer-level communicator (core/backend/backend.h): 4 CPU devices, one thread
+// each, every collective checked against values computed here.
+TEST_CASE("the cpu buffer communicator: all_reduce, all_gather, reduce_scatter, all_to_all, permute, barrier") {
+  constexpr int n = 4;
+  std::vector<Device> group;
+  for (int i = 0; i < n; ++i) group.emplace_back(Platform::cpu, i);
+  std::shared_ptr<BufferCommunicator> comm = backend_for(Platform::cpu).communicator(group);
+  REQUIRE(comm->size() == n);
+  std::vector<std::vector<float>> sum(n), maxed(n), gathered(n), scattered(n), swapped(n), shifted(n);
+  std::vector<std::vector<int32_t>> prod(n);
+  std::vector<std::thread> members;
+  for (int r = 0; r < n; ++r)
+    members.emplace_back([&, r] {
+      // rank r sends [r*8 + 0, ..., r*8 + 7] (and NaN at index 5 on rank 2, for max).
+      std::vector<float> x(8);
+      for (int i = 0; i < 8; ++i) x[size_t(i)] = float(r * 8 + i);
+      sum[r].resize(8);
+      comm->all_reduce(r, x.data(), sum[r].data(), 8, DType::float32, ReduceOp::Sum);
+      std::vector<float> y = x;
+      if (r == 2) y[5] = NAN;
+      maxed[r].resize(8);
+      comm->all_reduce(r, y.data(), maxed[r].data(), 8, DType::float32, ReduceOp::Max);
+      std::vector<int32_t> k = {r + 1, 2};
+      prod[r].resize(2);
+      comm->all_reduce(r, k.data(), prod[r].data(), 2, DType::int32, ReduceOp::Prod);
+      gathered[r].resize(2 * n);
+      comm->all_gather(r, x.data(), gathered[r].data(), 2 * sizeof(float));
+      scattered[r].resize(2);
+      comm->reduce_scatter(r, x.data(), scattered[r].data(), 2, DType::float32, ReduceOp::Sum);
+      swapped[r].resize(8);
+      comm->all_to_all(r, x.data(), swapped[r].data(), 2 * sizeof(float));
+      std::vector<std::pair<int, int>> ring = {{0, 1}, {1, 2}, {2, 3}};  // rank 0 receives nothing
+      shifted[r].resize(8);
+      comm->permute(r, x.data(), shifted[r].data(), 8 * sizeof(float), ring);
+      comm->barrier(r);
+    });
+  for (std::thread& t : members) t.join();
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    for (int i = 0; i < 8; ++i) {
+      CHECK(sum[r][size_t(i)] == float(4 * i + 8 * (0 + 1 + 2 + 3)));
+      if (i == 5)
+        CHECK(std::isnan(maxed[r][size_t(i)]));
+      else
+        CHECK(maxed[r][size_t(i)] == float(24 + i));
+      CHECK(swapped[r][size_t(i)] == float((i / 2) * 8 + 2 * r + i % 2));
+      CHECK(shifted[r][size_t(i)] == (r == 0 ? 0.0f : float((r - 1) * 8 + i)));
+    }
+    CHECK(prod[r] == std::vector<int32_t>{24, 16});
+    for (int i = 0; i < 2 * n; ++i) CHECK(gathered[r][size_t(i)] == float((i / 2) * 8 + i % 2));
+    for (int i = 0; i < 2; ++i) CHECK(scattered[r][size_t(i)] == float(4 * (2 * r + i) + 48));
+  }
+}
+
+TEST_CASE("the cpu buffer communicator: a rank that never arrives is a CollectiveError naming it") {
+  std::vector<Device> group = {Device(Platform::cpu, 0), Device(Platform::cpu, 1), Device(Platform::cpu, 2)};
+  auto comm = cpu::make_in_process_buffer_communicator(group, std::chrono::milliseconds(200));
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> members;
+  for (int r = 0; r < 2; ++r)  // rank 2 never calls
+    members.emplace_back([&, r] {
+      try {
+        comm->barrier(r);
+      } catch (const CollectiveError& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (std::thread& t : members) t.join();
+  for (const std::string& e : errors) CHECK(e.find("barrier: rank(s) 2 of 3 did not arrive") != std::string::npos);
+  CHECK_THROWS_AS(cpu::make_in_process_buffer_communicator(std::vector<Device>{Device(Platform::cpu, 0),
+                                                                               Device(Platform::cpu, 0)},
+                                                           std::chrono::milliseconds(200)),
+                  ValueError);
 }

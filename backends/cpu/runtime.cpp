@@ -17,7 +17,9 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/cpu/buffer_communicator.h"
 #include "backends/cpu/llvm_codegen.h"
+#include "cjax/collectives.h"
 #include "cjax/device.h"
 #include "cjax/errors.h"
 #include "core/backend/backend.h"
@@ -407,6 +409,10 @@ class CpuBackend final : public Backend {
   void copy_from_host(const Device&, void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void synchronize(const Device&) override {}
   KernelCompiler* kernel_compiler() override { return &llvm_kernel_compiler(); }
+  std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
+    auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
+    return cpu::make_in_process_buffer_communicator(group, timeout);
+  }
 };
 CpuBackend g_cpu_backend;
 const bool g_cpu_registered = register_backend(&g_cpu_backend);

@@ -38,6 +38,11 @@ Backend& backend_for(Platform platform) {
                   platform_name(platform), platform_name(platform)));
 }
 
+std::shared_ptr<BufferCommunicator> Backend::communicator(std::span<const Device>) {
+  throw BackendError(fmt::format("the {} platform has no buffer communicator yet; run the collectives on cpu devices",
+                                 platform_name(platform())));
+}
+
 void check_device(const Device& d) {
   Backend& b = backend_for(d.platform());
   std::vector<Device> devs = b.devices();

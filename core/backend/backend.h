@@ -9,10 +9,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cjax/array.h"
 #include "cjax/device.h"
+#include "cjax/dtype.h"
 
 namespace cjax {
 
@@ -43,6 +45,32 @@ class KernelCompiler {
                                                       const std::string& dump_base) = 0;
 };
 
+// Collectives over raw buffers between the devices of one group, each device a rank (its index
+// in the group). Every member calls an operation with its rank, its own buffers and the same
+// sizes, and the call returns once that member's output is written; members may call from
+// different threads (CPU virtual devices) or processes. Reductions combine the ranks in rank
+// order, so results are identical run to run. A member that does not arrive within the timeout
+// makes the others raise CollectiveError naming the operation and the missing ranks.
+enum class ReduceOp : uint8_t { Sum, Prod, Max, Min };  // Max/Min propagate NaN, as XLA does
+class BufferCommunicator {
+ public:
+  virtual ~BufferCommunicator() = default;
+  virtual int size() const = 0;
+  // recv[i] = op over ranks of send_r[i], `count` elements of `dtype`.
+  virtual void all_reduce(int rank, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
+  // recv = send_0 ++ send_1 ++ ... (`bytes` from each rank).
+  virtual void all_gather(int rank, const void* send, void* recv, size_t bytes) = 0;
+  // recv[i] = op over ranks of send_r[rank * count + i]: the rank's block of the all_reduce.
+  virtual void reduce_scatter(int rank, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
+  // Block r of recv = block `rank` of send_r (`bytes` per block).
+  virtual void all_to_all(int rank, const void* send, void* recv, size_t bytes) = 0;
+  // For each (source, destination) pair, the destination's recv = the source's send (`bytes`);
+  // a rank that is no pair's destination gets zeros (JAX's ppermute).
+  virtual void permute(int rank, const void* send, void* recv, size_t bytes,
+                       std::span<const std::pair<int, int>> pairs) = 0;
+  virtual void barrier(int rank) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -66,6 +94,9 @@ class Backend {
   virtual void synchronize(const Device& d) = 0;
   // The fused-kernel compiler jit uses for this platform's devices.
   virtual KernelCompiler* kernel_compiler() = 0;
+  // A communicator between `group`'s devices (rank i = group[i]). Raises BackendError where the
+  // platform has none yet (CUDA: NCCL is future work).
+  virtual std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group);
 };
 
 // Registers the backend of its platform (once, at static initialisation).
