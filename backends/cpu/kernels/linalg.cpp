@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/strided_copy.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
@@ -31,8 +32,6 @@
 
 namespace cjax::cpu {
 namespace {
-
-constexpr int64_t kCopyGrain = 1 << 15;
 
 // Scratch memory, 64-byte aligned (BLAS likes aligned panels).
 struct Scratch {

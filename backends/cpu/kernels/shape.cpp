@@ -19,8 +19,6 @@
 namespace cjax::cpu {
 namespace {
 
-constexpr int64_t kCopyGrain = 1 << 15;  // elements per parallel chunk (cheap op)
-
 const bool g_registered = [] {
   register_kernel("broadcast_in_dim", Platform::cpu,
                   [](std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {

@@ -15,7 +15,6 @@
 namespace cjax::cpu {
 namespace {
 
-constexpr int64_t kCopyGrain = 1 << 15;  // elements per parallel chunk (cheap op)
 constexpr int64_t kTile = 32;            // transpose tile edge
 
 struct Dims {

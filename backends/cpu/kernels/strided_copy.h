@@ -8,6 +8,9 @@
 
 namespace cjax::cpu {
 
+// Elements per parallel chunk of a copy-like kernel (cheap per element).
+inline constexpr int64_t kCopyGrain = 1 << 15;
+
 // Generic strided copy by item size (one kernel serves every dtype):
 //   dst[sum_i k_i * dst_strides[i]] = src[sum_i k_i * src_strides[i]]  for all k < shape.
 // Strides are in elements and may be zero (broadcast) or negative (reversal); `src` and `dst`
