@@ -19,8 +19,8 @@
 #include <type_traits>
 
 #include "backends/cpu/kernels/gemm.h"
-#include "backends/cpu/kernels/strided_copy.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
+#include "backends/cpu/kernels/strided_copy.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
 #include "core/array/primitive.h"
