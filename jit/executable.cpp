@@ -146,7 +146,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
 
 const KernelModule& Executable::compiled() const {
   struct NoKernels final : KernelModule {
-    void launch(size_t, std::span<void* const>) const override {}
+    void launch(size_t, std::span<void* const>, Stream&) const override {}
     bool has_kernel(size_t) const override { return false; }
   };
   static const NoKernels none;
@@ -320,7 +320,7 @@ void Executable::run_kernel(const KernelModule& module, const Device* target, co
     outs.push_back(make_uninitialized(in.out_avals[o], dev));
   }
   for (const Array& o : outs) bufs.push_back(raw_ptr(o));
-  module.launch(size_t(in.kernel), bufs);
+  module.launch(size_t(in.kernel), bufs, backend_for(dev.platform()).stream(dev));
   if (checking) {
     // CJAX_CHECK_FUSION=1: the member equations again, one by one, compared with the kernel.
     const FusedKernel& k = plan_.kernels[size_t(in.kernel)];

@@ -13,7 +13,9 @@
 
 #include "cjax/cjax.h"
 #include "core/array/array_impl.h"
+#include "core/backend/backend.h"
 #include "core/backend/device_worker.h"
+#include "core/backend/kernel_spec.h"
 #include "core/backend/parallel.h"
 
 using namespace cjax;
@@ -253,4 +255,40 @@ TEST_CASE("an allocation beyond the host's memory is a BackendError naming the s
                            .block_until_ready(),
                        doctest::Contains("4398046511104 bytes"), BackendError);
   CHECK(memory_stats(d0).bytes_in_use == before.bytes_in_use);
+}
+
+TEST_CASE("every cpu device has a stream, and jit's kernel modules launch on it") {
+  Backend& cpu = backend_for(Platform::cpu);
+  Device d1(Platform::cpu, 1);
+  Stream& s = cpu.stream(d1);
+  CHECK(s.device() == d1);
+  CHECK(&cpu.stream(d1) == &s);  // one compute stream per device
+  CHECK(&cpu.stream(Device(Platform::cpu, 0)) != &s);
+  CHECK(s.native_handle() == nullptr);
+  CHECK_THROWS_WITH_AS(cpu.stream(Device(Platform::cpu, 99)), doctest::Contains("no such device cpu:99"), BackendError);
+
+  // c = a + b over 1000 f32, compiled by the platform's kernel compiler and launched on d1's stream.
+  KernelSpec spec;
+  spec.name = "seam_stream_add";
+  spec.cols = 1000;
+  spec.inputs = {KernelInput{DType::float32, {}, 1}, KernelInput{DType::float32, {}, 1}};
+  spec.nodes.emplace_back(KernelNode::Op::Load, DType::float32).input = 0;
+  spec.nodes.emplace_back(KernelNode::Op::Load, DType::float32).input = 1;
+  KernelNode& add = spec.nodes.emplace_back(KernelNode::Op::Scalar, DType::float32);
+  add.scalar_op = ScalarOp::Add;
+  add.args = {0, 1};
+  spec.outputs = {KernelOutput{2, DType::float32, true}};
+  spec.finalize();
+  const KernelSpec* specs[] = {&spec};
+  auto module = cpu.kernel_compiler()->compile(d1, specs, "");
+  REQUIRE(module->has_kernel(0));
+  Array a = device_put(numpy::arange(1000, DType::float32), SingleDeviceSharding(d1));
+  Array b = device_put(numpy::full({1000}, Array(0.5f)), SingleDeviceSharding(d1));
+  Array c = device_put(numpy::zeros({1000}, DType::float32), SingleDeviceSharding(d1));
+  void* buffers[] = {raw_ptr(a), raw_ptr(b), raw_ptr(c)};
+  module->launch(0, buffers, s);
+  s.synchronize();
+  std::vector<float> got = c.to_vector<float>();
+  CHECK(got[0] == 0.5f);
+  CHECK(got[999] == 999.5f);
 }

@@ -34,7 +34,7 @@ class CpuKernelModule final : public KernelModule {
 
   bool has_kernel(size_t) const override { return true; }
 
-  void launch(size_t k, std::span<void* const> buffers) const override {
+  void launch(size_t k, std::span<void* const> buffers, Stream&) const override {
     const KernelSpec& spec = specs_[k];
     bool aliased = true;
     for (size_t o = 0; o < spec.outputs.size(); ++o)

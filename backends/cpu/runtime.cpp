@@ -1,21 +1,16 @@
-// The CPU platform: N virtual devices, each with a caching allocator and memory accounting, and
-// one intra-op thread pool shared by all of them.
-#include <cblas.h>
+// The CPU platform: N virtual devices, each with a caching allocator and memory accounting. Their
+// kernels share the one intra-op thread pool (core/backend/parallel.cpp).
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "backends/cpu/buffer_communicator.h"
 #include "backends/cpu/llvm_codegen.h"
@@ -24,13 +19,7 @@
 #include "cjax/errors.h"
 #include "core/backend/backend.h"
 #include "core/backend/buffer.h"
-#include "core/backend/device_worker.h"
 #include "core/backend/parallel.h"
-
-extern "C" {
-int openblas_get_num_threads(void);
-void openblas_set_num_threads(int);
-}
 
 namespace cjax {
 namespace {
@@ -153,212 +142,26 @@ class CachingAllocator {
   int64_t limit_ = int64_t(4) << 30;
 };
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end || x <= 0 || x > 4096)
-    throw BackendError(fmt::format("{}={} is not a positive integer; set it to e.g. 8", name, v));
-  return int(x);
-}
-
 std::atomic<int> g_requested_devices{0};
-std::atomic<int> g_requested_threads{0};
 
-// Spin briefly before blocking: parallel regions often come back to back (a lockstep SPMD body
-// meets at every collective, an executable runs kernel after kernel), and waking a thread
-// blocked on a futex costs tens of microseconds on a VM. ~2000 pauses are ~20-50 us.
-constexpr int kSpinIterations = 2000;
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-template <class Done>
-void spin_until(Done done) {
-  for (int i = 0; i < kSpinIterations && !done(); ++i) cpu_relax();
-}
-
-// The thread pool: workers wait for a job (a chunked range); the caller takes part too.
-class ThreadPool {
+// A cpu device's stream: launches run to completion on the launching thread (core/backend/backend.h).
+class CpuStream final : public Stream {
  public:
-  explicit ThreadPool(int n) : n_(n) {
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
-  }
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-  int size() const { return n_; }
-
-  void run(int64_t n, int64_t nchunks, RangeFn fn) {
-    std::unique_lock<std::mutex> run_lock(run_mu_);  // one parallel job at a time
-    Job job(fn);
-    job.n = n;
-    job.nchunks = nchunks;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job_ = &job;
-      ++generation_;
-      published_.store(generation_, std::memory_order_release);
-    }
-    cv_.notify_all();
-    work_on(job);
-    spin_until([&] { return job.settled.load(std::memory_order_acquire); });
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return job.finished == job.nchunks && job.active == 0; });
-    job_ = nullptr;
-    if (job.error) std::rethrow_exception(job.error);
-  }
-
- private:
-  struct Job {
-    explicit Job(RangeFn f) : fn(f) {}
-    RangeFn fn;
-    int64_t n = 0, nchunks = 0;
-    std::atomic<int64_t> next{0};
-    int64_t finished = 0;              // guarded by mu_
-    int active = 0;                    // workers inside work_on; guarded by mu_
-    std::atomic<bool> settled{false};  // finished == nchunks && active == 0 (for spinning)
-    std::exception_ptr error;
-  };
-  static thread_local bool tl_in_region;
-  friend bool cjax::in_parallel_region();
-
-  void work_on(Job& job) {
-    bool saved = tl_in_region;
-    tl_in_region = true;
-    int64_t done = 0;
-    for (;;) {
-      int64_t c = job.next.fetch_add(1);
-      if (c >= job.nchunks) break;
-      int64_t b = job.n * c / job.nchunks, e = job.n * (c + 1) / job.nchunks;
-      try {
-        job.fn(b, e);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!job.error) job.error = std::current_exception();
-      }
-      ++done;
-    }
-    tl_in_region = saved;
-    if (done) {
-      std::lock_guard<std::mutex> lock(mu_);
-      job.finished += done;
-      if (job.finished == job.nchunks && job.active == 0) job.settled.store(true, std::memory_order_release);
-      if (job.finished == job.nchunks) done_cv_.notify_all();
-    }
-  }
-  void worker_loop() {
-    uint64_t seen = 0;
-    for (;;) {
-      Job* job;
-      spin_until([&] { return published_.load(std::memory_order_acquire) != seen; });
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || (job_ && generation_ != seen); });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
-        ++job->active;
-      }
-      work_on(*job);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--job->active == 0) {
-        if (job->finished == job->nchunks) job->settled.store(true, std::memory_order_release);
-        done_cv_.notify_all();
-      }
-    }
-  }
-  int n_;
-  std::vector<std::thread> workers_;
-  std::mutex mu_, run_mu_;
-  std::condition_variable cv_, done_cv_;
-  Job* job_ = nullptr;
-  uint64_t generation_ = 0;
-  std::atomic<uint64_t> published_{0};  // generation_, readable without mu_ (for spinning)
-  bool stop_ = false;
-};
-thread_local bool ThreadPool::tl_in_region = false;
-
-// A device's worker: one thread draining a FIFO queue of tasks.
-class DeviceWorker {
- public:
-  ~DeviceWorker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  std::future<void> submit(std::function<void()> task) {
-    std::packaged_task<void()> pt(std::move(task));
-    std::future<void> f = pt.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      start_locked();
-      queue_.push_back(std::move(pt));
-    }
-    cv_.notify_one();
-    return f;
-  }
-  std::thread::id thread_id() {
-    std::lock_guard<std::mutex> lock(mu_);
-    start_locked();
-    return thread_.get_id();
-  }
-
- private:
-  void start_locked() {
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-  }
-  void loop() {
-    for (;;) {
-      std::packaged_task<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop requested and drained
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();  // exceptions are stored in the task's future
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
-  std::thread thread_;
-  bool stop_ = false;
+  using Stream::Stream;
+  void synchronize() override {}
+  void* native_handle() const override { return nullptr; }
 };
 
 struct CpuRuntime {
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
-  std::vector<std::unique_ptr<DeviceWorker>> workers;
-  // Per-device queues of dispatched jit calls: separate threads from `workers`, because a
-  // dispatched program may run a shard_map, whose SPMD bodies need every device worker.
-  std::vector<std::unique_ptr<DeviceWorker>> dispatchers;
-  std::unique_ptr<ThreadPool> pool;
+  std::vector<std::unique_ptr<CpuStream>> streams;
   CpuRuntime() {
-    int ndev = g_requested_devices.load() ? g_requested_devices.load() : env_int("CJAX_NUM_CPU_DEVICES", 1);
-    int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-    int nthreads = g_requested_threads.load() ? g_requested_threads.load() : env_int("CJAX_NUM_THREADS", hw);
+    int ndev = g_requested_devices.load() ? g_requested_devices.load() : positive_env_int("CJAX_NUM_CPU_DEVICES", 1);
     for (int i = 0; i < ndev; ++i) {
       allocators.push_back(std::make_unique<CachingAllocator>());
-      workers.push_back(std::make_unique<DeviceWorker>());
-      dispatchers.push_back(std::make_unique<DeviceWorker>());
+      streams.push_back(std::make_unique<CpuStream>(Device(Platform::cpu, i)));
     }
-    pool = std::make_unique<ThreadPool>(nthreads);
     g_requested_devices = ndev;
-    g_requested_threads = nthreads;
   }
 };
 std::atomic<bool> g_started{false};
@@ -376,19 +179,6 @@ CachingAllocator& allocator_for(const Device& d) {
   return *rt.allocators[size_t(d.id())];
 }
 }  // namespace
-
-std::future<void> submit_to_device(const Device& d, std::function<void()> task) {
-  allocator_for(d);  // validates the device
-  return runtime().workers[size_t(d.id())]->submit(std::move(task));
-}
-std::future<void> submit_to_dispatch_queue(const Device& d, std::function<void()> task) {
-  allocator_for(d);
-  return runtime().dispatchers[size_t(d.id())]->submit(std::move(task));
-}
-std::thread::id device_worker_thread(const Device& d) {
-  allocator_for(d);
-  return runtime().workers[size_t(d.id())]->thread_id();
-}
 
 namespace {
 // The CPU platform behind the backend seam (core/backend/backend.h).
@@ -408,6 +198,10 @@ class CpuBackend final : public Backend {
   void copy_to_host(const Device&, const void* src, void* dst, size_t n) override { std::memcpy(dst, src, n); }
   void copy_from_host(const Device&, void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void synchronize(const Device&) override {}
+  Stream& stream(const Device& d) override {
+    allocator_for(d);  // validates the device
+    return *runtime().streams[size_t(d.id())];
+  }
   KernelCompiler* kernel_compiler() override { return &llvm_kernel_compiler(); }
   std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
     auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
@@ -428,37 +222,6 @@ void set_num_cpu_devices(int n) {
                     n, g_requested_devices.load()));
   g_requested_devices = n;
 }
-void set_num_threads(int n) {
-  if (n <= 0) throw ValueError(fmt::format("set_num_threads({}): the count must be positive", n));
-  if (g_started && g_requested_threads.load() != n)
-    throw BackendError(
-        fmt::format("set_num_threads({}) called after the runtime started with {} threads; "
-                    "call it before creating any array, or set CJAX_NUM_THREADS",
-                    n, g_requested_threads.load()));
-  g_requested_threads = n;
-}
 }  // namespace config
-
-int num_threads() { return runtime().pool->size(); }
-bool in_parallel_region() { return ThreadPool::tl_in_region; }
-
-void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn) {
-  if (n <= 0) return;
-  auto& pool = *runtime().pool;
-  grain = std::max<int64_t>(grain, 1);
-  int64_t nchunks = std::min<int64_t>((n + grain - 1) / grain, int64_t(pool.size()) * 4);
-  if (nchunks <= 1 || pool.size() == 1 || in_parallel_region()) {
-    fn(0, n);
-    return;
-  }
-  pool.run(n, nchunks, fn);
-}
-
-BlasSingleThreadScope::BlasSingleThreadScope() : previous_(openblas_get_num_threads()) {
-  if (previous_ != 1) openblas_set_num_threads(1);
-}
-BlasSingleThreadScope::~BlasSingleThreadScope() {
-  if (previous_ != 1) openblas_set_num_threads(previous_);
-}
 
 }  // namespace cjax

@@ -1,10 +1,11 @@
 // The cuda platform behind the backend seam (core/backend/backend.h): one cjax Device per GPU, memory
 // from each GPU's stream-ordered pool, synchronous host copies, and NVRTC modules.
 //
-// Ordering: every kernel and every free is issued on the legacy default stream, and the host
-// copies (cuMemcpyHtoD/DtoH) synchronise with it, so a host read sees every kernel issued before
-// it and a freed buffer is reused only after the kernels that used it. Per-device streams and
-// events replace this when jit programs run on the GPU.
+// Ordering: each GPU's compute stream (Backend::stream) is, for now, the legacy default stream:
+// every kernel and every free is issued on it, and the host copies (cuMemcpyHtoD/DtoH)
+// synchronise with it, so a host read sees every kernel issued before it and a freed buffer is
+// reused only after the kernels that used it. Streams of their own per device, with events on
+// buffers, replace it when jit programs overlap on the GPU.
 #include <absl/container/flat_hash_map.h>
 #include <fmt/format.h>
 
@@ -20,8 +21,16 @@
 namespace cjax::cuda {
 namespace {
 
+class CudaStream final : public Stream {
+ public:
+  using Stream::Stream;
+  void synchronize() override { check(activate(device()).cuCtxSynchronize(), "cuCtxSynchronize"); }
+  void* native_handle() const override { return nullptr; }  // CUstream 0: the legacy default stream
+};
+
 struct Gpu {
   GpuInfo info;
+  std::unique_ptr<CudaStream> stream;
   std::mutex mu;
   MemoryStats stats;
   CUmemoryPool pool = nullptr;
@@ -47,7 +56,7 @@ class CudaBackend final : public Backend {
     Gpu& g = gpu_of(d);
     const Driver& api = activate(d);
     CUdeviceptr p = 0;
-    CUresult r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, nullptr);
+    CUresult r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, compute_stream(d));
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
       size_t free = 0, total = 0;
       api.cuMemGetInfo(&free, &total);
@@ -67,7 +76,7 @@ class CudaBackend final : public Backend {
   void deallocate(const Device& d, void* p, size_t nbytes) override {
     Gpu& g = gpu_of(d);
     const Driver& api = activate(d);
-    api.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), nullptr);  // destructors do not throw
+    api.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), compute_stream(d));  // destructors do not throw
     std::lock_guard lock(g.mu);
     g.stats.bytes_in_use -= int64_t(nbytes);
   }
@@ -94,6 +103,7 @@ class CudaBackend final : public Backend {
     check(activate(d).cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes), "cuMemcpyHtoD");
   }
   void synchronize(const Device& d) override { check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize"); }
+  Stream& stream(const Device& d) override { return *gpu_of(d).stream; }
   KernelCompiler* kernel_compiler() override { return &fused_kernel_compiler(); }
 
   Gpu& gpu_of(const Device& d) {
@@ -119,6 +129,7 @@ class CudaBackend final : public Backend {
         if (n == 0) reason_ = "the NVIDIA driver reports no GPU";
         for (int i = 0; i < n; ++i) {
           auto g = std::make_unique<Gpu>();
+          g->stream = std::make_unique<CudaStream>(Device(Platform::cuda, i));
           GpuInfo& info = g->info;
           check(api->cuDeviceGet(&info.device, i), "cuDeviceGet");
           char name[256] = {};
@@ -163,6 +174,8 @@ ModuleCache& module_cache() {
 }  // namespace
 
 const GpuInfo& gpu(const Device& d) { return g_backend.gpu_of(d).info; }
+
+CUstream compute_stream(const Device& d) { return static_cast<CUstream>(g_backend.stream(d).native_handle()); }
 
 const Driver& activate(const Device& d) {
   const GpuInfo& info = g_backend.gpu_of(d).info;

@@ -26,6 +26,8 @@ struct GpuInfo {
 // The GPU of a cuda Device; raises BackendError (naming the reason) for a device this process
 // does not have.
 const GpuInfo& gpu(const Device& d);
+// The GPU's compute stream (Backend::stream) as a CUstream: what every kernel is launched on.
+CUstream compute_stream(const Device& d);
 // Makes d's context current on the calling thread and returns the driver.
 const Driver& activate(const Device& d);
 

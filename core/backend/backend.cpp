@@ -43,6 +43,16 @@ std::shared_ptr<BufferCommunicator> Backend::communicator(std::span<const Device
                                  platform_name(platform())));
 }
 
+int positive_env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x <= 0 || x > 4096)
+    throw BackendError(fmt::format("{}={} is not a positive integer; set it to e.g. 8", name, v));
+  return int(x);
+}
+
 void check_device(const Device& d) {
   Backend& b = backend_for(d.platform());
   std::vector<Device> devs = b.devices();

@@ -20,14 +20,36 @@ namespace cjax {
 
 struct KernelSpec;
 
+// An in-order queue of work on one device: what is launched on a stream runs after everything
+// launched on it before. A cuda stream is a CUstream, and launching returns before the kernel
+// runs. A cpu stream runs each launch to completion on the launching thread (its kernels are host
+// code, spread over the intra-op thread pool), so its work is always done when the launch returns;
+// the device workers (core/backend/device_worker.h) are the host threads that drive devices, not
+// streams.
+class Stream {
+ public:
+  explicit Stream(Device device) : device_(device) {}
+  virtual ~Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  const Device& device() const { return device_; }
+  // Blocks until the work launched on this stream so far has finished.
+  virtual void synchronize() = 0;
+  // The platform's handle for launches (a CUstream); nullptr on the cpu.
+  virtual void* native_handle() const = 0;
+
+ private:
+  Device device_;
+};
+
 // The fused kernels of one jit program (core/backend/kernel_spec.h), compiled for one device.
 class KernelModule {
  public:
   virtual ~KernelModule() = default;
-  // Runs kernel k over `buffers` (the spec's inputs, then its outputs: memory of the module's
-  // device), in order with the work queued before it on that device. An output marked in place
-  // of an input may be given that input's buffer or a buffer of its own.
-  virtual void launch(size_t kernel, std::span<void* const> buffers) const = 0;
+  // Launches kernel k over `buffers` (the spec's inputs, then its outputs: memory of the module's
+  // device) on `stream`, a stream of that device. An output marked in place of an input may be
+  // given that input's buffer or a buffer of its own.
+  virtual void launch(size_t kernel, std::span<void* const> buffers, Stream& stream) const = 0;
   // False where the generator could not express kernel k: jit then runs its equations one by
   // one, each as its own primitive.
   virtual bool has_kernel(size_t kernel) const = 0;
@@ -92,6 +114,8 @@ class Backend {
   virtual void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) = 0;
   // Waits until the device's queued work is done.
   virtual void synchronize(const Device& d) = 0;
+  // The device's compute stream: kernels (fused and primitive) and frees are ordered on it.
+  virtual Stream& stream(const Device& d) = 0;
   // The fused-kernel compiler jit uses for this platform's devices.
   virtual KernelCompiler* kernel_compiler() = 0;
   // A communicator between `group`'s devices (rank i = group[i]). Raises BackendError where the
@@ -107,5 +131,8 @@ Backend* find_backend(Platform platform);
 std::string_view platform_name(Platform platform);  // "cpu", "cuda"
 // Raises BackendError naming the device and the reason unless `d` is a device of this process.
 void check_device(const Device& d);
+// The value of environment variable `name`, or `fallback` when it is unset; BackendError naming
+// the variable when it is not an integer in [1, 4096].
+int positive_env_int(const char* name, int fallback);
 
 }  // namespace cjax

@@ -36,15 +36,4 @@ inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
   parallel_for_impl(n, grain, RangeFn(fn));
 }
 
-// BLAS threading: OpenBLAS runs its own threads for one large call from the caller; inside our
-// parallel regions it must run on one thread. This guard pins it for the guard's lifetime.
-class BlasSingleThreadScope {
- public:
-  BlasSingleThreadScope();
-  ~BlasSingleThreadScope();
-
- private:
-  int previous_;
-};
-
 }  // namespace cjax

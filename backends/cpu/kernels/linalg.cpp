@@ -77,6 +77,21 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
                 beta, C, blasint(N));
 }
 
+// BLAS threading: OpenBLAS runs its own threads for one large call from the caller; inside our
+// parallel regions it must run on one thread. This guard pins it for the guard's lifetime.
+class BlasSingleThreadScope {
+ public:
+  BlasSingleThreadScope() : previous_(openblas_get_num_threads()) {
+    if (previous_ != 1) openblas_set_num_threads(1);
+  }
+  ~BlasSingleThreadScope() {
+    if (previous_ != 1) openblas_set_num_threads(previous_);
+  }
+
+ private:
+  int previous_;
+};
+
 // With several CPU devices, every device's worker thread calls BLAS concurrently. OpenBLAS's thread
 // pool is process-wide: concurrent multi-threaded calls spin against each other in sched_yield (a
 // 2-core machine training on 8 virtual devices spent ~45% of its time there, at half the speed of

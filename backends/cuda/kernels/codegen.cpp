@@ -242,7 +242,7 @@ void launch(const Device& d, const std::string& source, const char* name, unsign
   CUfunction fn = load_kernel(d, source, name);
   if (grid == 0) return;
   const Driver& api = activate(d);
-  check(api.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args.data(), nullptr), name);
+  check(api.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, compute_stream(d), args.data(), nullptr), name);
 }
 
 }  // namespace cjax::cuda

@@ -26,15 +26,18 @@ class FusedModule final : public KernelModule {
 
   explicit FusedModule(Device d) : device(d) {}
   bool has_kernel(size_t k) const override { return functions[k] != nullptr; }
-  void launch(size_t k, std::span<void* const> buffers) const override {
+  void launch(size_t k, std::span<void* const> buffers, Stream& stream) const override {
     const FusedLaunchPlan& p = plans[k];
+    if (stream.device() != device)
+      throw BackendError(fmt::format("a fused module compiled for {} was launched on a stream of {}", device.str(),
+                                     stream.device().str()));
     if (p.grid == 0) return;
     if (p.grid > 0x7fffffff)
       throw BackendError(fmt::format("a fused kernel of {} blocks exceeds the grid limit", p.grid));
     std::vector<void*> args(buffers.size());
     for (size_t i = 0; i < buffers.size(); ++i) args[i] = const_cast<void**>(&buffers[i]);
-    check(activate(device).cuLaunchKernel(functions[k], unsigned(p.grid), 1, 1, p.block, 1, 1, 0, nullptr, args.data(),
-                                          nullptr),
+    check(activate(device).cuLaunchKernel(functions[k], unsigned(p.grid), 1, 1, p.block, 1, 1, 0,
+                                          static_cast<CUstream>(stream.native_handle()), args.data(), nullptr),
           "cuLaunchKernel (fused kernel)");
   }
 };

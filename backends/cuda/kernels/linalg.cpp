@@ -143,7 +143,7 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
   if (!pd.handle) {
     check_lt(lt.cublasLtCreate(&pd.handle), "cublasLtCreate");
     CUdeviceptr ws = 0;
-    check(api.cuMemAllocAsync(&ws, kWorkspaceBytes, nullptr), "cuMemAllocAsync (cuBLASLt workspace)");
+    check(api.cuMemAllocAsync(&ws, kWorkspaceBytes, compute_stream(dev)), "cuMemAllocAsync (cuBLASLt workspace)");
     pd.workspace = reinterpret_cast<void*>(ws);
   }
   lock.unlock();
@@ -192,7 +192,7 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* betap = f64 ? static_cast<const void*>(&beta64) : &beta32;
   cublasStatus_t s = lt.cublasLtMatmul(pd.handle, desc, alpha, a, la.h, b, lb.h, betap, c, ld.h, d, ld.h, &algo,
-                                       pd.workspace, kWorkspaceBytes, nullptr);
+                                       pd.workspace, kWorkspaceBytes, compute_stream(dev));
   lt.cublasLtMatmulDescDestroy(desc);
   check_lt(s, "cublasLtMatmul");
 }
@@ -249,7 +249,7 @@ std::optional<Array> gemm(const Array& lhs_in, const Array& rhs_in, const DotDim
     if (acc)
       check(api.cuMemcpyDtoD(o, reinterpret_cast<CUdeviceptr>(raw_ptr(*acc)), out_bytes), "cuMemcpyDtoD");
     else
-      check(api.cuMemsetD8Async(o, 0, out_bytes, nullptr), "cuMemsetD8Async");
+      check(api.cuMemsetD8Async(o, 0, out_bytes, compute_stream(dev)), "cuMemsetD8Async");
     return out;
   }
   const GemmOperand &A = g->A, &B = g->Bop;

@@ -1,0 +1,189 @@
+// The intra-op thread pool of core/backend/parallel.h: a host facility shared by every CPU
+// kernel and host loop, whatever the platform of the devices (one pool per process, sized to the
+// cores or CJAX_NUM_THREADS, started at its first use).
+#include "core/backend/parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cjax/device.h"
+#include "cjax/errors.h"
+#include "core/backend/backend.h"
+
+namespace cjax {
+
+namespace {
+
+std::atomic<int> g_requested_threads{0};
+
+// Spin briefly before blocking: parallel regions often come back to back (a lockstep SPMD body
+// meets at every collective, an executable runs kernel after kernel), and waking a thread
+// blocked on a futex costs tens of microseconds on a VM. ~2000 pauses are ~20-50 us.
+constexpr int kSpinIterations = 2000;
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+template <class Done>
+void spin_until(Done done) {
+  for (int i = 0; i < kSpinIterations && !done(); ++i) cpu_relax();
+}
+
+// The thread pool: workers wait for a job (a chunked range); the caller takes part too.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) : n_(n) {
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int size() const { return n_; }
+
+  void run(int64_t n, int64_t nchunks, RangeFn fn) {
+    std::unique_lock<std::mutex> run_lock(run_mu_);  // one parallel job at a time
+    Job job(fn);
+    job.n = n;
+    job.nchunks = nchunks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      ++generation_;
+      published_.store(generation_, std::memory_order_release);
+    }
+    cv_.notify_all();
+    work_on(job);
+    spin_until([&] { return job.settled.load(std::memory_order_acquire); });
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return job.finished == job.nchunks && job.active == 0; });
+    job_ = nullptr;
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+ private:
+  struct Job {
+    explicit Job(RangeFn f) : fn(f) {}
+    RangeFn fn;
+    int64_t n = 0, nchunks = 0;
+    std::atomic<int64_t> next{0};
+    int64_t finished = 0;              // guarded by mu_
+    int active = 0;                    // workers inside work_on; guarded by mu_
+    std::atomic<bool> settled{false};  // finished == nchunks && active == 0 (for spinning)
+    std::exception_ptr error;
+  };
+  static thread_local bool tl_in_region;
+  friend bool cjax::in_parallel_region();
+
+  void work_on(Job& job) {
+    bool saved = tl_in_region;
+    tl_in_region = true;
+    int64_t done = 0;
+    for (;;) {
+      int64_t c = job.next.fetch_add(1);
+      if (c >= job.nchunks) break;
+      int64_t b = job.n * c / job.nchunks, e = job.n * (c + 1) / job.nchunks;
+      try {
+        job.fn(b, e);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!job.error) job.error = std::current_exception();
+      }
+      ++done;
+    }
+    tl_in_region = saved;
+    if (done) {
+      std::lock_guard<std::mutex> lock(mu_);
+      job.finished += done;
+      if (job.finished == job.nchunks && job.active == 0) job.settled.store(true, std::memory_order_release);
+      if (job.finished == job.nchunks) done_cv_.notify_all();
+    }
+  }
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job;
+      spin_until([&] { return published_.load(std::memory_order_acquire) != seen; });
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || (job_ && generation_ != seen); });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+        ++job->active;
+      }
+      work_on(*job);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--job->active == 0) {
+        if (job->finished == job->nchunks) job->settled.store(true, std::memory_order_release);
+        done_cv_.notify_all();
+      }
+    }
+  }
+  int n_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_, done_cv_;
+  Job* job_ = nullptr;
+  uint64_t generation_ = 0;
+  std::atomic<uint64_t> published_{0};  // generation_, readable without mu_ (for spinning)
+  bool stop_ = false;
+};
+thread_local bool ThreadPool::tl_in_region = false;
+
+std::atomic<bool> g_pool_started{false};
+ThreadPool& pool() {
+  static ThreadPool p([] {
+    int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    int n = g_requested_threads.load() ? g_requested_threads.load() : positive_env_int("CJAX_NUM_THREADS", hw);
+    g_requested_threads = n;
+    g_pool_started = true;
+    return n;
+  }());
+  return p;
+}
+}  // namespace
+
+namespace config {
+void set_num_threads(int n) {
+  if (n <= 0) throw ValueError(fmt::format("set_num_threads({}): the count must be positive", n));
+  if (g_pool_started && g_requested_threads.load() != n)
+    throw BackendError(
+        fmt::format("set_num_threads({}) called after the thread pool started with {} threads; "
+                    "call it before creating any array, or set CJAX_NUM_THREADS",
+                    n, g_requested_threads.load()));
+  g_requested_threads = n;
+}
+}  // namespace config
+
+int num_threads() { return pool().size(); }
+bool in_parallel_region() { return ThreadPool::tl_in_region; }
+
+void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn) {
+  if (n <= 0) return;
+  ThreadPool& p = pool();
+  grain = std::max<int64_t>(grain, 1);
+  int64_t nchunks = std::min<int64_t>((n + grain - 1) / grain, int64_t(p.size()) * 4);
+  if (nchunks <= 1 || p.size() == 1 || in_parallel_region()) {
+    fn(0, n);
+    return;
+  }
+  p.run(n, nchunks, fn);
+}
+
+}  // namespace cjax
