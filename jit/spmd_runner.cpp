@@ -53,7 +53,7 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS");
   count_spmd_run(lockstep);
   if (lockstep) return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
-  std::shared_ptr<Communicator> comm = make_in_process_communicator(int64_t(n));
+  auto comm = std::make_unique<Communicator>(mesh.devices());
   std::vector<std::vector<Array>> outs(n);
   std::vector<std::exception_ptr> errors(n);
   std::atomic<int64_t> first_failure{-1};
@@ -66,17 +66,17 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
         SpmdScope spmd({&mesh, int64_t(d), comm.get(), backward});
         outs[d] = exe->run(inputs[d]);
         inputs[d].clear();
-        communicator_device_done(*comm, int64_t(d));
+        comm->device_done(int64_t(d));
       } catch (const std::exception& e) {
         errors[d] = std::current_exception();
         int64_t none = -1;
         first_failure.compare_exchange_strong(none, int64_t(d));
-        communicator_device_failed(*comm, int64_t(d), e.what());
+        comm->device_failed(int64_t(d), e.what());
       } catch (...) {
         errors[d] = std::current_exception();
         int64_t none = -1;
         first_failure.compare_exchange_strong(none, int64_t(d));
-        communicator_device_failed(*comm, int64_t(d), "unknown error");
+        comm->device_failed(int64_t(d), "unknown error");
       }
     }));
   }

@@ -535,6 +535,72 @@ TEST_CASE("staged bodies run in lockstep, bit-identical to one thread per device
   CHECK(spmd_run_stats().threaded == before.threaded + 3);
 }
 
+// One thread per device moves blocks through the backend's buffer communicator of each group
+// (core/spmd/collectives.cpp, run_on_group); lockstep combines them on one thread. Every layout
+// of every collective gives the same bits both ways, and the same as the eager shard_map.
+TEST_CASE("collectives through the buffer communicator match lockstep in every layout" CJAX_JIT_ONLY) {
+  Mesh mesh = make_mesh({2, 4}, {"i", "j"});
+  Array x = jnp::sin(jnp::arange(8 * 24).astype(f32).reshape({8, 24})) * 5.0f;  // blocks of [4, 6]
+  std::vector<std::pair<std::string, std::function<Array(const Array&)>>> bodies = {
+      {"all_gather tiled axis 1", [](const Array& b) { return lax::all_gather(b, "j", {.axis = 1, .tiled = true}); }},
+      {"all_gather stacked axis 1",
+       [](const Array& b) {
+         return lax::all_gather(b, "i", {.axis = 1}).reshape({4, 12});
+       }},
+      {"psum_scatter tiled dim 1",
+       [](const Array& b) { return lax::psum_scatter(b, "i", {.scatter_dimension = 1, .tiled = true}); }},
+      {"psum_scatter dim 0",
+       [](const Array& b) {
+         return lax::psum_scatter(b.reshape({2, 12}), "i").reshape({1, 12});
+       }},
+      {"all_to_all tiled", [](const Array& b) { return lax::all_to_all(b, "i", 1, 0, {.tiled = true}); }},
+      {"all_to_all stacked",
+       [](const Array& b) {
+         return lax::all_to_all(b.reshape({4, 2, 3}), "i", 1, 0).reshape({8, 3});
+       }},
+      {"ppermute ring",
+       [](const Array& b) {
+         return lax::ppermute(b, "j", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+       }},
+      {"ppermute partial",
+       [](const Array& b) {
+         return lax::ppermute(b, "j", {{0, 2}, {3, 1}});
+       }},
+      {"pbroadcast", [](const Array& b) { return lax::pbroadcast(b, "j", 2); }},
+      {"psum int32 over both",
+       [](const Array& b) {
+         return lax::psum(b.astype(DType::int32), {"i", "j"}).astype(f32);
+       }},
+      {"pmin", [](const Array& b) { return lax::pmin(b, "j"); }},
+      {"pmax large",
+       [](const Array& b) {
+         return lax::pmax(jnp::tile(b, {64, 64}), "i")[{Slice(0, 4), Slice(0, 6)}];
+       }},
+  };
+  for (const auto& [name, body] : bodies) {
+    INFO(name);
+    auto f = jit(shard_map(body, mesh, P("i", "j"), P("i", "j"), {.check_vma = false}));
+    std::vector<float> lockstep = fv(f(x));
+    setenv("CJAX_SPMD_THREADS", "1", 1);
+    std::vector<float> threaded = fv(f(x));
+    unsetenv("CJAX_SPMD_THREADS");
+    CHECK(threaded == lockstep);
+    CHECK(fv(shard_map(body, mesh, P("i", "j"), P("i", "j"), {.check_vma = false})(x)) == lockstep);
+  }
+  // Values, for two of them: device (i, j) holds rows 4i.., columns 6j.. of x.
+  auto gathered = jit(shard_map(bodies[0].second, mesh, P("i", "j"), P("i", "j"), {.check_vma = false}));
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  Array g = device_put(gathered(x), SingleDeviceSharding(devices()[0]));
+  Array moved = device_put(jit(shard_map(bodies[6].second, mesh, P("i", "j"), P("i", "j"), {.check_vma = false}))(x),
+                           SingleDeviceSharding(devices()[0]));
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(g.shape() == Shape{8, 96});
+  CHECK(fv(g[{Slice(0, 8), Slice(24, 48)}]) == fv(x));  // every j-device holds the whole row block
+  // ppermute over j by one: device j receives j-1's block.
+  CHECK(fv(moved[{Slice(0, 8), Slice(6, 24)}]) == fv(x[{Slice(0, 8), Slice(0, 18)}]));
+  CHECK(fv(moved[{Slice(0, 8), Slice(0, 6)}]) == fv(x[{Slice(0, 8), Slice(18, 24)}]));
+}
+
 // The backend's buffer-level communicator (core/backend/backend.h): 4 CPU devices, one thread
 // each, every collective checked against values computed here.
 TEST_CASE("the cpu buffer communicator: all_reduce, all_gather, reduce_scatter, all_to_all, permute, barrier") {
@@ -545,6 +611,9 @@ TEST_CASE("the cpu buffer communicator: all_reduce, all_gather, reduce_scatter, 
   REQUIRE(comm->size() == n);
   std::vector<std::vector<float>> sum(n), maxed(n), gathered(n), scattered(n), swapped(n), shifted(n);
   std::vector<std::vector<int32_t>> prod(n);
+  std::vector<std::vector<float>> inplace(n);
+  std::vector<std::pair<bool, bool>> logic(n);
+  std::vector<int32_t> wrapped(n);
   std::vector<std::thread> members;
   for (int r = 0; r < n; ++r)
     members.emplace_back([&, r] {
@@ -570,6 +639,15 @@ TEST_CASE("the cpu buffer communicator: all_reduce, all_gather, reduce_scatter, 
       shifted[r].resize(8);
       comm->permute(r, x.data(), shifted[r].data(), 8 * sizeof(float), ring);
       comm->barrier(r);
+      // In place; bool reduces as or (Sum) and and (Min); int32 sums wrap.
+      inplace[r] = x;
+      comm->all_reduce(r, inplace[r].data(), inplace[r].data(), 8, DType::float32, ReduceOp::Sum);
+      bool flags[2] = {r == 1, r != 3}, any_all[2];
+      comm->all_reduce(r, &flags[0], &any_all[0], 1, DType::bool_, ReduceOp::Sum);
+      comm->all_reduce(r, &flags[1], &any_all[1], 1, DType::bool_, ReduceOp::Min);
+      logic[r] = {any_all[0], any_all[1]};
+      int32_t big = 0x7fffffff;
+      comm->all_reduce(r, &big, &wrapped[r], 1, DType::int32, ReduceOp::Sum);
     });
   for (std::thread& t : members) t.join();
   for (int r = 0; r < n; ++r) {
@@ -586,6 +664,9 @@ TEST_CASE("the cpu buffer communicator: all_reduce, all_gather, reduce_scatter, 
     CHECK(prod[r] == std::vector<int32_t>{24, 16});
     for (int i = 0; i < 2 * n; ++i) CHECK(gathered[r][size_t(i)] == float((i / 2) * 8 + i % 2));
     for (int i = 0; i < 2; ++i) CHECK(scattered[r][size_t(i)] == float(4 * (2 * r + i) + 48));
+    CHECK(inplace[r] == sum[r]);
+    CHECK(logic[r] == std::pair<bool, bool>{true, false});
+    CHECK(wrapped[r] == -4);  // 4 * (2^31 - 1) = 2^33 - 4, which wraps to -4
   }
 }
 
@@ -604,6 +685,22 @@ TEST_CASE("the cpu buffer communicator: a rank that never arrives is a Collectiv
     });
   for (std::thread& t : members) t.join();
   for (const std::string& e : errors) CHECK(e.find("barrier: rank(s) 2 of 3 did not arrive") != std::string::npos);
+  // abort: a member that failed releases the others at once, and later calls raise too.
+  auto aborted = cpu::make_in_process_buffer_communicator(group, std::chrono::seconds(60));
+  std::string waiting_error;
+  std::thread waiting([&] {
+    try {
+      float v = 1, out = 0;
+      aborted->all_reduce(0, &v, &out, 1, DType::float32, ReduceOp::Sum);
+    } catch (const CollectiveError& e) {
+      waiting_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  aborted->abort("device 2 failed: bad shape");
+  waiting.join();
+  CHECK(waiting_error == "device 2 failed: bad shape");
+  CHECK_THROWS_WITH_AS(aborted->barrier(1), "device 2 failed: bad shape", CollectiveError);
   CHECK_THROWS_AS(cpu::make_in_process_buffer_communicator(std::vector<Device>{Device(Platform::cpu, 0),
                                                                                Device(Platform::cpu, 0)},
                                                            std::chrono::milliseconds(200)),

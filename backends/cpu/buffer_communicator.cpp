@@ -1,8 +1,9 @@
 // The CPU's BufferCommunicator (core/backend/backend.h): the members are threads of this process
 // (one per virtual device). Each operation is two rendezvous: every member publishes its buffers,
-// then each computes its own output by reading every member's input, then all wait until everyone
-// has read, so no input is released early. Each member reduces over all ranks itself, in rank
-// order: redundant work for the in-process case, and results identical on every rank.
+// then each computes its share by reading every member's input, then all wait until everyone
+// has read and written, so no input is released early and no output is read unfinished. An
+// all_reduce is split: rank k combines its 1/n of the elements over all ranks, in rank order, and
+// writes them into every member's output, so each element is computed once.
 #include "backends/cpu/buffer_communicator.h"
 
 #include <fmt/format.h>
@@ -13,7 +14,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <mutex>
+#include <span>
+#include <type_traits>
 
 #include "cjax/errors.h"
 #include "core/array/visit_dtype.h"
@@ -24,19 +28,30 @@ namespace {
 
 template <class T>
 T combine(T a, T b, ReduceOp op) {
-  using C = compute_t<T>;
-  C x = C(a), y = C(b);
-  if constexpr (std::is_floating_point_v<C>) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return op == ReduceOp::Prod || op == ReduceOp::Min ? (a && b) : (a || b);
+  } else if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;  // wraps, like XLA
+    switch (op) {
+      case ReduceOp::Sum: return T(U(a) + U(b));
+      case ReduceOp::Prod: return T(U(a) * U(b));
+      case ReduceOp::Max: return std::max(a, b);
+      case ReduceOp::Min: return std::min(a, b);
+    }
+    return a;
+  } else {
+    using C = compute_t<T>;
+    C x = C(a), y = C(b);
     if ((op == ReduceOp::Max || op == ReduceOp::Min) && (std::isnan(x) || std::isnan(y)))
       return T(std::numeric_limits<C>::quiet_NaN());
+    switch (op) {
+      case ReduceOp::Sum: return T(x + y);
+      case ReduceOp::Prod: return T(x * y);
+      case ReduceOp::Max: return T(std::max(x, y));
+      case ReduceOp::Min: return T(std::min(x, y));
+    }
+    return a;
   }
-  switch (op) {
-    case ReduceOp::Sum: return T(x + y);
-    case ReduceOp::Prod: return T(x * y);
-    case ReduceOp::Max: return T(std::max(x, y));
-    case ReduceOp::Min: return T(std::min(x, y));
-  }
-  return T(x);
 }
 
 class InProcessBufferCommunicator final : public BufferCommunicator {
@@ -47,10 +62,15 @@ class InProcessBufferCommunicator final : public BufferCommunicator {
   int size() const override { return n_; }
 
   void all_reduce(int rank, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
-    exchange(rank, send, recv, "all_reduce", [&] { reduce_block(rank, 0, count, dtype, op); });
+    exchange(rank, send, recv, "all_reduce", [&] {
+      size_t per = (count + size_t(n_) - 1) / size_t(n_), lo = std::min(count, size_t(rank) * per);
+      reduce_block(lo, lo, std::min(count, lo + per) - lo, dtype, op, recv_);
+    });
   }
   void reduce_scatter(int rank, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
-    exchange(rank, send, recv, "reduce_scatter", [&] { reduce_block(rank, size_t(rank) * count, count, dtype, op); });
+    exchange(rank, send, recv, "reduce_scatter", [&] {
+      reduce_block(size_t(rank) * count, 0, count, dtype, op, std::span<void* const>(&recv_[size_t(rank)], 1));
+    });
   }
   void all_gather(int rank, const void* send, void* recv, size_t bytes) override {
     exchange(rank, send, recv, "all_gather", [&] {
@@ -82,22 +102,25 @@ class InProcessBufferCommunicator final : public BufferCommunicator {
   void barrier(int rank) override {
     exchange(rank, nullptr, nullptr, "barrier", [] {});
   }
+  void abort(const std::string& why) override {
+    std::lock_guard lk(mu_);
+    if (failed_) return;
+    failed_ = true;
+    failure_ = why;
+    cv_.notify_all();
+  }
 
  private:
-  // recv[i] = op over ranks of send_r[offset + i] into the calling rank's recv.
-  void reduce_block(int rank, size_t offset, size_t count, DType dtype, ReduceOp op) {
+  // outs_k[out_offset + i] = op over ranks of send_r[in_offset + i] for i < count, for every k.
+  // Each element's inputs are all read before its outputs are written (in place is safe).
+  void reduce_block(size_t in_offset, size_t out_offset, size_t count, DType dtype, ReduceOp op,
+                    std::span<void* const> outs) {
     visit_dtype(dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      if constexpr (std::is_same_v<T, bool>) {
-        throw DTypeError("a buffer collective cannot reduce bool; use an integer dtype");
-      } else {
-        T* out = static_cast<T*>(recv_[size_t(rank)]);
-        const T* first = static_cast<const T*>(send_[0]) + offset;
-        std::copy(first, first + count, out);
-        for (int r = 1; r < n_; ++r) {
-          const T* in = static_cast<const T*>(send_[size_t(r)]) + offset;
-          for (size_t i = 0; i < count; ++i) out[i] = combine(out[i], in[i], op);
-        }
+      for (size_t i = 0; i < count; ++i) {
+        T acc = static_cast<const T*>(send_[0])[in_offset + i];
+        for (int r = 1; r < n_; ++r) acc = combine(acc, static_cast<const T*>(send_[size_t(r)])[in_offset + i], op);
+        for (void* out : outs) static_cast<T*>(out)[out_offset + i] = acc;
       }
     });
   }

@@ -17,6 +17,7 @@
 
 #include "cjax/array.h"
 #include "cjax/sharding.h"
+#include "core/backend/backend.h"
 
 namespace cjax {
 
@@ -58,29 +59,32 @@ std::vector<std::string> vma_minus(const std::vector<std::string>& a, const std:
 bool vma_subset(const std::vector<std::string>& a, const std::vector<std::string>& b);
 std::vector<std::string> sorted_axes(std::vector<std::string> a);
 
-// Connects the devices of one SPMD program. Every device calls the collective entry points in the
-// same program order (that is what SPMD means); a device that arrives at a different collective,
-// or finishes while others wait, makes every waiting device raise CollectiveError, and so does a
-// wait longer than config::collective_timeout_seconds().
+// Connects the devices of one SPMD program (core/array/spmd_communicator.cpp). Every device
+// arrives at the collectives in the same program order (that is what SPMD means) and then moves
+// its blocks through the buffer communicator of its group, made by the devices' backend. A device
+// that arrives at a different collective, or finishes or fails while others wait, makes every
+// waiting device raise CollectiveError, and so does a wait longer than
+// config::collective_timeout_seconds().
 class Communicator {
  public:
-  virtual ~Communicator() = default;
-  // Publishes this device's values and returns every device's values (in mesh device order) once
-  // all have arrived. `what` describes the collective ("psum over ('i',) of f32[4]") and must be
-  // the same on every device.
-  virtual std::vector<std::vector<Array>> exchange(int64_t device, std::vector<Array> values,
-                                                   const std::string& what) = 0;
-  // Returns when every device has arrived.
-  virtual void barrier(int64_t device, const std::string& what) = 0;
-};
+  explicit Communicator(std::vector<Device> devices);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  // Returns once every device has arrived at the collective `what` ("psum over ('i',) of f32[4]"),
+  // which must be the same on every device.
+  void arrive(int64_t device, const std::string& what);
+  // The buffer communicator of the devices `members` (flat indices into the devices; rank k is
+  // members[k]), made by their backend on first use and shared by the members.
+  BufferCommunicator& group(const std::vector<int64_t>& members);
+  // The runner reports a device that finished its body or failed, so that no device waits for it.
+  void device_done(int64_t device);
+  void device_failed(int64_t device, const std::string& what);
 
-// The in-process communicator of `num_devices` devices (backends/cpu): the collectives of CPU
-// devices read each other's blocks directly. done(d) and abort(d, what) let the runner report a
-// device that finished or failed, so that no device waits for it.
-class InProcessCommunicator;
-std::shared_ptr<Communicator> make_in_process_communicator(int64_t num_devices);
-void communicator_device_done(Communicator& comm, int64_t device);
-void communicator_device_failed(Communicator& comm, int64_t device, const std::string& what);
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 struct SpmdContext {
   const Mesh* mesh = nullptr;

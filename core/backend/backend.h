@@ -78,7 +78,8 @@ class BufferCommunicator {
  public:
   virtual ~BufferCommunicator() = default;
   virtual int size() const = 0;
-  // recv[i] = op over ranks of send_r[i], `count` elements of `dtype`.
+  // recv[i] = op over ranks of send_r[i], `count` elements of `dtype` (recv may be send). Bool
+  // reduces as logical or (Sum, Max) and and (Prod, Min); integer sums wrap.
   virtual void all_reduce(int rank, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
   // recv = send_0 ++ send_1 ++ ... (`bytes` from each rank).
   virtual void all_gather(int rank, const void* send, void* recv, size_t bytes) = 0;
@@ -87,10 +88,14 @@ class BufferCommunicator {
   // Block r of recv = block `rank` of send_r (`bytes` per block).
   virtual void all_to_all(int rank, const void* send, void* recv, size_t bytes) = 0;
   // For each (source, destination) pair, the destination's recv = the source's send (`bytes`);
-  // a rank that is no pair's destination gets zeros (JAX's ppermute).
+  // a rank that is no pair's destination gets zeros (JAX's ppermute). Destinations are distinct;
+  // a source may feed several (a broadcast).
   virtual void permute(int rank, const void* send, void* recv, size_t bytes,
                        std::span<const std::pair<int, int>> pairs) = 0;
   virtual void barrier(int rank) = 0;
+  // Makes every member waiting in an operation, and every later call, raise CollectiveError(why):
+  // a member failed and will not arrive.
+  virtual void abort(const std::string& why) = 0;
 };
 
 class Backend {

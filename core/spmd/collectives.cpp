@@ -359,6 +359,101 @@ void set_collective_observer(CollectiveObserver observer) { g_observer.store(obs
 namespace {
 // ---- SPMD kernels ----
 
+ReduceOp reduce_op_of(const PrimitiveDef& def) {
+  if (&def == &g_pmax) return ReduceOp::Max;
+  if (&def == &g_pmin) return ReduceOp::Min;
+  return ReduceOp::Sum;
+}
+
+// x with axis `from` moved to position `to`.
+Array move_axis(const Array& x, int64_t from, int64_t to) {
+  if (from == to) return x;
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < int64_t(x.ndim()); ++i)
+    if (i != from) perm.push_back(i);
+  perm.insert(perm.begin() + to, from);
+  return lax::transpose(x, perm);
+}
+
+// x with dimension d cut into n equal chunks, stacked on a new leading axis: block k, contiguous,
+// is chunk k along d.
+Array blocks_along(const Array& x, int64_t d, int64_t n) {
+  Shape s = x.shape(), split(s.begin(), s.begin() + d);
+  split.push_back(n);
+  split.push_back(s[size_t(d)] / n);
+  split.insert(split.end(), s.begin() + d + 1, s.end());
+  return move_axis(lax::reshape(x, split), d, 0);
+}
+
+// The inverse layout: x's leading axis (the blocks) moved to position d and, when `merge`,
+// merged with the axis after it (the blocks laid end to end along d).
+Array unblock(const Array& x, int64_t d, bool merge) {
+  Array y = move_axis(x, 0, d);
+  if (!merge) return y;
+  Shape s = y.shape();
+  s[size_t(d)] *= s[size_t(d) + 1];
+  s.erase(s.begin() + d + 1);
+  return lax::reshape(y, s);
+}
+
+// One device's part of collective `def` over its group: the blocks move through the group's
+// buffer communicator (rank = position in the group), laid out by local shape ops before and
+// after so that every block is contiguous.
+Array run_on_group(const PrimitiveDef& def, const Params& p, const Array& x, const AbstractValue& out_aval,
+                   const Device& device, BufferCommunicator& comm, int rank) {
+  int64_t n = comm.size();
+  auto allocate = [&](Shape shape) {
+    AbstractValue a = local_aval(x.aval());
+    a.shape = std::move(shape);
+    return make_uninitialized(a, device);
+  };
+  size_t bytes = size_t(x.size()) * itemsize(x.dtype());
+  if (is_reduction(def)) {
+    Array out = make_uninitialized(local_aval(out_aval), device);
+    comm.all_reduce(rank, raw_ptr(x), raw_ptr(out), size_t(x.size()), x.dtype(), reduce_op_of(def));
+    return out;
+  }
+  if (&def == &g_all_gather || &def == &g_all_gather_invariant) {
+    Shape s = x.shape();
+    s.insert(s.begin(), n);
+    Array gathered = allocate(s);
+    comm.all_gather(rank, raw_ptr(x), raw_ptr(gathered), bytes);
+    return unblock(gathered, p.i("all_gather_dimension"), p.get<bool>("tiled"));
+  }
+  if (&def == &g_reduce_scatter) {
+    int64_t d = p.i("scatter_dimension");
+    Array blocks = blocks_along(x, d, n);
+    Shape s = blocks.shape();
+    s.erase(s.begin());
+    Array out = allocate(s);
+    comm.reduce_scatter(rank, raw_ptr(blocks), raw_ptr(out), size_t(out.size()), x.dtype(), ReduceOp::Sum);
+    return p.get<bool>("tiled") ? out : lax::squeeze(out, {d});
+  }
+  if (&def == &g_all_to_all) {
+    int64_t split = p.i("split_axis"), concat = p.i("concat_axis");
+    Array blocks = blocks_along(x, split, n);
+    Array received = allocate(blocks.shape());  // block r: chunk `rank` of member r's operand
+    comm.all_to_all(rank, raw_ptr(blocks), raw_ptr(received), bytes / size_t(n));
+    if (p.get<bool>("tiled")) return unblock(received, concat, true);
+    Shape s = received.shape();
+    s.erase(s.begin() + 1 + split);  // the chunk's split axis has size 1
+    return unblock(lax::reshape(received, s), concat, false);
+  }
+  if (&def == &g_ppermute || &def == &g_pbroadcast) {
+    std::vector<std::pair<int, int>> pairs;
+    if (&def == &g_ppermute) {
+      for (const auto& pr : p.get<std::vector<std::vector<int64_t>>>("perm"))
+        pairs.emplace_back(int(pr[0]), int(pr[1]));
+    } else {
+      for (int k = 0; k < int(n); ++k) pairs.emplace_back(int(p.i("source")), k);
+    }
+    Array out = allocate(x.shape());
+    comm.permute(rank, raw_ptr(x), raw_ptr(out), bytes, pairs);
+    return out;
+  }
+  throw Error(fmt::format("internal: '{}' has no buffer collective", def.name));
+}
+
 std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> in,
                                std::span<const AbstractValue> out_avals, const Params& p) {
   const SpmdContext* ctx = current_spmd();
@@ -380,28 +475,11 @@ std::vector<Array> spmd_kernel(const PrimitiveDef& def, std::span<const Array> i
         "classified by needs_communicator (trace/shard_map.h) so that the body runs on one thread per device. "
         "As a workaround, set CJAX_SPMD_THREADS=1",
         def.name, AxisNames(axes).str()));
-  std::string what = what_of(def, p, in[0]);
-  if (is_reduction(def) && in[0].size() * int64_t(members.size()) > (1 << 14)) {
-    // Member k combines chunk k of every member's operand and writes it into every member's
-    // output: each element is computed once, in member order, whatever the thread timing.
-    Array out = make_uninitialized(local_aval(out_avals[0]), concrete(in[0])->device());
-    auto all = ctx->comm->exchange(ctx->device, {in[0], out}, what);
-    std::vector<Array> xs, outs;
-    for (int64_t m : members) {
-      xs.push_back(all[size_t(m)][0]);
-      outs.push_back(all[size_t(m)][1]);
-    }
-    int64_t total = out.size(), g = int64_t(members.size());
-    int64_t per = (total + g - 1) / g, lo = std::min(total, pos * per), hi = std::min(total, lo + per);
-    if (hi > lo) combine_range(combine_of(def), xs, outs, lo, hi);
-    ctx->comm->barrier(ctx->device, what);
-    return {out};
-  }
-  // Small reductions: every member combines the whole group itself (one rendezvous, no barrier).
-  auto all = ctx->comm->exchange(ctx->device, {in[0]}, what);
-  std::vector<Array> group;
-  for (int64_t m : members) group.push_back(all[size_t(m)][0]);
-  return {collective_result(def, p, group, pos)};
+  ctx->comm->arrive(ctx->device, what_of(def, p, in[0]));
+  if (&def == &g_pvary) return {in[0]};
+  Device device = ctx->mesh->devices()[size_t(ctx->device)];
+  Array x = concrete(in[0])->device() == device ? in[0] : device_put(in[0], SingleDeviceSharding(device));
+  return {run_on_group(def, p, x, out_avals[0], device, ctx->comm->group(members), int(pos))};
 }
 
 }  // namespace
