@@ -5,9 +5,11 @@
 #include <cmath>
 #include <limits>
 
+#include "backends/cpu/kernels/gemm_choice.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
 #include "cjax/cjax.h"
 #include "core/array/primitive.h"
+#include "core/backend/parallel.h"
 #include "core/lax/linalg.h"
 #include "test_util.h"
 
@@ -302,10 +304,6 @@ std::vector<double> naive_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, c
 
 TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles and strided batches", T, float,
                    double) {
-  if (!xsmm_gemm_enabled()) {
-    MESSAGE("CJAX_GEMM=blas: LIBXSMM is off, nothing to test here");
-    return;
-  }
   // 130 x 70 leaves edge tiles in both directions (64-wide tiles); 3 x 2 batches are strided
   // like attention's [b, s, n, h] operands.
   const int64_t M = 130, N = 70, K = 33, nb0 = 3, nb1 = 2, batch = nb0 * nb1;
@@ -336,4 +334,42 @@ TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles 
   CHECK_FALSE(xsmm_gemm<T>(1, 2, 2, 2, GemmOperand{a.data(), false, 2}, GemmOperand{b.data(), false, 2}, c.data(), T(1),
                            T(0.5)));
   CHECK(c == std::vector<T>(4, T(1)));
+}
+
+TEST_CASE("the GEMM library is measured once per host and shape class, then read from memory or disk") {
+  if (fixed_gemm_engine()) {
+    MESSAGE("CJAX_GEMM fixes the library: nothing is measured");
+    return;
+  }
+  // A class no other test uses: f64, B transposed, 37 x 5 x 300.
+  Array a = jnp::sin(jnp::arange(37 * 300).astype(DType::float64).reshape({37, 300}));
+  Array b = jnp::cos(jnp::arange(5 * 300).astype(DType::float64).reshape({5, 300}));
+  std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>(), want(37 * 5, 0.0);
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 5; ++j)
+      for (int k = 0; k < 300; ++k) want[size_t(i * 5 + j)] += av[size_t(i * 300 + k)] * bv[size_t(j * 300 + k)];
+  auto decided = [] { return gemm_choice_stats().measured + gemm_choice_stats().from_disk; };
+  auto check_product = [&](const Array& c) {
+    std::vector<double> got = c.to_vector<double>();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
+  };
+  int64_t before = decided();
+  check_product(jnp::matmul(a, b.T()));
+  CHECK(decided() == before + 1);  // measured, or read from an earlier run's disk cache
+  check_product(jnp::matmul(a * 1.0, b.T()));
+  CHECK(decided() == before + 1);  // the same class: decided in memory
+  clear_gemm_choices();
+  int64_t measured = gemm_choice_stats().measured;
+  check_product(jnp::matmul(a, b.T()));
+  CHECK(decided() == before + 2);
+  // With a disk cache the second decision is read back, not measured again.
+  if (const char* dir = std::getenv("CJAX_CACHE_DIR"); !dir || *dir) CHECK(gemm_choice_stats().measured == measured);
+  // Either library gives the product.
+  for (GemmEngine e : {GemmEngine::xsmm, GemmEngine::blas}) {
+    set_gemm_engine_override(e);
+    check_product(jnp::matmul(a, b.T()));
+  }
+  set_gemm_engine_override(std::nullopt);
+  CHECK(gemm_class(DType::float32, 3, 1000, 1024, 1025, false, true).str() ==
+        "f32 NT m<=1024 n<=1024 k<=2048 batch<=4");
 }

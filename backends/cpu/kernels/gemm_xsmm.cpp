@@ -75,18 +75,10 @@ std::unique_ptr<T[]> pack(int64_t batch, int64_t rows, int64_t cols, const GemmO
 
 }  // namespace
 
-bool xsmm_gemm_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("CJAX_GEMM");
-    return !(v && std::strcmp(v, "blas") == 0);
-  }();
-  return on;
-}
-
 template <class T>
 bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                T alpha, T beta) {
-  if (!xsmm_gemm_enabled() || (beta != T(0) && beta != T(1))) return false;
+  if (beta != T(0) && beta != T(1)) return false;
   if (batch <= 0 || M <= 0 || N <= 0 || K <= 0) return false;
   init_once();
   // The kernels take A as it is (transposed or not) and B row major. A transposed B, or an

@@ -1,6 +1,6 @@
 // f32/f64 GEMMs on LIBXSMM's JIT-generated kernels (the host's widest vectors: AVX-512 here),
-// tiled and run on the runtime's thread pool. cpu_gemm (core/lax/linalg.h) tries this first and
-// falls back to OpenBLAS for what it declines.
+// tiled and run on the runtime's thread pool. cpu_gemm (gemm.h) runs it where it is measured to
+// beat OpenBLAS for the shape class on this host (gemm_choice.h), and OpenBLAS for what it declines.
 //
 // Why not OpenBLAS for everything: its per-call overhead dominates the many small GEMMs of
 // attention (64x64x16: ~1.5 us per call, 90 GFLOP/s per core, against ~225 with LIBXSMM), and
@@ -27,8 +27,5 @@ namespace cjax {
 template <class T>
 bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                T alpha, T beta);
-
-// CJAX_GEMM=blas: every GEMM goes to OpenBLAS (to compare the two, or to rule LIBXSMM out).
-bool xsmm_gemm_enabled();
 
 }  // namespace cjax

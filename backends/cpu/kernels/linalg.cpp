@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/gemm_choice.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
 #include "backends/cpu/kernels/strided_copy.h"
 #include "core/array/array_impl.h"
@@ -107,12 +108,10 @@ void pin_blas_if_multi_device() {
   (void)pinned;
 }
 
-// Batched BLAS GEMM in T (float or double) on operands already of type T.
+// Batched OpenBLAS GEMM in T (float or double) on operands already of type T.
 template <class T>
-void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
-              T alpha = T(1), T beta = T(0)) {
-  pin_blas_if_multi_device();
-  if (xsmm_gemm<T>(batch, M, N, K, A, B, C, alpha, beta)) return;
+void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
+                  T alpha, T beta) {
   const T* a = static_cast<const T*>(A.ptr);
   const T* b = static_cast<const T*>(B.ptr);
   auto one = [&](int64_t i) {
@@ -134,6 +133,27 @@ void run_blas(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand&
   } else {
     for (int64_t i = 0; i < batch; ++i) one(i);  // large GEMMs: OpenBLAS threads each one
   }
+}
+
+// Batched GEMM in T (float or double) on operands already of type T, on the library measured to
+// be faster for its shape class on this host (gemm_choice.h).
+template <class T>
+void float_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
+                T alpha = T(1), T beta = T(0)) {
+  pin_blas_if_multi_device();
+  if (beta == T(0) || beta == T(1)) {  // LIBXSMM's kernels have beta 0 or 1
+    std::unique_ptr<T[]> scratch;
+    auto run_once = [&](GemmEngine e) {
+      if (!scratch) scratch.reset(new T[size_t(batch * M * N)]);
+      if (e == GemmEngine::blas || !xsmm_gemm<T>(batch, M, N, K, A, B, scratch.get(), alpha, T(0)))
+        blas_batched<T>(batch, M, N, K, A, B, scratch.get(), alpha, T(0));
+    };
+    GemmClass cls =
+        gemm_class(std::is_same_v<T, float> ? DType::float32 : DType::float64, batch, M, N, K, A.trans, B.trans);
+    if (choose_gemm_engine(cls, run_once) == GemmEngine::xsmm && xsmm_gemm<T>(batch, M, N, K, A, B, C, alpha, beta))
+      return;
+  }
+  blas_batched<T>(batch, M, N, K, A, B, C, alpha, beta);
 }
 
 // Wrapping integer arithmetic type: unsigned, at least 32 bits (no promotion to signed int).
@@ -308,9 +328,9 @@ void accumulate_into(const Array& lhs, const Array& rhs, const DotDimsParam& dn,
   GemmProblem g = gemm_problem(lhs, rhs, dn);
   if (g.K == 0) return;  // acc + alpha * 0
   if (dt == DType::float32)
-    run_blas<float>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<float*>(raw_ptr(acc)), float(alpha), 1.0f);
+    float_gemm<float>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<float*>(raw_ptr(acc)), float(alpha), 1.0f);
   else
-    run_blas<double>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<double*>(raw_ptr(acc)), alpha, 1.0);
+    float_gemm<double>(g.B, g.M, g.N, g.K, g.A, g.Bop, static_cast<double*>(raw_ptr(acc)), alpha, 1.0);
 }
 
 // dot_general_accumulate: acc + alpha * lhs.rhs, into a copy of acc, or into acc's own buffer
@@ -365,7 +385,7 @@ void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t 
         sc = std::make_unique<Scratch>(size_t(csize) * sizeof(CT));
         c = reinterpret_cast<CT*>(sc->p);
       }
-      run_blas<CT>(batch, M, N, K, a, b, c);
+      float_gemm<CT>(batch, M, N, K, a, b, c);
       if (out != ct) store_convert<CT>(c, C, out, csize);
     };
     if (dbl)

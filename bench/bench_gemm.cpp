@@ -1,0 +1,66 @@
+// GEMM rows (issue 21): jnp::matmul, on the library the host's measurement chose for each shape
+// class (backends/cpu/kernels/gemm_choice.h), against the best library for the shape measured in
+// the same rounds: OpenBLAS called directly (cblas_sgemm per batch entry) and cjax's LIBXSMM
+// path. Run under CJAX_ISA=avx2 as well, for the AVX2 column.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "backends/cpu/kernels/gemm_choice.h"
+#include "bench/harness.h"
+#include "cjax/cjax.h"
+#include "core/array/array_impl.h"
+
+using namespace cjax;
+using namespace cjax::bench;
+namespace jnp = cjax::numpy;
+
+namespace {
+
+struct Shape3 {
+  const char* what;
+  int batch, m, n, k;
+};
+
+void gemm_row(const Shape3& s) {
+  Array A = jnp::sin(jnp::arange(int64_t(s.batch) * s.m * s.k).astype(DType::float32)).reshape({s.batch, s.m, s.k});
+  Array B = jnp::cos(jnp::arange(int64_t(s.batch) * s.k * s.n).astype(DType::float32)).reshape({s.batch, s.k, s.n});
+  std::unique_ptr<float[]> C(new float[size_t(s.batch) * s.m * s.n]);
+  const float* pa = data_ptr<const float>(A);
+  const float* pb = data_ptr<const float>(B);
+  jnp::matmul(A, B).block_until_ready();  // the first call of a class measures the libraries
+  auto ours = [&] { jnp::matmul(A, B).block_until_ready(); };
+  auto xsmm = [&] {
+    set_gemm_engine_override(GemmEngine::xsmm);
+    jnp::matmul(A, B).block_until_ready();
+    set_gemm_engine_override(std::nullopt);
+  };
+  auto blas = [&] {
+    for (int b = 0; b < s.batch; ++b)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.f, pa + size_t(b) * s.m * s.k, s.k,
+                  pb + size_t(b) * s.k * s.n, s.n, 0.f, C.get() + size_t(b) * s.m * s.n, s.n);
+  };
+  double work = 2.0 * s.batch * s.m * s.n * s.k;
+  int reps = std::clamp(int(2e9 / std::max(work, 1.0)), 7, 201);
+  std::vector<double> t = interleaved_medians({ours, xsmm, blas}, reps);
+  double best = std::min(t[1], t[2]);
+  auto us = [](double sec) { return fmt::format("{:.1f}us", sec * 1e6); };
+  row(fmt::format("{} {}x[{}x{}x{}]", s.what, s.batch, s.m, s.n, s.k),
+      fmt::format("{} {:.0f}GF", us(t[0]), work / t[0] / 1e9), fmt::format("xsmm {} blas {}", us(t[1]), us(t[2])),
+      t[0] / best, "<= 1.05x best");
+}
+
+}  // namespace
+
+int main() {
+  print_host();
+  std::printf("%-44s %-18s %-26s %8s\n", "GEMM f32 (batch x [M x N x K])", "cjax (chosen)", "libraries", "vs best");
+  for (const Shape3& s : {Shape3{"square", 1, 1024, 1024, 1024}, Shape3{"square", 1, 512, 512, 512},
+                          Shape3{"square", 1, 256, 256, 256}, Shape3{"MLP layer", 1, 32, 1024, 1024},
+                          Shape3{"MLP layer", 1, 128, 512, 784}, Shape3{"projection", 1, 2048, 1024, 256},
+                          Shape3{"attention QK", 64, 64, 64, 16}, Shape3{"attention PV", 64, 64, 16, 64}})
+    gemm_row(s);
+  return 0;
+}
