@@ -78,61 +78,45 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
                 beta, C, blasint(N));
 }
 
-// BLAS threading: OpenBLAS runs its own threads for one large call from the caller; inside our
-// parallel regions it must run on one thread. This guard pins it for the guard's lifetime.
-class BlasSingleThreadScope {
- public:
-  BlasSingleThreadScope() : previous_(openblas_get_num_threads()) {
-    if (previous_ != 1) openblas_set_num_threads(1);
-  }
-  ~BlasSingleThreadScope() {
-    if (previous_ != 1) openblas_set_num_threads(previous_);
-  }
-
- private:
-  int previous_;
-};
-
-// With several CPU devices, every device's worker thread calls BLAS concurrently. OpenBLAS's thread
-// pool is process-wide: concurrent multi-threaded calls spin against each other in sched_yield (a
-// 2-core machine training on 8 virtual devices spent ~45% of its time there, at half the speed of
-// single-threaded BLAS), and the save/restore of BlasSingleThreadScope races between workers. The
-// devices are the parallelism then, so OpenBLAS is pinned to one thread for the whole process as
-// soon as more than one CPU device exists. One device keeps OpenBLAS's threads for large GEMMs.
-void pin_blas_if_multi_device() {
+// OpenBLAS runs on one thread, always: cjax's pool spreads its calls (row panels of one large
+// GEMM, or the entries of a batch). OpenBLAS's own threads spin for a long time after each call
+// (2^28 cycles by default), and on a small machine they took the cores from the pool's next
+// kernels: a transformer step ran 1.4x slower with multi-threaded OpenBLAS on its large
+// projections than with LIBXSMM, although OpenBLAS was faster on those GEMMs alone. With several
+// CPU devices, concurrent multi-threaded calls also spun against each other in sched_yield.
+void pin_blas_to_one_thread() {
   static const bool pinned = [] {
-    if (device_count() <= 1) return false;
     openblas_set_num_threads(1);
     return true;
   }();
   (void)pinned;
 }
 
-// Batched OpenBLAS GEMM in T (float or double) on operands already of type T.
+// Batched OpenBLAS GEMM in T (float or double) on operands already of type T, spread over the
+// pool: by batch entry, or for one product by panels of C's rows (each a single-threaded call;
+// no split of K, so every element sums in OpenBLAS's order whatever the thread count).
 template <class T>
 void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                   T alpha, T beta) {
+  pin_blas_to_one_thread();
   const T* a = static_cast<const T*>(A.ptr);
   const T* b = static_cast<const T*>(B.ptr);
-  auto one = [&](int64_t i) {
-    blas_gemm<T>(A.trans, B.trans, M, N, K, a + A.batch_offset(i), A.ld, b + B.batch_offset(i), B.ld, C + i * M * N,
-                 alpha, beta);
-  };
   double work = double(M) * double(N) * double(K);
-  constexpr double kSmall = 128.0 * 128.0 * 128.0;
-  if (batch > 1 && work < kSmall && num_threads() > 1 && !in_parallel_region()) {
-    // Many small GEMMs: our threads over the batch, each running single-threaded BLAS.
-    BlasSingleThreadScope single;
+  if (batch > 1) {
     int64_t grain = std::max<int64_t>(1, int64_t(65536.0 / std::max(work, 1.0)));
     parallel_for(batch, grain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) one(i);
+      for (int64_t i = s; i < e; ++i)
+        blas_gemm<T>(A.trans, B.trans, M, N, K, a + A.batch_offset(i), A.ld, b + B.batch_offset(i), B.ld, C + i * M * N,
+                     alpha, beta);
     });
-  } else if (in_parallel_region()) {
-    BlasSingleThreadScope single;
-    for (int64_t i = 0; i < batch; ++i) one(i);
-  } else {
-    for (int64_t i = 0; i < batch; ++i) one(i);  // large GEMMs: OpenBLAS threads each one
+    return;
   }
+  // Row panels of at least 16 rows and ~2^21 multiply-adds each, at most one per thread.
+  int64_t per_row = std::max<int64_t>(1, N * K);
+  int64_t rows = std::max<int64_t>({16, (int64_t(1) << 21) / per_row, (M + num_threads() - 1) / num_threads()});
+  parallel_for(M, rows, [&](int64_t s, int64_t e) {
+    blas_gemm<T>(A.trans, B.trans, e - s, N, K, a + (A.trans ? s : s * A.ld), A.ld, b, B.ld, C + s * N, alpha, beta);
+  });
 }
 
 // Batched GEMM in T (float or double) on operands already of type T, on the library measured to
@@ -140,7 +124,6 @@ void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOper
 template <class T>
 void float_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                 T alpha = T(1), T beta = T(0)) {
-  pin_blas_if_multi_device();
   if (beta == T(0) || beta == T(1)) {  // LIBXSMM's kernels have beta 0 or 1
     std::unique_ptr<T[]> scratch;
     auto run_once = [&](GemmEngine e) {
