@@ -496,6 +496,7 @@ int main(int argc, char** argv) {
     double t_cjax = time_steps(step, 7);
     double t_blas = time_median(
                         [&] {
+                          OpenBlasOwnThreads own;
                           for (int i = 0; i < n; ++i) blas.step(xs.data(), labels.data());
                         },
                         7) /

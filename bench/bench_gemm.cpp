@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <thread>
 
 #include "backends/cpu/kernels/gemm_choice.h"
 #include "bench/harness.h"
@@ -38,12 +37,11 @@ void gemm_row(const Shape3& s) {
     jnp::matmul(A, B).block_until_ready();
     set_gemm_engine_override(std::nullopt);
   };
-  auto blas = [&] {  // OpenBLAS as a user calls it: its own threads, one per core
-    openblas_set_num_threads(int(std::thread::hardware_concurrency()));
+  auto blas = [&] {
+    OpenBlasOwnThreads own;
     for (int b = 0; b < s.batch; ++b)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.f, pa + size_t(b) * s.m * s.k, s.k,
                   pb + size_t(b) * s.k * s.n, s.n, 0.f, C.get() + size_t(b) * s.m * s.n, s.n);
-    openblas_set_num_threads(1);  // as cjax keeps it
   };
   double work = 2.0 * s.batch * s.m * s.n * s.k;
   int reps = std::clamp(int(2e9 / std::max(work, 1.0)), 7, 201);

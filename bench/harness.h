@@ -11,7 +11,29 @@
 #include <thread>
 #include <vector>
 
+extern "C" {
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int);
+}
+
 namespace cjax::bench {
+
+// OpenBLAS as its users call it, on its own threads (one per core, or OPENBLAS_NUM_THREADS), for
+// the scope's lifetime: cjax pins OpenBLAS to one thread once it has run a GEMM on it
+// (backends/cpu/kernels/linalg.cpp), which must not slow the OpenBLAS peer rows.
+class OpenBlasOwnThreads {
+ public:
+  OpenBlasOwnThreads() : previous_(openblas_get_num_threads()) {
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    openblas_set_num_threads(env && *env ? std::atoi(env) : int(std::thread::hardware_concurrency()));
+  }
+  ~OpenBlasOwnThreads() { openblas_set_num_threads(previous_); }
+  OpenBlasOwnThreads(const OpenBlasOwnThreads&) = delete;
+  OpenBlasOwnThreads& operator=(const OpenBlasOwnThreads&) = delete;
+
+ private:
+  int previous_;
+};
 
 // Median seconds per call of fn over `reps` timed runs (after one warm-up run).
 inline double time_median(const std::function<void()>& fn, int reps) {
