@@ -292,3 +292,17 @@ TEST_CASE("every cpu device has a stream, and jit's kernel modules launch on it"
   CHECK(got[0] == 0.5f);
   CHECK(got[999] == 999.5f);
 }
+
+TEST_CASE("device_put between devices of one platform copies through the backend, not the host") {
+  Array x = device_put(numpy::arange(6, DType::int32).reshape({2, 3}), SingleDeviceSharding(Device(Platform::cpu, 2)));
+  Array y = device_put(x, SingleDeviceSharding(Device(Platform::cpu, 5)));
+  CHECK(concrete(y)->device() == Device(Platform::cpu, 5));
+  CHECK(raw_ptr(y) != raw_ptr(x));
+  CHECK(y.to_vector<int32_t>() == std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+  // The base class stages through host memory: what a backend without a direct path gets.
+  Backend& cpu = backend_for(Platform::cpu);
+  std::vector<float> src = {1.5f, -2.0f, 3.25f}, dst(3, 0.0f);
+  cpu.Backend::copy_between_devices(Device(Platform::cpu, 0), src.data(), Device(Platform::cpu, 1), dst.data(),
+                                    3 * sizeof(float));
+  CHECK(dst == src);
+}

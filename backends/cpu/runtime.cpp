@@ -197,6 +197,9 @@ class CpuBackend final : public Backend {
   void reset_peak_memory(const Device& d) override { allocator_for(d).reset_peak(); }
   void copy_to_host(const Device&, const void* src, void* dst, size_t n) override { std::memcpy(dst, src, n); }
   void copy_from_host(const Device&, void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void copy_between_devices(const Device&, const void* src, const Device&, void* dst, size_t n) override {
+    std::memcpy(dst, src, n);
+  }
   void synchronize(const Device&) override {}
   Stream& stream(const Device& d) override {
     allocator_for(d);  // validates the device

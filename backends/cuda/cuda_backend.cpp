@@ -102,6 +102,11 @@ class CudaBackend final : public Backend {
   void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) override {
     check(activate(d).cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes), "cuMemcpyHtoD");
   }
+  void copy_between_devices(const Device& from, const void* src, const Device& to, void* dst, size_t nbytes) override {
+    if (from != to) return Backend::copy_between_devices(from, src, to, dst, nbytes);  // through the host
+    check(activate(to).cuMemcpyDtoD(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), nbytes),
+          "cuMemcpyDtoD");
+  }
   void synchronize(const Device& d) override { check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize"); }
   Stream& stream(const Device& d) override { return *gpu_of(d).stream; }
   KernelCompiler* kernel_compiler() override { return &fused_kernel_compiler(); }

@@ -53,6 +53,12 @@ int positive_env_int(const char* name, int fallback) {
   return int(x);
 }
 
+void Backend::copy_between_devices(const Device& from, const void* src, const Device& to, void* dst, size_t nbytes) {
+  std::vector<std::byte> staging(nbytes);
+  copy_to_host(from, src, staging.data(), nbytes);
+  copy_from_host(to, dst, staging.data(), nbytes);
+}
+
 void check_device(const Device& d) {
   Backend& b = backend_for(d.platform());
   std::vector<Device> devs = b.devices();

@@ -117,6 +117,9 @@ class Backend {
   // on the device that writes `src` has finished).
   virtual void copy_to_host(const Device& d, const void* src, void* host_dst, size_t nbytes) = 0;
   virtual void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) = 0;
+  // Synchronous copy from a buffer of device `from` to one of device `to`, both of this platform.
+  // By default staged through host memory; a backend overrides it with a direct copy.
+  virtual void copy_between_devices(const Device& from, const void* src, const Device& to, void* dst, size_t nbytes);
   // Waits until the device's queued work is done.
   virtual void synchronize(const Device& d) = 0;
   // The device's compute stream: kernels (fused and primitive) and frees are ordered on it.

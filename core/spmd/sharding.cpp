@@ -296,10 +296,15 @@ Array device_put(const Array& x, const Sharding& sharding) {
     Array placed;
     if (c.device() == single->device()) {
       placed = make_view(x, c.aval);
+    } else if (const Device& to = single->device(); to.platform() == c.device().platform()) {
+      check_device(to);
+      placed = make_uninitialized(c.aval, to);
+      if (size_t n = c.buffer()->nbytes())
+        backend_for(to.platform()).copy_between_devices(c.device(), c.buffer()->data(), to, raw_ptr(placed), n);
     } else {
-      check_device(single->device());
+      check_device(to);
       Array host = to_host(x);
-      placed = make_from_host(raw_ptr(host), c.aval, single->device());
+      placed = make_from_host(raw_ptr(host), c.aval, to);
     }
     concrete(placed)->committed = true;
     return placed;
