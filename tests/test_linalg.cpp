@@ -305,30 +305,33 @@ std::vector<double> naive_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, c
 TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles and strided batches", T, float,
                    double) {
   // 130 x 70 leaves edge tiles in both directions (64-wide tiles); 3 x 2 batches are strided
-  // like attention's [b, s, n, h] operands.
-  const int64_t M = 130, N = 70, K = 33, nb0 = 3, nb1 = 2, batch = nb0 * nb1;
-  for (bool ta : {false, true})
-    for (bool tb : {false, true})
-      for (double alpha : {1.0, -0.5})
-        for (double beta : {0.0, 1.0}) {
-          CAPTURE(ta);
-          CAPTURE(tb);
-          CAPTURE(alpha);
-          CAPTURE(beta);
-          // A is [nb0, rows, nb1, cols] in memory (batch dims interleaved), B plainly batched.
-          int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-          std::vector<T> a(size_t(nb0 * ar * nb1 * ac)), b(size_t(batch * br * bc)), c(size_t(batch * M * N));
-          for (size_t i = 0; i < a.size(); ++i) a[i] = T(std::sin(0.37 * double(i)));
-          for (size_t i = 0; i < b.size(); ++i) b[i] = T(std::cos(0.11 * double(i)));
-          for (size_t i = 0; i < c.size(); ++i) c[i] = T(0.25 * double(i % 7));
-          GemmOperand A{a.data(), ta, nb1 * ac, 0, {{nb0, ar * nb1 * ac}, {nb1, ac}}};
-          GemmOperand B{b.data(), tb, bc, br * bc};
-          std::vector<double> want = naive_gemm<T>(batch, M, N, K, A, B, c, alpha, beta);
-          REQUIRE(xsmm_gemm<T>(batch, M, N, K, A, B, c.data(), T(alpha), T(beta)));
-          double worst = 0;  // relative to the magnitude of a sum of K products of size <= 1
-          for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::fabs(double(c[i]) - want[i]) / double(K));
-          CHECK(worst <= (std::is_same_v<T, float> ? 1e-6 : 1e-14));
-        }
+  // like attention's [b, s, n, h] operands. K = 300 packs B into column panels (gemm_xsmm.cpp).
+  const int64_t M = 130, N = 70, nb0 = 3, nb1 = 2, batch = nb0 * nb1;
+  for (int64_t K : {33, 300})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (double alpha : {1.0, -0.5})
+          for (double beta : {0.0, 1.0}) {
+            CAPTURE(K);
+            CAPTURE(ta);
+            CAPTURE(tb);
+            CAPTURE(alpha);
+            CAPTURE(beta);
+            // A is [nb0, rows, nb1, cols] in memory (batch dims interleaved), B plainly batched.
+            int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+            std::vector<T> a(size_t(nb0 * ar * nb1 * ac)), b(size_t(batch * br * bc)), c(size_t(batch * M * N));
+            for (size_t i = 0; i < a.size(); ++i) a[i] = T(std::sin(0.37 * double(i)));
+            for (size_t i = 0; i < b.size(); ++i) b[i] = T(std::cos(0.11 * double(i)));
+            for (size_t i = 0; i < c.size(); ++i) c[i] = T(0.25 * double(i % 7));
+            GemmOperand A{a.data(), ta, nb1 * ac, 0, {{nb0, ar * nb1 * ac}, {nb1, ac}}};
+            GemmOperand B{b.data(), tb, bc, br * bc};
+            std::vector<double> want = naive_gemm<T>(batch, M, N, K, A, B, c, alpha, beta);
+            REQUIRE(xsmm_gemm<T>(batch, M, N, K, A, B, c.data(), T(alpha), T(beta)));
+            double worst = 0;  // relative to the magnitude of a sum of K products of size <= 1
+            for (size_t i = 0; i < c.size(); ++i)
+              worst = std::max(worst, std::fabs(double(c[i]) - want[i]) / double(K));
+            CHECK(worst <= (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+          }
   // beta outside {0, 1} is left to BLAS.
   std::vector<T> a(4, T(1)), b(4, T(1)), c(4, T(1));
   CHECK_FALSE(xsmm_gemm<T>(1, 2, 2, 2, GemmOperand{a.data(), false, 2}, GemmOperand{b.data(), false, 2}, c.data(), T(1),

@@ -73,6 +73,26 @@ std::unique_ptr<T[]> pack(int64_t batch, int64_t rows, int64_t cols, const GemmO
   return out;
 }
 
+// B[b] (K x N, row major, ld B.ld, not transposed) cut into column panels of width tn (the last
+// one narrower), each contiguous [K, width]: a tile's kernel then reads its panel row after row,
+// instead of one short run per 4 KiB page (ld 1024 floats), which left LIBXSMM at half speed or
+// worse on large products wherever the pages' cache placement was unlucky.
+template <class T>
+std::unique_ptr<T[]> pack_panels(int64_t batch, int64_t K, int64_t N, int64_t tn, const GemmOperand& B) {
+  auto out = std::unique_ptr<T[]>(new T[size_t(batch * K * N)]);
+  const T* src = static_cast<const T*>(B.ptr);
+  int64_t panels = (N + tn - 1) / tn;
+  parallel_for(batch * panels, 1, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      int64_t bi = w / panels, j0 = (w % panels) * tn, width = std::min(tn, N - j0);
+      const T* sb = src + B.batch_offset(bi) + j0;
+      T* ob = out.get() + bi * K * N + j0 * K;
+      for (int64_t k = 0; k < K; ++k) std::memcpy(ob + k * width, sb + k * B.ld, size_t(width) * sizeof(T));
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 template <class T>
@@ -88,20 +108,27 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   if (scale_a) packed_a = pack<T>(batch, M, K, A, alpha);
   if (B.trans || (alpha != T(1) && !scale_a)) packed_b = pack<T>(batch, K, N, B, scale_a ? T(1) : alpha);
   bool a_trans = A.trans && !packed_a;
-  int64_t lda = packed_a ? K : A.ld, ldb = packed_b ? N : B.ld;
   // Edge tiles are smaller: at most four kernel shapes per call (LIBXSMM caches them).
   int64_t tm = std::min(M, kTile), tn = std::min(N, kTile), rm = M % tm, rn = N % tn;
-  Kernel<T> full = dispatch<T>(tm, tn, K, ldb, lda, a_trans, N, beta);
-  Kernel<T> right = rn ? dispatch<T>(tm, rn, K, ldb, lda, a_trans, N, beta) : full;
-  Kernel<T> bottom = rm ? dispatch<T>(rm, tn, K, ldb, lda, a_trans, N, beta) : full;
-  Kernel<T> corner = rm && rn ? dispatch<T>(rm, rn, K, ldb, lda, a_trans, N, beta) : full;
-  if (!full || !right || !bottom || !corner) return false;
   int64_t tiles_m = (M + tm - 1) / tm, tiles_n = (N + tn - 1) / tn, per_batch = tiles_m * tiles_n;
+  // Panels pay off where several row tiles read each one and a panel outgrows the L1 cache.
+  std::unique_ptr<T[]> panels;
+  if (!packed_b && tiles_m >= 2 && K * tn * int64_t(sizeof(T)) > (int64_t(64) << 10))
+    panels = pack_panels<T>(batch, K, N, tn, B);
+  int64_t lda = packed_a ? K : A.ld, ldb = packed_b ? N : B.ld;
+  int64_t ldb_full = panels ? tn : ldb, ldb_edge = panels ? rn : ldb;
+  Kernel<T> full = dispatch<T>(tm, tn, K, ldb_full, lda, a_trans, N, beta);
+  Kernel<T> right = rn ? dispatch<T>(tm, rn, K, ldb_edge, lda, a_trans, N, beta) : full;
+  Kernel<T> bottom = rm ? dispatch<T>(rm, tn, K, ldb_full, lda, a_trans, N, beta) : full;
+  Kernel<T> corner = rm && rn ? dispatch<T>(rm, rn, K, ldb_edge, lda, a_trans, N, beta) : full;
+  if (!full || !right || !bottom || !corner) return false;
   auto a_of = [&](int64_t bi) {
     return packed_a ? packed_a.get() + bi * M * K : static_cast<const T*>(A.ptr) + A.batch_offset(bi);
   };
-  auto b_of = [&](int64_t bi) {
-    return packed_b ? packed_b.get() + bi * K * N : static_cast<const T*>(B.ptr) + B.batch_offset(bi);
+  // The first element of B's columns from j0 for batch entry bi.
+  auto b_at = [&](int64_t bi, int64_t j0) {
+    if (panels) return static_cast<const T*>(panels.get() + bi * K * N + j0 * K);
+    return (packed_b ? packed_b.get() + bi * K * N : static_cast<const T*>(B.ptr) + B.batch_offset(bi)) + j0;
   };
   int64_t grain = std::max<int64_t>(1, kTaskWork / (tm * tn * K));
   parallel_for(batch * per_batch, grain, [&](int64_t s, int64_t e) {
@@ -109,7 +136,7 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
       int64_t bi = w / per_batch, t = w % per_batch, i0 = (t / tiles_n) * tm, j0 = (t % tiles_n) * tn;
       bool last_m = rm && i0 + tm > M, last_n = rn && j0 + tn > N;
       Kernel<T> k = last_m ? (last_n ? corner : bottom) : (last_n ? right : full);
-      k(b_of(bi) + j0, a_of(bi) + (a_trans ? i0 : i0 * lda), C + bi * M * N + i0 * N + j0);
+      k(b_at(bi, j0), a_of(bi) + (a_trans ? i0 : i0 * lda), C + bi * M * N + i0 * N + j0);
     }
   });
   return true;
