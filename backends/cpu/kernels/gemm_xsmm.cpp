@@ -18,6 +18,9 @@ constexpr int64_t kTile = 64;  // rows and columns of C per kernel call
 // Multiply-adds per pool task (~40 us of work): waking a pool thread costs more than a smaller
 // share would save (an MLP step with batch 32 ran 1.3x slower with one task per tile).
 constexpr int64_t kTaskWork = int64_t(1) << 23;
+// The least work worth a share of its own on another thread (~10 us): a batch of small products
+// below kTaskWork in all (attention's 64 heads of 64x64x16) otherwise ran on one thread.
+constexpr int64_t kMinShareWork = int64_t(1) << 20;
 
 template <class T>
 using Kernel = std::conditional_t<std::is_same_v<T, float>, libxsmm_smmfunction, libxsmm_dmmfunction>;
@@ -130,7 +133,10 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
     if (panels) return static_cast<const T*>(panels.get() + bi * K * N + j0 * K);
     return (packed_b ? packed_b.get() + bi * K * N : static_cast<const T*>(B.ptr) + B.batch_offset(bi)) + j0;
   };
-  int64_t grain = std::max<int64_t>(1, kTaskWork / (tm * tn * K));
+  // Tasks of ~kTaskWork, but every thread gets a share once each share is worth waking it for.
+  int64_t items = batch * per_batch, grain = std::max<int64_t>(1, kTaskWork / (tm * tn * K));
+  if (double(items) * double(tm * tn * K) >= double(kMinShareWork) * num_threads())
+    grain = std::min(grain, (items + num_threads() - 1) / num_threads());
   parallel_for(batch * per_batch, grain, [&](int64_t s, int64_t e) {
     for (int64_t w = s; w < e; ++w) {
       int64_t bi = w / per_batch, t = w % per_batch, i0 = (t / tiles_n) * tm, j0 = (t % tiles_n) * tn;
