@@ -11,48 +11,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <span>
-#include <type_traits>
 
 #include "cjax/errors.h"
 #include "core/array/visit_dtype.h"
 #include "core/backend/backend.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax::cpu {
 namespace {
-
-template <class T>
-T combine(T a, T b, ReduceOp op) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return op == ReduceOp::Prod || op == ReduceOp::Min ? (a && b) : (a || b);
-  } else if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;  // wraps, like XLA
-    switch (op) {
-      case ReduceOp::Sum: return T(U(a) + U(b));
-      case ReduceOp::Prod: return T(U(a) * U(b));
-      case ReduceOp::Max: return std::max(a, b);
-      case ReduceOp::Min: return std::min(a, b);
-    }
-    return a;
-  } else {
-    using C = compute_t<T>;
-    C x = C(a), y = C(b);
-    if ((op == ReduceOp::Max || op == ReduceOp::Min) && (std::isnan(x) || std::isnan(y)))
-      return T(std::numeric_limits<C>::quiet_NaN());
-    switch (op) {
-      case ReduceOp::Sum: return T(x + y);
-      case ReduceOp::Prod: return T(x * y);
-      case ReduceOp::Max: return T(std::max(x, y));
-      case ReduceOp::Min: return T(std::min(x, y));
-    }
-    return a;
-  }
-}
 
 class InProcessBufferCommunicator final : public BufferCommunicator {
  public:
@@ -119,7 +89,8 @@ class InProcessBufferCommunicator final : public BufferCommunicator {
       using T = typename decltype(tag)::type;
       for (size_t i = 0; i < count; ++i) {
         T acc = static_cast<const T*>(send_[0])[in_offset + i];
-        for (int r = 1; r < n_; ++r) acc = combine(acc, static_cast<const T*>(send_[size_t(r)])[in_offset + i], op);
+        for (int r = 1; r < n_; ++r)
+          acc = scalar::reduce_combine(acc, static_cast<const T*>(send_[size_t(r)])[in_offset + i], op);
         for (void* out : outs) static_cast<T*>(out)[out_offset + i] = acc;
       }
     });

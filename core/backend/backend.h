@@ -15,6 +15,7 @@
 #include "cjax/array.h"
 #include "cjax/device.h"
 #include "cjax/dtype.h"
+#include "core/backend/scalar_ops.h"
 
 namespace cjax {
 
@@ -73,7 +74,6 @@ class KernelCompiler {
 // different threads (CPU virtual devices) or processes. Reductions combine the ranks in rank
 // order, so results are identical run to run. A member that does not arrive within the timeout
 // makes the others raise CollectiveError naming the operation and the missing ranks.
-enum class ReduceOp : uint8_t { Sum, Prod, Max, Min };  // Max/Min propagate NaN, as XLA does
 class BufferCommunicator {
  public:
   virtual ~BufferCommunicator() = default;

@@ -93,4 +93,8 @@ inline constexpr ScalarOpInfo kScalarOps[] = {
 };
 constexpr const ScalarOpInfo& scalar_op_info(ScalarOp op) { return kScalarOps[size_t(op)]; }
 
+// How a reduction over devices combines values (BufferCommunicator, shard_map's collectives);
+// scalar::reduce_combine (core/lax/scalar_fns.h) is its arithmetic.
+enum class ReduceOp : uint8_t { Sum, Prod, Max, Min };
+
 }  // namespace cjax

@@ -1,6 +1,7 @@
 // Eager scalar semantics of each row of the scalar-op table. Arithmetic happens in
 // compute_t<T> (float for bf16/f16). Float ops propagate NaN like XLA (max/min included).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -71,6 +72,28 @@ inline T wrap_sub(T x, T y) {
     return T(W(x) - W(y));
   } else {
     return T(x - y);
+  }
+}
+
+// a op b for a reduction over devices: bool reduces as or (Sum, Max) and and (Prod, Min); integer
+// sums and products wrap; Max and Min return a NaN operand as it is, as XLA does.
+template <class T>
+inline T reduce_combine(T a, T b, ReduceOp op) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return op == ReduceOp::Prod || op == ReduceOp::Min ? (a && b) : (a || b);
+  } else if constexpr (std::is_integral_v<T>) {
+    using W = typename wrap_type<T>::type;
+    if (op == ReduceOp::Sum) return T(W(a) + W(b));
+    if (op == ReduceOp::Prod) return T(W(a) * W(b));
+    return op == ReduceOp::Max ? std::max(a, b) : std::min(a, b);
+  } else {
+    using C = compute_t<T>;
+    C x = C(a), y = C(b);
+    if (op == ReduceOp::Sum) return T(x + y);
+    if (op == ReduceOp::Prod) return T(x * y);
+    if (x != x) return a;
+    if (y != y) return b;
+    return op == ReduceOp::Max ? (x < y ? b : a) : (y < x ? b : a);
   }
 }
 template <class T>

@@ -21,6 +21,7 @@
 #include "core/array/spmd.h"
 #include "core/array/visit_dtype.h"
 #include "core/backend/parallel.h"
+#include "core/lax/scalar_fns.h"
 
 namespace cjax {
 
@@ -43,30 +44,8 @@ const std::vector<std::string>& collective_axes(const Params& p) { return p.obje
 
 namespace {
 
-enum class Combine { Sum, Max, Min };
-
-template <class T>
-T combine2(Combine op, T a, T b) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return op == Combine::Min ? (a && b) : (a || b);
-  } else if constexpr (std::is_integral_v<T>) {
-    if (op == Combine::Sum) {
-      using U = std::make_unsigned_t<T>;
-      return T(U(a) + U(b));  // wraps, like XLA
-    }
-    return op == Combine::Max ? std::max(a, b) : std::min(a, b);
-  } else {
-    using C = compute_t<T>;
-    C x = C(a), y = C(b);
-    if (op == Combine::Sum) return T(x + y);
-    if (x != x) return a;  // NaN propagates
-    if (y != y) return b;
-    return op == Combine::Max ? (x < y ? b : a) : (y < x ? b : a);
-  }
-}
-
 // Elements [lo, hi) of the member-ordered combination of `xs`, written into every array of `outs`.
-void combine_range(Combine op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi) {
+void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi) {
   visit_dtype(xs[0].dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* first = data_ptr<T>(outs[0]);
@@ -74,7 +53,7 @@ void combine_range(Combine op, std::span<const Array> xs, std::span<const Array>
     std::copy(x0 + lo, x0 + hi, first + lo);
     for (size_t j = 1; j < xs.size(); ++j) {
       const T* xj = data_ptr<const T>(xs[j]);
-      for (int64_t i = lo; i < hi; ++i) first[i] = combine2<T>(op, first[i], xj[i]);
+      for (int64_t i = lo; i < hi; ++i) first[i] = scalar::reduce_combine<T>(first[i], xj[i], op);
     }
     for (size_t k = 1; k < outs.size(); ++k) std::copy(first + lo, first + hi, data_ptr<T>(outs[k]) + lo);
   });
@@ -85,16 +64,16 @@ AbstractValue local_aval(AbstractValue a) {
   return a;
 }
 
-Array combine_members(Combine op, std::span<const Array> xs) {
+Array combine_members(ReduceOp op, std::span<const Array> xs) {
   Array out = make_uninitialized(local_aval(xs[0].aval()), concrete(xs[0])->device());
   combine_range(op, xs, std::span<const Array>(&out, 1), 0, out.size());
   return out;
 }
 
-Combine combine_of(const PrimitiveDef& def) {
-  if (&def == &g_pmax) return Combine::Max;
-  if (&def == &g_pmin) return Combine::Min;
-  return Combine::Sum;
+ReduceOp reduce_op_of(const PrimitiveDef& def) {
+  if (&def == &g_pmax) return ReduceOp::Max;
+  if (&def == &g_pmin) return ReduceOp::Min;
+  return ReduceOp::Sum;
 }
 bool is_reduction(const PrimitiveDef& def) {
   return &def == &g_psum_invariant || &def == &g_psum || &def == &g_pmax || &def == &g_pmin;
@@ -359,12 +338,6 @@ void set_collective_observer(CollectiveObserver observer) { g_observer.store(obs
 namespace {
 // ---- SPMD kernels ----
 
-ReduceOp reduce_op_of(const PrimitiveDef& def) {
-  if (&def == &g_pmax) return ReduceOp::Max;
-  if (&def == &g_pmin) return ReduceOp::Min;
-  return ReduceOp::Sum;
-}
-
 // x with axis `from` moved to position `to`.
 Array move_axis(const Array& x, int64_t from, int64_t to) {
   if (from == to) return x;
@@ -501,7 +474,7 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
   int64_t n = int64_t(group.size());
   if (&def == &g_axis_index) return make_scalar(double(k), DType::int32);
   if (&def == &g_pvary) return group[size_t(k)];
-  if (is_reduction(def)) return combine_members(combine_of(def), group);
+  if (is_reduction(def)) return combine_members(reduce_op_of(def), group);
   if (&def == &g_all_gather || &def == &g_all_gather_invariant) {
     int64_t d = p.i("all_gather_dimension");
     return p.get<bool>("tiled") ? lax::concatenate(std::vector<Array>(group.begin(), group.end()), d)
@@ -511,7 +484,7 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
     int64_t d = p.i("scatter_dimension");
     std::vector<Array> parts;
     for (const Array& x : group) parts.push_back(chunk(x, d, k, n));
-    Array piece = combine_members(Combine::Sum, parts);
+    Array piece = combine_members(ReduceOp::Sum, parts);
     return p.get<bool>("tiled") ? piece : lax::squeeze(piece, {d});
   }
   if (&def == &g_ppermute) {
@@ -558,7 +531,7 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
         group_outs.push_back(make_uninitialized(local_aval(xs.back().aval()), concrete(xs.back())->device()));
       }
       parallel_for(group_outs[0].size(), int64_t(1) << 15,
-                   [&](int64_t lo, int64_t hi) { combine_range(combine_of(def), xs, group_outs, lo, hi); });
+                   [&](int64_t lo, int64_t hi) { combine_range(reduce_op_of(def), xs, group_outs, lo, hi); });
       for (size_t k = 0; k < members.size(); ++k) {
         outs[size_t(members[k])] = {group_outs[k]};
         done[size_t(members[k])] = true;

@@ -137,7 +137,7 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   int64_t items = batch * per_batch, grain = std::max<int64_t>(1, kTaskWork / (tm * tn * K));
   if (double(items) * double(tm * tn * K) >= double(kMinShareWork) * num_threads())
     grain = std::min(grain, (items + num_threads() - 1) / num_threads());
-  parallel_for(batch * per_batch, grain, [&](int64_t s, int64_t e) {
+  parallel_for(items, grain, [&](int64_t s, int64_t e) {
     for (int64_t w = s; w < e; ++w) {
       int64_t bi = w / per_batch, t = w % per_batch, i0 = (t / tiles_n) * tm, j0 = (t % tiles_n) * tn;
       bool last_m = rm && i0 + tm > M, last_n = rn && j0 + tn > N;

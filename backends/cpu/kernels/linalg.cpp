@@ -125,11 +125,12 @@ template <class T>
 void float_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                 T alpha = T(1), T beta = T(0)) {
   if (beta == T(0) || beta == T(1)) {  // LIBXSMM's kernels have beta 0 or 1
-    std::unique_ptr<T[]> scratch;
+    std::unique_ptr<Scratch> scratch;  // for measuring the two libraries (gemm_choice.h)
     auto run_once = [&](GemmEngine e) {
-      if (!scratch) scratch.reset(new T[size_t(batch * M * N)]);
-      if (e == GemmEngine::blas || !xsmm_gemm<T>(batch, M, N, K, A, B, scratch.get(), alpha, T(0)))
-        blas_batched<T>(batch, M, N, K, A, B, scratch.get(), alpha, T(0));
+      if (!scratch) scratch = std::make_unique<Scratch>(size_t(batch * M * N) * sizeof(T));
+      T* out = reinterpret_cast<T*>(scratch->p);
+      if (e == GemmEngine::blas || !xsmm_gemm<T>(batch, M, N, K, A, B, out, alpha, T(0)))
+        blas_batched<T>(batch, M, N, K, A, B, out, alpha, T(0));
     };
     GemmClass cls =
         gemm_class(std::is_same_v<T, float> ? DType::float32 : DType::float64, batch, M, N, K, A.trans, B.trans);

@@ -15,7 +15,7 @@
 namespace cjax::cpu {
 namespace {
 
-constexpr int64_t kTile = 32;            // transpose tile edge
+constexpr int64_t kTile = 32;  // transpose tile edge
 
 struct Dims {
   std::vector<int64_t> shape, ds, ss;
