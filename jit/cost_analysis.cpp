@@ -49,6 +49,15 @@ CostAnalysis first_order_cost(const JaxprEqn& e) {
     double k = 1;
     for (int64_t d : e.params.object<DotDimsParam>("dimension_numbers")->lhs_contracting) k *= double(lhs[size_t(d)]);
     c.flops = 2 * out * k + (n == "dot_general_accumulate" ? 2 * out : 0);
+  } else if (n.rfind("flash_attention", 0) == 0) {
+    // 2 T S H multiply-adds per (batch, head) for each product: 2 forward, 2 more for the tangent,
+    // 5 backward (QK^T recomputed, dO V^T, dV, dK, dQ); causal attention computes about half.
+    const Shape& q = atom_aval(e.inputs[0]).shape;
+    double products = n == "flash_attention" ? 2 : n == "flash_attention_tangent" ? 4 : 5;
+    double pairs = double(q[0]) * double(q[2]) * double(q[1]) * double(atom_aval(e.inputs[1]).shape[1]);
+    if (e.params.get<bool>("is_causal")) pairs /= 2;
+    c.flops = 2 * products * pairs * double(q[3]);
+    c.transcendentals = pairs;
   } else if (n == "conv_general_dilated") {
     const AbstractValue& rhs = atom_aval(e.inputs[1]);
     double out_features = double(rhs.shape[size_t(e.params.object<ConvDimsParam>("dimension_numbers")->rhs_spec[0])]);

@@ -11,6 +11,7 @@
 #include "cjax/random.h"
 #include "core/array/array_impl.h"
 #include "core/array/util.h"
+#include "core/lax/attention.h"
 
 namespace cjax::nn {
 namespace {
@@ -206,13 +207,26 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
     return jnp::broadcast_to(t4, logits_shape);
   };
 
+  double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(H));
+  std::string fused_blocker = o.bias                               ? "a bias"
+                              : o.mask                             ? "a mask"
+                              : !attention::fused_dtype(q.dtype()) ? fmt::format("dtype {}", dtype_name(q.dtype()))
+                                                                   : "";
+  if (o.implementation == AttentionImplementation::fused && !fused_blocker.empty())
+    throw ValueError(
+        fmt::format("nn.dot_product_attention: implementation=fused does not take {} (it takes "
+                    "float16, bfloat16 or float32 and is_causal); use implementation=automatic or xla",
+                    fused_blocker));
+  if (o.implementation != AttentionImplementation::xla && fused_blocker.empty()) {
+    Array enc = attention::forward(q, k, v, {.scale = scale, .is_causal = o.is_causal})[0];
+    return nd == 3 ? lax::reshape(enc, {T, N, H}) : enc;
+  }
   DType ldt = at_least_f32(q.dtype());
   // logits[b, k, t, g, s] = sum_h q[b, t, k, g, h] k[b, s, k, h], accumulated in f32.
   Array qg = lax::reshape(q, {B, T, K, G, H});
   lax::DotDimensionNumbers dn1{{{4}, {3}}, {{0, 2}, {0, 2}}};
   Array logits = lax::dot_general(qg, k, dn1, ldt);                              // [B, K, T, G, S]
   logits = lax::reshape(lax::transpose(logits, {0, 1, 3, 2, 4}), logits_shape);  // [B, N, T, S]
-  double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(H));
   logits = lax::mul(logits, make_scalar(scale, ldt));
   if (o.bias) logits = lax::convert_element_type(logits + check_bcast(*o.bias, "bias"), ldt);
   if (o.mask || o.is_causal) {

@@ -33,13 +33,22 @@ Array standardize(const Array& x, numpy::Axis axis = -1, double epsilon = 1e-5);
 // RMSNorm over the last axis, computed in f32: x * rsqrt(mean(x^2) + eps) * gain, cast back to x's dtype.
 Array rms_norm(const Array& x, const Array& gain, double eps = 1e-6);
 
+// How dot_product_attention computes (JAX's `implementation` argument):
+//  automatic: fused where it applies (no bias or mask, float16/bfloat16/float32), else unfused;
+//  xla:       the unfused program (logits [B,N,T,S] materialized, softmax, two products);
+//  fused:     the fused primitives (flash_attention, one pass per query block with an online softmax;
+//             its backward recomputes the probabilities), or ValueError naming what prevents it.
+// Both give the same values up to f32 rounding; the fused path keeps the probabilities in f32 for
+// the second product where the unfused one rounds them to the inputs' dtype first.
+enum class AttentionImplementation { automatic, xla, fused };
 struct AttentionOptions {
   bool is_causal = false;                      // keep keys s <= query t (lower-triangular T x S mask)
   std::optional<double> scale = std::nullopt;  // default 1/sqrt(H)
   std::optional<Array> bias = std::nullopt;    // added to the f32 logits, broadcastable to [B, N, T, S]
   std::optional<Array> mask = std::nullopt;    // bool, broadcastable to [B, N, T, S]; false entries are masked
+  AttentionImplementation implementation = AttentionImplementation::automatic;
 };
-// jax.nn.dot_product_attention (XLA path): q [B,T,N,H], k/v [B,S,K,H] (N a multiple of K, grouped-query
+// jax.nn.dot_product_attention: q [B,T,N,H], k/v [B,S,K,H] (N a multiple of K, grouped-query
 // attention), or the same without B; logits in f32, masked entries -0.7*finfo.max, softmax in f32.
 Array dot_product_attention(const Array& q, const Array& k, const Array& v, const AttentionOptions& options = {});
 

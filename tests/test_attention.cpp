@@ -1,0 +1,179 @@
+// Fused attention (core/lax/attention.h): nn::dot_product_attention's fused path against its
+// unfused one (implementation = xla) in values, gradients, forward mode, vmap, second order and
+// jit; the fused kernels against the composites directly; what the jaxpr of a training step holds.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "cjax/cjax.h"
+#include "core/lax/attention.h"
+#include "test_util.h"
+
+using namespace cjax;
+namespace jnp = cjax::numpy;
+
+namespace {
+
+using Impl = nn::AttentionImplementation;
+
+// max |a - b| / max |b|: the error relative to the values' scale.
+double rel_err(const Array& a, const Array& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto x = a.astype(f64).to_vector<double>(), y = b.astype(f64).to_vector<double>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+struct Qkv {
+  Array q, k, v;
+};
+// q [B,T,N,H], k and v [B,S,K,H], normal values.
+Qkv make_qkv(int64_t B, int64_t T, int64_t S, int64_t N, int64_t K, int64_t H, DType dt = f32, uint64_t seed = 0) {
+  auto keys = random::split(random::key(seed), 3);
+  return {random::normal(keys[0], {B, T, N, H}, dt), random::normal(keys[1], {B, S, K, H}, dt),
+          random::normal(keys[2], {B, S, K, H}, dt)};
+}
+
+Array attend(const Qkv& x, bool causal, Impl impl) {
+  return nn::dot_product_attention(x.q, x.k, x.v, {.is_causal = causal, .implementation = impl});
+}
+
+}  // namespace
+
+TEST_CASE("fused attention matches the unfused path: causal and not, query blocks, odd widths, grouped heads") {
+  struct Case {
+    int64_t B, T, S, N, K, H;
+  };
+  // T = 70 crosses a 64-row query block; H = 20 and 3 leave vector tails; S > T and S < T with a
+  // causal mask cut key blocks at the diagonal; N = 6 over K = 2 is grouped-query attention.
+  for (Case c :
+       {Case{2, 70, 70, 4, 4, 20}, Case{1, 5, 130, 6, 2, 16}, Case{3, 129, 40, 2, 1, 3}, Case{2, 64, 64, 8, 8, 16}}) {
+    for (bool causal : {false, true}) {
+      CAPTURE(c.T);
+      CAPTURE(c.S);
+      CAPTURE(causal);
+      Qkv x = make_qkv(c.B, c.T, c.S, c.N, c.K, c.H);
+      Array fused = attend(x, causal, Impl::fused), unfused = attend(x, causal, Impl::xla);
+      CHECK(rel_err(fused, unfused) < 1e-5);
+      CHECK(rel_err(attend(x, causal, Impl::automatic), unfused) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("fused attention: the kernels against the composites, lse and the first rows") {
+  Qkv x = make_qkv(2, 67, 67, 4, 2, 8);
+  attention::Options o{.scale = 0.3, .is_causal = true};
+  auto fused = attention::forward(x.q, x.k, x.v, o);
+  auto ref = attention::composite_forward(x.q, x.k, x.v, o);
+  CHECK(rel_err(fused[0], ref[0]) < 1e-5);
+  CHECK(rel_err(fused[1], ref[1]) < 1e-6);
+  // Causal row t = 0 sees key 0 only: its output is v[:, 0] and its lse is the scaled logit.
+  Array o0 = fused[0][0][0][0], v0 = x.v[0][0][0];
+  CHECK(rel_err(o0, v0) < 1e-6);
+  double logit = jnp::sum(x.q[0][0][0] * x.k[0][0][0]).item<float>() * 0.3;
+  CHECK(fused[1][0][0][0].item<float>() == doctest::Approx(logit).epsilon(1e-5));
+
+  Array dout = random::normal(random::key(7), x.q.shape());
+  auto grads = attention::backward(x.q, x.k, x.v, fused[0], fused[1], dout, o);
+  auto want = attention::composite_backward(x.q, x.k, x.v, ref[0], ref[1], dout, o);
+  for (int i = 0; i < 3; ++i) CHECK(rel_err(grads[size_t(i)], want[size_t(i)]) < 1e-5);
+  // Deterministic: the same bits again.
+  auto again = attention::backward(x.q, x.k, x.v, fused[0], fused[1], dout, o);
+  for (int i = 0; i < 3; ++i) CHECK(testing::vec<float>(again[size_t(i)]) == testing::vec<float>(grads[size_t(i)]));
+}
+
+TEST_CASE("fused attention: bfloat16 and float16 compute in f32 and round once") {
+  Qkv x32 = make_qkv(2, 40, 40, 4, 4, 16);
+  for (DType dt : {bf16, f16}) {
+    Qkv x{x32.q.astype(dt), x32.k.astype(dt), x32.v.astype(dt)};
+    Array fused = attend(x, true, Impl::fused);
+    CHECK(fused.dtype() == dt);
+    // The f32 attention of the same (rounded) inputs, rounded once: within one rounding.
+    Qkv widened{x.q.astype(f32), x.k.astype(f32), x.v.astype(f32)};
+    Array want = attend(widened, true, Impl::xla);
+    CHECK(rel_err(fused, want) < (dt == bf16 ? 8e-3 : 1e-3));
+    CHECK(rel_err(fused, attend(x, true, Impl::xla)) < (dt == bf16 ? 2e-2 : 2e-3));
+  }
+}
+
+TEST_CASE("fused attention: gradients, forward mode and second order equal the unfused path's") {
+  Qkv x = make_qkv(2, 33, 33, 4, 2, 8, f32, 3);
+  Array w = random::normal(random::key(11), x.q.shape());
+  auto loss = [&](Impl impl) {
+    return [impl, w](const Array& q, const Array& k, const Array& v) {
+      return jnp::sum(nn::dot_product_attention(q, k, v, {.is_causal = true, .implementation = impl}) * w);
+    };
+  };
+  auto gf = grad(loss(Impl::fused), argnums<0, 1, 2>)(x.q, x.k, x.v);
+  auto gu = grad(loss(Impl::xla), argnums<0, 1, 2>)(x.q, x.k, x.v);
+  CHECK(rel_err(std::get<0>(gf), std::get<0>(gu)) < 1e-5);
+  CHECK(rel_err(std::get<1>(gf), std::get<1>(gu)) < 1e-5);
+  CHECK(rel_err(std::get<2>(gf), std::get<2>(gu)) < 1e-5);
+  // The same under jit.
+  auto gj = jit(grad(loss(Impl::fused), argnums<0, 1, 2>))(x.q, x.k, x.v);
+  CHECK(rel_err(std::get<1>(gj), std::get<1>(gu)) < 1e-5);
+
+  // Forward mode: one tangent per input.
+  Qkv t = make_qkv(2, 33, 33, 4, 2, 8, f32, 5);
+  auto jf = jvp(loss(Impl::fused), std::tuple{x.q, x.k, x.v}, std::tuple{t.q, t.k, t.v});
+  auto ju = jvp(loss(Impl::xla), std::tuple{x.q, x.k, x.v}, std::tuple{t.q, t.k, t.v});
+  CHECK(jf.second.item<float>() == doctest::Approx(ju.second.item<float>()).epsilon(1e-4));
+
+  // Second order: the gradient of a function of the gradient (through the backward primitive's
+  // own derivative).
+  auto outer = [&](Impl impl) {
+    return [impl, loss](const Array& q, const Array& k, const Array& v) {
+      Array dq = grad(loss(impl))(q, k, v);
+      return jnp::sum(dq * dq);
+    };
+  };
+  Array hf = grad(outer(Impl::fused), argnums<1>)(x.q, x.k, x.v);
+  Array hu = grad(outer(Impl::xla), argnums<1>)(x.q, x.k, x.v);
+  CHECK(rel_err(hf, hu) < 1e-4);
+}
+
+TEST_CASE("fused attention under vmap folds the mapped axis into the batch") {
+  Qkv x = make_qkv(3, 9, 9, 2, 2, 4);
+  Array k0 = x.k[0];
+  auto f = [](const Array& q, const Array& k, const Array& v) {
+    return nn::dot_product_attention(q, k, v, {.is_causal = true, .implementation = Impl::fused});
+  };
+  // q and v mapped over axis 1 and 0, k shared: equals the unfused attention of each example.
+  Array qs = jnp::moveaxis(x.q, 0, 1);
+  Array got = vmap(f, {1, None, 0})(qs, k0, x.v);
+  for (int64_t i = 0; i < 3; ++i) {
+    Array want = nn::dot_product_attention(x.q[i], k0, x.v[i], {.is_causal = true, .implementation = Impl::xla});
+    CHECK(rel_err(got[i], want) < 1e-5);
+  }
+}
+
+TEST_CASE("a training step's jaxpr runs attention as the fused forward and backward primitives") {
+  Qkv x = make_qkv(2, 16, 16, 2, 2, 8);
+  auto loss = [](const Array& q, const Array& k, const Array& v) {
+    return jnp::sum(jnp::square(nn::dot_product_attention(q, k, v, {.is_causal = true})));
+  };
+  std::string j = testing::text(make_jaxpr(grad(loss, argnums<0, 1, 2>))(x.q, x.k, x.v));
+  INFO(j);
+  CHECK(j.find("= flash_attention[\n      is_causal=True") != std::string::npos);
+  CHECK(j.find("flash_attention_backward[") != std::string::npos);
+  CHECK(j.find("2,2,16,16") == std::string::npos);  // no [B, N, T, S] logits
+  CHECK(j.find("exp ") == std::string::npos);
+}
+
+TEST_CASE("fused attention: what it does not take is named") {
+  Qkv x = make_qkv(1, 4, 4, 2, 2, 3);
+  CHECK_ERR(nn::dot_product_attention(x.q, x.k, x.v,
+                                      {.mask = jnp::ones({1, 1, 4, 4}, DType::bool_), .implementation = Impl::fused}),
+            ValueError, "implementation=fused does not take a mask", "automatic or xla");
+  CHECK_ERR(attend(Qkv{x.q.astype(f64), x.k.astype(f64), x.v.astype(f64)}, false, Impl::fused), ValueError,
+            "dtype float64");
+  // automatic takes the unfused path for them, with the same values as xla.
+  Qkv x64{x.q.astype(f64), x.k.astype(f64), x.v.astype(f64)};
+  CHECK(rel_err(attend(x64, true, Impl::automatic), attend(x64, true, Impl::xla)) == 0);
+  CHECK_ERR(attention::forward(x.q.astype(f64), x.k.astype(f64), x.v.astype(f64), {}), DTypeError, "flash_attention",
+            "float64");
+}
