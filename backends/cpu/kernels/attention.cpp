@@ -13,9 +13,9 @@
 // Causal attention skips the key blocks after a query block's last row and stops each row at
 // its diagonal: masked probabilities are exactly 0, as the unfused path's.
 //
-// The products are written as linear combinations of rows (`combine`: y = sum_r a[r] x[r], 16
-// lanes held in registers), which the compiler vectorizes for the build's ISA (-march); the
-// exponential is a polynomial (`exp_poly`) with 2e-8 relative error that vectorizes too.
+// Every f32 buffer is zero padded to whole 16-lane vectors (H) and blocks (rows, keys), so the
+// products are one register-blocked kernel (`tile`, GCC vector extensions: AVX-512 or AVX2 as the
+// build's -march gives) with no tails; the exponential is a vector polynomial (`exp16`).
 #include "core/lax/attention.h"
 
 #include <fmt/format.h>
@@ -38,50 +38,117 @@ namespace {
 
 constexpr int64_t kQuery = 64;  // query rows per block
 constexpr int64_t kKeys = 64;   // keys per block
-constexpr int kLanes = 16;
+constexpr int64_t kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 ones)
 
-// exp(x) for x <= 0 (softmax arguments), 0 below -87 (where f32 exp underflows to subnormals).
-inline float exp_poly(float x) {
-  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  float t = std::max(x, -87.0f) * 1.44269504088896341f + kMagic;
-  float n = t - kMagic;
-  float r = std::fma(n, -0.693145751953125f, std::max(x, -87.0f));
-  r = std::fma(n, -1.428606765330187045e-06f, r);
-  using math_coefficients::kExpS_f;
-  float s = float(kExpS_f[4]);
-  for (int i = 3; i >= 0; --i) s = std::fma(s, r, float(kExpS_f[i]));
-  float p = 1.0f + r + 0.5f * r * r + r * r * r * s;
-  int32_t e = (std::bit_cast<int32_t>(t) - 0x4B400000 + 127) << 23;
-  float y = p * std::bit_cast<float>(e);
-  return x < -87.0f ? 0.0f : y;
-}
+using f32x16 = float __attribute__((vector_size(64)));
+using i32x16 = int32_t __attribute__((vector_size(64)));
+using f32x16_unaligned = float __attribute__((vector_size(64), aligned(4), may_alias));
 
-// y[0, width) (=|+=) sum_{r < n} a[r * as] x[r * xs + (0, width)].
-template <int W>
-inline void combine_lanes(float* __restrict y, const float* __restrict a, int64_t as, const float* __restrict x,
-                          int64_t xs, int64_t n, bool accumulate) {
-  float acc[W];
-  for (int w = 0; w < W; ++w) acc[w] = accumulate ? y[w] : 0.0f;
-  for (int64_t r = 0; r < n; ++r) {
-    const float c = a[r * as];
-    const float* xr = x + r * xs;
-    for (int w = 0; w < W; ++w) acc[w] = std::fma(c, xr[w], acc[w]);
+inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16_unaligned*>(p); }
+inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_unaligned*>(p) = v; }
+inline f32x16 splat(float x) { return f32x16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }  // a broadcast
+// Horizontal sum and max by halving shuffles (a fixed order: deterministic).
+inline f32x16 fold_halves(f32x16 v, int step) {
+  switch (step) {
+    case 8: return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    case 4: return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    case 2: return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    default: return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   }
-  for (int w = 0; w < W; ++w) y[w] = acc[w];
+}
+inline float lane_sum(f32x16 v) {
+  for (int step = 8; step > 0; step /= 2) v += fold_halves(v, step);
+  return v[0];
+}
+inline float lane_max(f32x16 v) {
+  for (int step = 8; step > 0; step /= 2) {
+    f32x16 o = fold_halves(v, step);
+    v = o > v ? o : v;
+  }
+  return v[0];
+}
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// exp(x) for softmax arguments (x <= 0): 0 below -87 (where f32 exp underflows to subnormals),
+// relative error 2e-8 elsewhere (the polynomial of the LLVM kernels' f32 exp).
+inline f32x16 exp16(f32x16 x) {
+  using math_coefficients::kExpS_f;
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  constexpr float c0 = float(kExpS_f[0]), c1 = float(kExpS_f[1]), c2 = float(kExpS_f[2]), c3 = float(kExpS_f[3]),
+                  c4 = float(kExpS_f[4]);
+  const f32x16 low = splat(-87.0f);
+  const f32x16 xc = x < low ? low : x;
+  const f32x16 t = xc * 1.44269504088896341f + kMagic;
+  const f32x16 n = t - kMagic;
+  f32x16 r = n * -0.693145751953125f + xc;
+  r = n * -1.428606765330187045e-06f + r;
+  const f32x16 s = (((c4 * r + c3) * r + c2) * r + c1) * r + c0;
+  const f32x16 p = 1.0f + r + 0.5f * r * r + r * r * r * s;
+  const i32x16 e = ((std::bit_cast<i32x16>(t) - 0x4B400000) + 127) << 23;
+  const f32x16 y = p * std::bit_cast<f32x16>(e);
+  return x < low ? splat(0.0f) : y;
+}
+inline float exp1(float x) { return exp16(splat(x))[0]; }
+
+// The products, as one register-blocked kernel: C[i][0, 16 NV) (=|+=) sum_{r < R} A(i, r) X[r][0, 16 NV)
+// for i < MR, A(i, r) = A[i * ars + r * acs] (so A may be read transposed), X rows ldx apart.
+template <int MR, int NV>
+inline void tile(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs, const float* X, int64_t ldx,
+                 int64_t R, bool accumulate) {
+  f32x16 acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? load16(C + i * ldc + v * kLanes) : splat(0.0f);
+  for (int64_t r = 0; r < R; ++r) {
+    f32x16 x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = load16(X + r * ldx + v * kLanes);
+    for (int i = 0; i < MR; ++i) {
+      const f32x16 a = splat(A[i * ars + r * acs]);
+      for (int v = 0; v < NV; ++v) acc[i][v] += a * x[v];
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) store16(C + i * ldc + v * kLanes, acc[i][v]);
 }
 
-void combine(float* y, int64_t width, const float* a, int64_t as, const float* x, int64_t xs, int64_t n,
-             bool accumulate) {
-  int64_t w0 = 0;
-  for (; w0 + kLanes <= width; w0 += kLanes) combine_lanes<kLanes>(y + w0, a, as, x + w0, xs, n, accumulate);
-  for (; w0 + 4 <= width; w0 += 4) combine_lanes<4>(y + w0, a, as, x + w0, xs, n, accumulate);
-  for (; w0 < width; ++w0) combine_lanes<1>(y + w0, a, as, x + w0, xs, n, accumulate);
+// Rows per tile: as many accumulators as the registers hold (32 AVX-512 registers; 16 AVX2 ones,
+// where each 16-lane vector takes two).
+#ifdef __AVX512F__
+template <int NV>
+constexpr int kTileRows = NV >= 3 ? 4 : 8;
+#else
+template <int NV>
+constexpr int kTileRows = NV >= 3   ? 1
+                          : NV == 2 ? 2
+                                    : 4;
+#endif
+
+template <int NV>
+void tile_rows(float* C, int64_t ldc, int64_t M, const float* A, int64_t ars, int64_t acs, const float* X, int64_t ldx,
+               int64_t R, bool accumulate) {
+  constexpr int MR = kTileRows<NV>;
+  for (int64_t i0 = 0; i0 < M; i0 += MR) tile<MR, NV>(C + i0 * ldc, ldc, A + i0 * ars, ars, acs, X, ldx, R, accumulate);
+}
+
+// C [M][N] (=|+=) A(M x R) X[R][N]; M a multiple of 8, N of 16.
+void gemm(float* C, int64_t ldc, int64_t M, int64_t N, const float* A, int64_t ars, int64_t acs, const float* X,
+          int64_t ldx, int64_t R, bool accumulate) {
+  for (int64_t n0 = 0; n0 < N; n0 += 4 * kLanes) {
+    float* c = C + n0;
+    const float* x = X + n0;
+    switch (std::min<int64_t>(4, (N - n0) / kLanes)) {
+      case 4: tile_rows<4>(c, ldc, M, A, ars, acs, x, ldx, R, accumulate); break;
+      case 3: tile_rows<3>(c, ldc, M, A, ars, acs, x, ldx, R, accumulate); break;
+      case 2: tile_rows<2>(c, ldc, M, A, ars, acs, x, ldx, R, accumulate); break;
+      default: tile_rows<1>(c, ldc, M, A, ars, acs, x, ldx, R, accumulate); break;
+    }
+  }
 }
 
 struct Dims {
   int64_t B, T, N, H, S, K, G;
   double scale;
   bool causal;
+  int64_t Hp;  // H rounded up to whole vectors: the width of every f32 buffer (zero padded)
   int64_t query_blocks() const { return (T + kQuery - 1) / kQuery; }
   // Keys a query block [t0, t0 + rows) reads: all, or up to its last row's diagonal.
   int64_t key_end(int64_t t0, int64_t rows) const { return causal ? std::min(S, t0 + rows) : S; }
@@ -94,57 +161,76 @@ struct Dims {
 Dims dims_of(std::span<const Array> in, const Params& p) {
   attention::Options o = attention::options_of(p);
   const Shape &q = in[0].shape(), &k = in[1].shape();
-  return Dims{q[0], q[1], q[2], q[3], k[1], k[2], q[2] / std::max<int64_t>(k[2], 1), o.scale, o.is_causal};
+  return Dims{q[0],
+              q[1],
+              q[2],
+              q[3],
+              k[1],
+              k[2],
+              q[2] / std::max<int64_t>(k[2], 1),
+              o.scale,
+              o.is_causal,
+              round_up(q[3], kLanes)};
 }
 
-// The f32 copies of one (batch, key head)'s keys and values a task works from: rows [S][H], and
-// per key block the transposed [H][kKeys] panel that S = Q K^T and dP = dO V^T combine.
+// One (batch, key head)'s keys or values as f32, zero padded: rows [S][Hp], and per block of kKeys
+// keys the transposed panel [Hp][kKeys] that S = Q K^T and dP = dO V^T read.
 struct KeyPanels {
   std::vector<float> rows, panels;
   template <class T>
   void load(const T* x, const Dims& d, int64_t b, int64_t kh, int64_t end) {
-    rows.resize(size_t(end * d.H));
-    panels.assign(size_t(((end + kKeys - 1) / kKeys) * kKeys * d.H), 0.0f);
+    const int64_t padded = round_up(std::max<int64_t>(end, 1), kKeys);
+    rows.assign(size_t(padded * d.Hp), 0.0f);
+    panels.assign(size_t(padded * d.Hp), 0.0f);
     for (int64_t s = 0; s < end; ++s) {
       const T* src = x + ((b * d.S + s) * d.K + kh) * d.H;
-      float* row = rows.data() + s * d.H;
-      float* panel = panels.data() + (s / kKeys) * kKeys * d.H + s % kKeys;
+      float* row = rows.data() + s * d.Hp;
+      float* panel = panels.data() + (s / kKeys) * kKeys * d.Hp + s % kKeys;
       for (int64_t h = 0; h < d.H; ++h) {
         row[h] = float(src[h]);
         panel[h * kKeys] = row[h];
       }
     }
   }
-  const float* row(int64_t s, const Dims& d) const { return rows.data() + s * d.H; }
-  const float* panel(int64_t s0, const Dims& d) const { return panels.data() + (s0 / kKeys) * kKeys * d.H; }
+  const float* row(int64_t s, const Dims& d) const { return rows.data() + s * d.Hp; }
+  const float* panel(int64_t s0, const Dims& d) const { return panels.data() + (s0 / kKeys) * kKeys * d.Hp; }
 };
 
-// Query-side rows of one (batch, head) block as f32 [rows][H].
+// Rows [t0, t0 + rows) of head n as f32 [kQuery][Hp], zero padded.
 template <class T>
 void load_rows(std::vector<float>& dst, const T* x, const Dims& d, int64_t b, int64_t n, int64_t t0, int64_t rows) {
-  dst.resize(size_t(rows * d.H));
+  dst.assign(size_t(kQuery * d.Hp), 0.0f);
   for (int64_t i = 0; i < rows; ++i) {
     const T* src = x + ((b * d.T + t0 + i) * d.N + n) * d.H;
-    for (int64_t h = 0; h < d.H; ++h) dst[size_t(i * d.H + h)] = float(src[h]);
+    for (int64_t h = 0; h < d.H; ++h) dst[size_t(i * d.Hp + h)] = float(src[h]);
   }
 }
 template <class T>
 void store_rows(T* x, const std::vector<float>& src, const Dims& d, int64_t b, int64_t n, int64_t t0, int64_t rows) {
   for (int64_t i = 0; i < rows; ++i) {
     T* dst = x + ((b * d.T + t0 + i) * d.N + n) * d.H;
-    for (int64_t h = 0; h < d.H; ++h) dst[h] = T(src[size_t(i * d.H + h)]);
+    for (int64_t h = 0; h < d.H; ++h) dst[h] = T(src[size_t(i * d.Hp + h)]);
   }
 }
 
-// logits[i][0, keys) = scale * q_i . k_j for the key block at s0.
-void block_logits(float* logits, const float* q, int64_t rows, const KeyPanels& k, int64_t s0, int64_t keys,
-                  const Dims& d) {
-  const float scale = float(d.scale);
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = logits + i * kKeys;
-    combine(row, keys, q + i * d.H, 1, k.panel(s0, d), kKeys, d.H, false);
-    for (int64_t j = 0; j < keys; ++j) row[j] *= scale;
+// Row i of a logits block, masked from key `kept` on (the causal mask, or past the last key).
+inline void mask_from(float* row, int64_t kept) {
+  if (kept >= kKeys) return;
+  const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const f32x16 minus_inf = splat(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < kKeys; j += kLanes) {
+    const f32x16 x = load16(row + j);
+    store16(row + j, lane + int32_t(j) < int32_t(kept) ? x : minus_inf);
   }
+}
+
+// Query rows as f32 with the softmax scale folded in (scale q) . k = scale (q . k), to within a rounding.
+template <class T>
+void load_scaled_rows(std::vector<float>& dst, const T* x, const Dims& d, int64_t b, int64_t n, int64_t t0,
+                      int64_t rows) {
+  load_rows(dst, x, d, b, n, t0, rows);
+  const float scale = float(d.scale);
+  for (int64_t i = 0; i < rows * d.Hp; i += kLanes) store16(dst.data() + i, load16(dst.data() + i) * scale);
 }
 
 template <class T>
@@ -152,12 +238,12 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
   const int64_t qb = d.query_blocks();
   parallel_for(d.B * d.K * qb, 1, [&](int64_t begin, int64_t end) {
     KeyPanels kp, vp;
-    std::vector<float> qrows, acc, logits(size_t(kQuery * kKeys));
+    std::vector<float> qrows, acc, p(size_t(kQuery * kKeys));
     std::vector<float> m(kQuery), l(kQuery);
     int64_t loaded = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bk = task / qb, b = bk / d.K, kh = bk % d.K;
-      const int64_t t0 = (task % qb) * kQuery, rows = std::min(kQuery, d.T - t0);
+      const int64_t t0 = (task % qb) * kQuery, rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8);
       const int64_t s_end = d.key_end(t0, rows);
       if (loaded != bk) {  // the whole needed range of this (batch, key head)'s keys and values
         const int64_t need = d.key_end(0, d.T);
@@ -167,35 +253,44 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
       }
       for (int64_t g = 0; g < d.G; ++g) {
         const int64_t n = kh * d.G + g;
-        load_rows(qrows, q, d, b, n, t0, rows);
-        acc.assign(size_t(rows * d.H), 0.0f);
+        load_scaled_rows(qrows, q, d, b, n, t0, rows);
+        acc.assign(size_t(kQuery * d.Hp), 0.0f);
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         for (int64_t s0 = 0; s0 < s_end; s0 += kKeys) {
           const int64_t keys = std::min(kKeys, s_end - s0);
-          block_logits(logits.data(), qrows.data(), rows, kp, s0, keys, d);
-          for (int64_t i = 0; i < rows; ++i) {
-            float* p = logits.data() + i * kKeys;
-            const int64_t kept = d.row_keys(t0 + i, s0, keys);
-            if (kept == 0) continue;
-            float mx = m[size_t(i)];
-            for (int64_t j = 0; j < kept; ++j) mx = std::max(mx, p[j]);
-            const float correction = exp_poly(m[size_t(i)] - mx);
-            float sum = 0.0f;
-            for (int64_t j = 0; j < kept; ++j) {
-              p[j] = exp_poly(p[j] - mx);
-              sum += p[j];
+          gemm(p.data(), kKeys, M, kKeys, qrows.data(), d.Hp, 1, kp.panel(s0, d), kKeys, d.Hp, false);
+          for (int64_t i = 0; i < M; ++i) {
+            float* pi = p.data() + i * kKeys;
+            const int64_t kept = i < rows ? d.row_keys(t0 + i, s0, keys) : 0;
+            if (kept == 0) {
+              std::fill(pi, pi + kKeys, 0.0f);
+              continue;
             }
-            m[size_t(i)] = mx;
-            l[size_t(i)] = l[size_t(i)] * correction + sum;
-            float* o = acc.data() + i * d.H;
-            for (int64_t h = 0; h < d.H; ++h) o[h] *= correction;
-            combine(o, d.H, p, 1, vp.row(s0, d), d.H, kept, true);
+            mask_from(pi, kept);
+            f32x16 mx = splat(m[size_t(i)]);
+            for (int64_t j = 0; j < kKeys; j += kLanes) {
+              f32x16 x = load16(pi + j);
+              mx = x > mx ? x : mx;
+            }
+            const float row_max = lane_max(mx), correction = exp1(m[size_t(i)] - row_max);
+            f32x16 sum = splat(0.0f);
+            for (int64_t j = 0; j < kKeys; j += kLanes) {
+              f32x16 e = exp16(load16(pi + j) - row_max);
+              store16(pi + j, e);
+              sum += e;
+            }
+            m[size_t(i)] = row_max;
+            l[size_t(i)] = l[size_t(i)] * correction + lane_sum(sum);
+            float* o = acc.data() + i * d.Hp;
+            for (int64_t h = 0; h < d.Hp; h += kLanes) store16(o + h, load16(o + h) * correction);
           }
+          gemm(acc.data(), d.Hp, M, d.Hp, p.data(), kKeys, 1, vp.row(s0, d), d.Hp, kKeys, true);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float li = l[size_t(i)], inv = li > 0 ? 1.0f / li : 0.0f;
-          for (int64_t h = 0; h < d.H; ++h) acc[size_t(i * d.H + h)] *= inv;
+          float* o = acc.data() + i * d.Hp;
+          for (int64_t h = 0; h < d.Hp; h += kLanes) store16(o + h, load16(o + h) * inv);
           lse[(b * d.N + n) * d.T + t0 + i] = m[size_t(i)] + std::log(li);
         }
         store_rows(out, acc, d, b, n, t0, rows);
@@ -211,55 +306,66 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
     KeyPanels kp, vp;
     std::vector<float> qrows, orows, dorows, dqrows, dk_acc, dv_acc, delta(kQuery);
     std::vector<float> p(size_t(kQuery * kKeys)), ds(size_t(kQuery * kKeys));
+    const float scale = float(d.scale);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / d.K, kh = task % d.K;
       const int64_t need = d.key_end(0, d.T);
       kp.load(k, d, b, kh, need);
       vp.load(v, d, b, kh, need);
-      dk_acc.assign(size_t(d.S * d.H), 0.0f);
-      dv_acc.assign(size_t(d.S * d.H), 0.0f);
-      const float scale = float(d.scale);
+      dk_acc.assign(kp.rows.size(), 0.0f);
+      dv_acc.assign(kp.rows.size(), 0.0f);
       for (int64_t g = 0; g < d.G; ++g) {
         const int64_t n = kh * d.G + g;
         for (int64_t t0 = 0; t0 < d.T; t0 += kQuery) {
-          const int64_t rows = std::min(kQuery, d.T - t0), s_end = d.key_end(t0, rows);
-          load_rows(qrows, q, d, b, n, t0, rows);
+          const int64_t rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8), s_end = d.key_end(t0, rows);
+          load_scaled_rows(qrows, q, d, b, n, t0, rows);
           load_rows(orows, out, d, b, n, t0, rows);
           load_rows(dorows, dout, d, b, n, t0, rows);
-          dqrows.assign(size_t(rows * d.H), 0.0f);
+          dqrows.assign(size_t(kQuery * d.Hp), 0.0f);
           for (int64_t i = 0; i < rows; ++i) {
-            float s = 0.0f;
-            for (int64_t h = 0; h < d.H; ++h) s += dorows[size_t(i * d.H + h)] * orows[size_t(i * d.H + h)];
-            delta[size_t(i)] = s;
+            f32x16 s = splat(0.0f);
+            for (int64_t h = 0; h < d.Hp; h += kLanes)
+              s += load16(dorows.data() + i * d.Hp + h) * load16(orows.data() + i * d.Hp + h);
+            delta[size_t(i)] = lane_sum(s);
           }
           const float* row_lse = lse + (b * d.N + n) * d.T + t0;
           for (int64_t s0 = 0; s0 < s_end; s0 += kKeys) {
             const int64_t keys = std::min(kKeys, s_end - s0);
-            block_logits(p.data(), qrows.data(), rows, kp, s0, keys, d);
-            for (int64_t i = 0; i < rows; ++i) {
+            gemm(p.data(), kKeys, M, kKeys, qrows.data(), d.Hp, 1, kp.panel(s0, d), kKeys, d.Hp, false);
+            gemm(ds.data(), kKeys, M, kKeys, dorows.data(), d.Hp, 1, vp.panel(s0, d), kKeys, d.Hp, false);  // dP
+            for (int64_t i = 0; i < M; ++i) {
               float* pi = p.data() + i * kKeys;
               float* dsi = ds.data() + i * kKeys;
-              const int64_t kept = d.row_keys(t0 + i, s0, keys);
-              for (int64_t j = 0; j < kept; ++j) pi[j] = exp_poly(pi[j] - row_lse[i]);
-              for (int64_t j = kept; j < keys; ++j) pi[j] = 0.0f;
-              combine(dsi, keys, dorows.data() + i * d.H, 1, vp.panel(s0, d), kKeys, d.H, false);  // dP
-              for (int64_t j = 0; j < keys; ++j) dsi[j] = pi[j] * (dsi[j] - delta[size_t(i)]) * scale;
-              combine(dqrows.data() + i * d.H, d.H, dsi, 1, kp.row(s0, d), d.H, keys, true);
+              const int64_t kept = i < rows ? d.row_keys(t0 + i, s0, keys) : 0;
+              if (kept == 0) {
+                std::fill(pi, pi + kKeys, 0.0f);
+                std::fill(dsi, dsi + kKeys, 0.0f);
+                continue;
+              }
+              mask_from(pi, kept);
+              for (int64_t j = 0; j < kKeys; j += kLanes) {
+                const f32x16 pj = exp16(load16(pi + j) - row_lse[i]);
+                store16(pi + j, pj);
+                store16(dsi + j, pj * (load16(dsi + j) - delta[size_t(i)]));  // dS / scale
+              }
             }
-            for (int64_t j = 0; j < keys; ++j) {
-              combine(dv_acc.data() + (s0 + j) * d.H, d.H, p.data() + j, kKeys, dorows.data(), d.H, rows, true);
-              combine(dk_acc.data() + (s0 + j) * d.H, d.H, ds.data() + j, kKeys, qrows.data(), d.H, rows, true);
-            }
+            gemm(dv_acc.data() + s0 * d.Hp, d.Hp, kKeys, d.Hp, p.data(), 1, kKeys, dorows.data(), d.Hp, M, true);
+            gemm(dk_acc.data() + s0 * d.Hp, d.Hp, kKeys, d.Hp, ds.data(), 1, kKeys, qrows.data(), d.Hp, M, true);
+            gemm(dqrows.data(), d.Hp, M, d.Hp, ds.data(), kKeys, 1, kp.row(s0, d), d.Hp, kKeys, true);
           }
+          // dK took dS / scale against scale q; dQ = scale (dS / scale) K.
+          for (int64_t i = 0; i < rows * d.Hp; i += kLanes)
+            store16(dqrows.data() + i, load16(dqrows.data() + i) * scale);
           store_rows(dq, dqrows, d, b, n, t0, rows);
         }
       }
       for (int64_t s = 0; s < d.S; ++s) {
         T* dks = dk + ((b * d.S + s) * d.K + kh) * d.H;
         T* dvs = dv + ((b * d.S + s) * d.K + kh) * d.H;
+        const bool read = s < need;  // keys no query reads (causal, S > T) have zero gradients
         for (int64_t h = 0; h < d.H; ++h) {
-          dks[h] = T(dk_acc[size_t(s * d.H + h)]);
-          dvs[h] = T(dv_acc[size_t(s * d.H + h)]);
+          dks[h] = T(read ? dk_acc[size_t(s * d.Hp + h)] : 0.0f);
+          dvs[h] = T(read ? dv_acc[size_t(s * d.Hp + h)] : 0.0f);
         }
       }
     }
