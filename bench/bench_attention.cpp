@@ -4,12 +4,12 @@
 // else the matmul + softmax that SDPA's CPU math path computes). Forward alone (inference) and
 // forward + backward (the gradient of sum(attention * w) w.r.t. q, k and v), all jitted.
 //   build/bench/bench_attention [reps]
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "bench/harness.h"
 #include "cjax/cjax.h"
@@ -87,9 +87,9 @@ int profile(const std::string& what) {
     return nn::dot_product_attention(q, k, v, {.is_causal = true, .implementation = Impl::fused});
   };
   auto fwd = jit(attend);
-  auto bwd = jit(grad([&](const Array& q, const Array& k, const Array& v, const Array& w) {
-    return jnp::sum(attend(q, k, v) * w);
-  }, argnums<0, 1, 2>));
+  auto bwd = jit(grad([&](const Array& q, const Array& k, const Array& v,
+                          const Array& w) { return jnp::sum(attend(q, k, v) * w); },
+                      argnums<0, 1, 2>));
   for (int i = 0; i < 300; ++i) {
     if (what == "fwd")
       fwd(q, k, v).block_until_ready();
@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
               "scaled_dot_product_attention if present, else matmul + softmax (PyTorch 1.13)");
   bench_shape(32, 64, 8, 16, DType::float32, reps);  // the transformer sample's attention
   bench_shape(32, 64, 8, 16, DType::bfloat16, reps);
+  bench_shape(8, 128, 8, 16, DType::float32, reps);
+  bench_shape(8, 256, 8, 64, DType::float32, reps);
   bench_shape(2, 1024, 8, 64, DType::float32, std::max(3, reps / 3));
   return 0;
 }

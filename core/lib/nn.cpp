@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "cjax/lax.h"
@@ -152,6 +153,21 @@ Array rms_norm(const Array& x, const Array& gain, double eps) {
   return lax::convert_element_type(y, d);
 }
 
+namespace {
+// `automatic` follows CJAX_ATTENTION (fused | xla) when set: A/B comparisons of whole programs.
+AttentionImplementation implementation_of(const AttentionOptions& o) {
+  if (o.implementation != AttentionImplementation::automatic) return o.implementation;
+  static const AttentionImplementation from_env = [] {
+    const char* v = std::getenv("CJAX_ATTENTION");
+    std::string s = v ? v : "";
+    if (s == "xla") return AttentionImplementation::xla;
+    if (s.empty() || s == "fused" || s == "automatic") return AttentionImplementation::automatic;
+    throw ValueError(fmt::format("CJAX_ATTENTION={}: expected fused, xla or automatic", s));
+  }();
+  return from_env;
+}
+}  // namespace
+
 Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v_in, const AttentionOptions& o) {
   check_defined("dot_product_attention", q_in, "query");
   check_defined("dot_product_attention", k_in, "key");
@@ -217,7 +233,7 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
         fmt::format("nn.dot_product_attention: implementation=fused does not take {} (it takes "
                     "float16, bfloat16 or float32 and is_causal); use implementation=automatic or xla",
                     fused_blocker));
-  if (o.implementation != AttentionImplementation::xla && fused_blocker.empty()) {
+  if (implementation_of(o) != AttentionImplementation::xla && fused_blocker.empty()) {
     Array enc = attention::forward(q, k, v, {.scale = scale, .is_causal = o.is_causal})[0];
     return nd == 3 ? lax::reshape(enc, {T, N, H}) : enc;
   }
