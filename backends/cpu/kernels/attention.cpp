@@ -33,6 +33,10 @@
 #include "core/array/visit_dtype.h"
 #include "core/backend/parallel.h"
 
+// 16-lane vectors are passed between this file's internal functions (all inlined or local):
+// GCC's note that their ABI differs without AVX-512 concerns calls across binaries only.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace cjax::cpu {
 namespace {
 
