@@ -154,7 +154,8 @@ TEST_CASE("fused attention under vmap folds the mapped axis into the batch") {
 TEST_CASE("a training step's jaxpr runs attention as the fused forward and backward primitives") {
   Qkv x = make_qkv(2, 16, 16, 2, 2, 8);
   auto loss = [](const Array& q, const Array& k, const Array& v) {
-    return jnp::sum(jnp::square(nn::dot_product_attention(q, k, v, {.is_causal = true})));
+    return jnp::sum(
+        jnp::square(nn::dot_product_attention(q, k, v, {.is_causal = true, .implementation = Impl::fused})));
   };
   std::string j = testing::text(make_jaxpr(grad(loss, argnums<0, 1, 2>))(x.q, x.k, x.v));
   INFO(j);

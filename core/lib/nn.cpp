@@ -161,7 +161,8 @@ AttentionImplementation implementation_of(const AttentionOptions& o) {
     const char* v = std::getenv("CJAX_ATTENTION");
     std::string s = v ? v : "";
     if (s == "xla") return AttentionImplementation::xla;
-    if (s.empty() || s == "fused" || s == "automatic") return AttentionImplementation::automatic;
+    if (s == "fused") return AttentionImplementation::fused;
+    if (s.empty() || s == "automatic") return AttentionImplementation::automatic;
     throw ValueError(fmt::format("CJAX_ATTENTION={}: expected fused, xla or automatic", s));
   }();
   return from_env;
@@ -233,7 +234,9 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
         fmt::format("nn.dot_product_attention: implementation=fused does not take {} (it takes "
                     "float16, bfloat16 or float32 and is_causal); use implementation=automatic or xla",
                     fused_blocker));
-  if (implementation_of(o) != AttentionImplementation::xla && fused_blocker.empty()) {
+  AttentionImplementation impl = implementation_of(o);
+  if (impl == AttentionImplementation::automatic && !attention::fused_by_default()) impl = AttentionImplementation::xla;
+  if (impl != AttentionImplementation::xla && fused_blocker.empty()) {
     Array enc = attention::forward(q, k, v, {.scale = scale, .is_causal = o.is_causal})[0];
     return nd == 3 ? lax::reshape(enc, {T, N, H}) : enc;
   }

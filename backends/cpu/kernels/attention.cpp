@@ -422,6 +422,9 @@ std::vector<Array> backward_impl(std::span<const Array> in, std::span<const Abst
 const bool g_registered = [] {
   register_kernel("flash_attention", Platform::cpu, forward_impl);
   register_kernel("flash_attention_backward", Platform::cpu, backward_impl);
+#ifdef __AVX512F__
+  attention::fused_by_default() = true;
+#endif
   return true;
 }();
 
