@@ -2,7 +2,7 @@
 # PyTorch 1.13 (Debian's python3-torch) has no scaled_dot_product_attention; where it exists
 # (2.x) it is used, else the math path SDPA falls back to on CPU: softmax(q k^T * scale + mask) v.
 # Usage: torch_attention.py B T N H dtype(f32|bf16) reps
-import sys, time, math
+import sys, math
 import torch
 
 B, T, N, H = (int(a) for a in sys.argv[1:5])
@@ -20,13 +20,7 @@ def attend():
     s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(H)) + mask
     return torch.softmax(s.float(), dim=-1).to(dtype) @ v
 
-def median(fn):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    ts.sort()
-    return ts[len(ts) // 2]
+from peer_timing import median
 
 def fwd():
     with torch.no_grad():
@@ -37,5 +31,5 @@ def fwd_bwd():
     (attend() * w).sum().backward()
 
 print("impl=%s" % ("sdpa" if sdpa is not None else "matmul_softmax"))
-print("fwd_ms=%f" % (median(fwd) * 1e3))
-print("fwd_bwd_ms=%f" % (median(fwd_bwd) * 1e3))
+print("fwd_ms=%f" % (median(fwd, reps) * 1e3))
+print("fwd_bwd_ms=%f" % (median(fwd_bwd, reps) * 1e3))

@@ -15,15 +15,7 @@ tag = sys.argv[2] if len(sys.argv) > 2 else "t%d" % nthreads
 print("default_threads_%s=%d" % (tag, torch.get_num_threads()))
 
 
-def median(fn, reps, clock=time.perf_counter):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = clock()
-        fn()
-        ts.append(clock() - t)
-    ts.sort()
-    return ts[len(ts) // 2]
+from peer_timing import median
 
 
 # 1. The 10-op chain on 16M f32 (same ops and constants as bench_compiler.cpp).

@@ -1,14 +1,7 @@
 # PyTorch CPU peer numbers for bench_foundation (single process, default threads).
-import time
 import torch
 
-def median(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    ts.sort()
-    return ts[len(ts) // 2]
+from peer_timing import median
 
 a, b = torch.ones(8), torch.ones(8)
 n_ops = 100000

@@ -49,7 +49,13 @@ Dims check_qkv(std::string_view prim, const Array& q, const Array& k, const Arra
 
 AbstractValue like(const Array& x) { return AbstractValue{x.shape(), x.dtype(), false, x.aval().vma}; }
 
-Params base_params(const Params& p) { return params_of(options_of(p)); }
+// The tangent's and backward's leading operands: q, k, v, then the forward's out and lse.
+Dims check_residuals(std::string_view prim, std::span<const Array> in) {
+  Dims d = check_qkv(prim, in[0], in[1], in[2]);
+  expect_aval(prim, "out", in[3], in[0].shape(), in[0].dtype());
+  expect_aval(prim, "lse", in[4], {d.B, d.N, d.T}, DType::float32);
+  return d;
+}
 
 const PrimitiveDef& g_forward = register_primitive([] {
   PrimitiveDef def;
@@ -57,7 +63,7 @@ const PrimitiveDef& g_forward = register_primitive([] {
   def.kind = PrimKind::Linalg;
   def.arity = Arity::exactly(3);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
-    base_params(p);
+    options_of(p);  // raises on a missing or mistyped param
     Dims d = check_qkv("flash_attention", in[0], in[1], in[2]);
     return std::vector<AbstractValue>{like(in[0]),
                                       AbstractValue{{d.B, d.N, d.T}, DType::float32, false, in[0].aval().vma}};
@@ -74,11 +80,9 @@ const PrimitiveDef& g_tangent = register_primitive([] {
   def.kind = PrimKind::Linalg;
   def.arity = Arity::exactly(8);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
-    base_params(p);
+    options_of(p);
     const char* prim = "flash_attention_tangent";
-    Dims d = check_qkv(prim, in[0], in[1], in[2]);
-    expect_aval(prim, "out", in[3], in[0].shape(), in[0].dtype());
-    expect_aval(prim, "lse", in[4], {d.B, d.N, d.T}, DType::float32);
+    check_residuals(prim, in);
     expect_aval(prim, "the query tangent", in[5], in[0].shape(), in[0].dtype());
     expect_aval(prim, "the key tangent", in[6], in[1].shape(), in[1].dtype());
     expect_aval(prim, "the value tangent", in[7], in[2].shape(), in[2].dtype());
@@ -96,11 +100,9 @@ const PrimitiveDef& g_backward = register_primitive([] {
   def.kind = PrimKind::Linalg;
   def.arity = Arity::exactly(6);
   def.abstract_eval = [](std::span<const Array> in, const Params& p) {
-    base_params(p);
+    options_of(p);
     const char* prim = "flash_attention_backward";
-    Dims d = check_qkv(prim, in[0], in[1], in[2]);
-    expect_aval(prim, "out", in[3], in[0].shape(), in[0].dtype());
-    expect_aval(prim, "lse", in[4], {d.B, d.N, d.T}, DType::float32);
+    check_residuals(prim, in);
     expect_aval(prim, "the output cotangent", in[5], in[0].shape(), in[0].dtype());
     return std::vector<AbstractValue>{like(in[0]), like(in[1]), like(in[2])};
   };

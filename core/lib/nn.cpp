@@ -154,18 +154,19 @@ Array rms_norm(const Array& x, const Array& gain, double eps) {
 }
 
 namespace {
-// `automatic` follows CJAX_ATTENTION (fused | xla) when set: A/B comparisons of whole programs.
-AttentionImplementation implementation_of(const AttentionOptions& o) {
-  if (o.implementation != AttentionImplementation::automatic) return o.implementation;
-  static const AttentionImplementation from_env = [] {
+// Whether a call with nothing that prevents fusion runs fused: an explicit choice, else
+// CJAX_ATTENTION (fused | xla: A/B comparisons of whole programs), else the kernels' default.
+bool fused_requested(const AttentionOptions& o) {
+  if (o.implementation != AttentionImplementation::automatic) return o.implementation == AttentionImplementation::fused;
+  static const std::string from_env = [] {
     const char* v = std::getenv("CJAX_ATTENTION");
     std::string s = v ? v : "";
-    if (s == "xla") return AttentionImplementation::xla;
-    if (s == "fused") return AttentionImplementation::fused;
-    if (s.empty() || s == "automatic") return AttentionImplementation::automatic;
-    throw ValueError(fmt::format("CJAX_ATTENTION={}: expected fused, xla or automatic", s));
+    if (s != "" && s != "automatic" && s != "fused" && s != "xla")
+      throw ValueError(fmt::format("CJAX_ATTENTION={}: expected fused, xla or automatic", s));
+    return s;
   }();
-  return from_env;
+  if (from_env == "fused" || from_env == "xla") return from_env == "fused";
+  return attention::fused_by_default();
 }
 }  // namespace
 
@@ -234,9 +235,7 @@ Array dot_product_attention(const Array& q_in, const Array& k_in, const Array& v
         fmt::format("nn.dot_product_attention: implementation=fused does not take {} (it takes "
                     "float16, bfloat16 or float32 and is_causal); use implementation=automatic or xla",
                     fused_blocker));
-  AttentionImplementation impl = implementation_of(o);
-  if (impl == AttentionImplementation::automatic && !attention::fused_by_default()) impl = AttentionImplementation::xla;
-  if (impl != AttentionImplementation::xla && fused_blocker.empty()) {
+  if (fused_blocker.empty() && fused_requested(o)) {
     Array enc = attention::forward(q, k, v, {.scale = scale, .is_causal = o.is_causal})[0];
     return nd == 3 ? lax::reshape(enc, {T, N, H}) : enc;
   }
