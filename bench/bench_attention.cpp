@@ -81,6 +81,8 @@ void bench_shape(int64_t B, int64_t T, int64_t N, int64_t H, DType dt, int reps)
 int profile(const std::string& what) {
   auto keys = random::split(random::key(0), 4);
   Shape s{32, 64, 8, 16};
+  if (const char* shape = std::getenv("CJAX_BENCH_ATTENTION_SHAPE"))  // B,T,N,H
+    std::sscanf(shape, "%ld,%ld,%ld,%ld", &s[0], &s[1], &s[2], &s[3]);
   Array q = random::normal(keys[0], s), k = random::normal(keys[1], s), v = random::normal(keys[2], s),
         w = random::normal(keys[3], s);
   auto attend = [](const Array& q, const Array& k, const Array& v) {

@@ -13,9 +13,9 @@
 // Causal attention skips the key blocks after a query block's last row and stops each row at
 // its diagonal: masked probabilities are exactly 0, as the unfused path's.
 //
-// Every f32 buffer is zero padded to whole 16-lane vectors (H) and blocks (rows, keys), so the
+// Every f32 buffer is zero padded to whole vectors (H) and blocks (rows, keys), so the
 // products are one register-blocked kernel (`tile`, GCC vector extensions: AVX-512 or AVX2 as the
-// build's -march gives) with no tails; the exponential is a vector polynomial (`exp16`).
+// build's -march gives) with no tails; the exponential is a vector polynomial (`expv`).
 #include "core/lax/attention.h"
 
 #include <fmt/format.h>
@@ -33,8 +33,8 @@
 #include "core/array/visit_dtype.h"
 #include "core/backend/parallel.h"
 
-// 16-lane vectors are passed between this file's internal functions (all inlined or local):
-// GCC's note that their ABI differs without AVX-512 concerns calls across binaries only.
+// Vectors are passed between this file's internal functions (all inlined or local): GCC's note
+// that their ABI differs on builds without wide registers concerns calls across binaries only.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace cjax::cpu {
@@ -42,31 +42,55 @@ namespace {
 
 constexpr int64_t kQuery = 64;  // query rows per block
 constexpr int64_t kKeys = 64;   // keys per block
-constexpr int64_t kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 ones)
+// One vector register: 16 floats on AVX-512 builds, 8 elsewhere (wider GCC vectors than the
+// registers are split by the compiler through the stack, which ran this kernel at 0.2x the
+// unfused path on AVX2).
+#ifdef __AVX512F__
+constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
 
-using f32x16 = float __attribute__((vector_size(64)));
-using i32x16 = int32_t __attribute__((vector_size(64)));
-using f32x16_unaligned = float __attribute__((vector_size(64), aligned(4), may_alias));
+using vf = float __attribute__((vector_size(kLanes * 4)));
+using vi = int32_t __attribute__((vector_size(kLanes * 4)));
+using vf_unaligned = float __attribute__((vector_size(kLanes * 4), aligned(4), may_alias));
 
-inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16_unaligned*>(p); }
-inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_unaligned*>(p) = v; }
-inline f32x16 splat(float x) { return f32x16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }  // a broadcast
+inline vf loadv(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+inline void storev(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
+inline vf splat(float x) {  // a broadcast
+  vf v;
+  for (int64_t w = 0; w < kLanes; ++w) v[w] = x;
+  return v;
+}
+inline vi lane_index() {
+  vi v;
+  for (int64_t w = 0; w < kLanes; ++w) v[w] = int32_t(w);
+  return v;
+}
 // Horizontal sum and max by halving shuffles (a fixed order: deterministic).
-inline f32x16 fold_halves(f32x16 v, int step) {
+inline vf fold_halves(vf v, int64_t step) {
+#ifdef __AVX512F__
   switch (step) {
     case 8: return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
     case 4: return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
     case 2: return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
     default: return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   }
+#else
+  switch (step) {
+    case 4: return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    case 2: return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    default: return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  }
+#endif
 }
-inline float lane_sum(f32x16 v) {
-  for (int step = 8; step > 0; step /= 2) v += fold_halves(v, step);
+inline float lane_sum(vf v) {
+  for (int64_t step = kLanes / 2; step > 0; step /= 2) v += fold_halves(v, step);
   return v[0];
 }
-inline float lane_max(f32x16 v) {
-  for (int step = 8; step > 0; step /= 2) {
-    f32x16 o = fold_halves(v, step);
+inline float lane_max(vf v) {
+  for (int64_t step = kLanes / 2; step > 0; step /= 2) {
+    vf o = fold_halves(v, step);
     v = o > v ? o : v;
   }
   return v[0];
@@ -75,55 +99,55 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // exp(x) for softmax arguments (x <= 0): 0 below -87 (where f32 exp underflows to subnormals),
 // relative error 2e-8 elsewhere (the polynomial of the LLVM kernels' f32 exp).
-inline f32x16 exp16(f32x16 x) {
+inline vf expv(vf x) {
   using math_coefficients::kExpS_f;
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   constexpr float c0 = float(kExpS_f[0]), c1 = float(kExpS_f[1]), c2 = float(kExpS_f[2]), c3 = float(kExpS_f[3]),
                   c4 = float(kExpS_f[4]);
-  const f32x16 low = splat(-87.0f);
-  const f32x16 xc = x < low ? low : x;
-  const f32x16 t = xc * 1.44269504088896341f + kMagic;
-  const f32x16 n = t - kMagic;
-  f32x16 r = n * -0.693145751953125f + xc;
+  const vf low = splat(-87.0f);
+  const vf xc = x < low ? low : x;
+  const vf t = xc * 1.44269504088896341f + kMagic;
+  const vf n = t - kMagic;
+  vf r = n * -0.693145751953125f + xc;
   r = n * -1.428606765330187045e-06f + r;
-  const f32x16 s = (((c4 * r + c3) * r + c2) * r + c1) * r + c0;
-  const f32x16 p = 1.0f + r + 0.5f * r * r + r * r * r * s;
-  const i32x16 e = ((std::bit_cast<i32x16>(t) - 0x4B400000) + 127) << 23;
-  const f32x16 y = p * std::bit_cast<f32x16>(e);
+  const vf s = (((c4 * r + c3) * r + c2) * r + c1) * r + c0;
+  const vf p = 1.0f + r + 0.5f * r * r + r * r * r * s;
+  const vi e = ((std::bit_cast<vi>(t) - 0x4B400000) + 127) << 23;
+  const vf y = p * std::bit_cast<vf>(e);
   return x < low ? splat(0.0f) : y;
 }
-inline float exp1(float x) { return exp16(splat(x))[0]; }
+inline float exp1(float x) { return expv(splat(x))[0]; }
 
-// The products, as one register-blocked kernel: C[i][0, 16 NV) (=|+=) sum_{r < R} A(i, r) X[r][0, 16 NV)
+// The products, as one register-blocked kernel: C[i][0, kLanes NV) (=|+=) sum_{r < R} A(i, r) X[r][0, kLanes NV)
 // for i < MR, A(i, r) = A[i * ars + r * acs] (so A may be read transposed), X rows ldx apart.
 template <int MR, int NV>
 inline void tile(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs, const float* X, int64_t ldx,
                  int64_t R, bool accumulate) {
-  f32x16 acc[MR][NV];
+  vf acc[MR][NV];
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? load16(C + i * ldc + v * kLanes) : splat(0.0f);
+    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? loadv(C + i * ldc + v * kLanes) : splat(0.0f);
   for (int64_t r = 0; r < R; ++r) {
-    f32x16 x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = load16(X + r * ldx + v * kLanes);
+    vf x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = loadv(X + r * ldx + v * kLanes);
     for (int i = 0; i < MR; ++i) {
-      const f32x16 a = splat(A[i * ars + r * acs]);
+      const vf a = splat(A[i * ars + r * acs]);
       for (int v = 0; v < NV; ++v) acc[i][v] += a * x[v];
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) store16(C + i * ldc + v * kLanes, acc[i][v]);
+    for (int v = 0; v < NV; ++v) storev(C + i * ldc + v * kLanes, acc[i][v]);
 }
 
-// Rows per tile: as many accumulators as the registers hold (32 AVX-512 registers; 16 AVX2 ones,
-// where each 16-lane vector takes two).
+// Rows per tile (a divisor of 8): as many accumulators as the registers hold beside the NV
+// vectors of X and a broadcast (32 AVX-512 registers, 16 AVX2 ones).
 #ifdef __AVX512F__
 template <int NV>
 constexpr int kTileRows = NV >= 3 ? 4 : 8;
 #else
 template <int NV>
-constexpr int kTileRows = NV >= 3   ? 1
-                          : NV == 2 ? 2
-                                    : 4;
+constexpr int kTileRows = NV >= 3   ? 2
+                          : NV == 2 ? 4
+                                    : 8;
 #endif
 
 template <int NV>
@@ -133,7 +157,7 @@ void tile_rows(float* C, int64_t ldc, int64_t M, const float* A, int64_t ars, in
   for (int64_t i0 = 0; i0 < M; i0 += MR) tile<MR, NV>(C + i0 * ldc, ldc, A + i0 * ars, ars, acs, X, ldx, R, accumulate);
 }
 
-// C [M][N] (=|+=) A(M x R) X[R][N]; M a multiple of 8, N of 16.
+// C [M][N] (=|+=) A(M x R) X[R][N]; M a multiple of 8, N of kLanes.
 void gemm(float* C, int64_t ldc, int64_t M, int64_t N, const float* A, int64_t ars, int64_t acs, const float* X,
           int64_t ldx, int64_t R, bool accumulate) {
   for (int64_t n0 = 0; n0 < N; n0 += 4 * kLanes) {
@@ -220,11 +244,11 @@ void store_rows(T* x, const std::vector<float>& src, const Dims& d, int64_t b, i
 // Row i of a logits block, masked from key `kept` on (the causal mask, or past the last key).
 inline void mask_from(float* row, int64_t kept) {
   if (kept >= kKeys) return;
-  const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const f32x16 minus_inf = splat(-std::numeric_limits<float>::infinity());
+  const vi lane = lane_index();
+  const vf minus_inf = splat(-std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < kKeys; j += kLanes) {
-    const f32x16 x = load16(row + j);
-    store16(row + j, lane + int32_t(j) < int32_t(kept) ? x : minus_inf);
+    const vf x = loadv(row + j);
+    storev(row + j, lane + int32_t(j) < int32_t(kept) ? x : minus_inf);
   }
 }
 
@@ -234,7 +258,7 @@ void load_scaled_rows(std::vector<float>& dst, const T* x, const Dims& d, int64_
                       int64_t rows) {
   load_rows(dst, x, d, b, n, t0, rows);
   const float scale = float(d.scale);
-  for (int64_t i = 0; i < rows * d.Hp; i += kLanes) store16(dst.data() + i, load16(dst.data() + i) * scale);
+  for (int64_t i = 0; i < rows * d.Hp; i += kLanes) storev(dst.data() + i, loadv(dst.data() + i) * scale);
 }
 
 template <class T>
@@ -272,29 +296,29 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
               continue;
             }
             mask_from(pi, kept);
-            f32x16 mx = splat(m[size_t(i)]);
+            vf mx = splat(m[size_t(i)]);
             for (int64_t j = 0; j < kKeys; j += kLanes) {
-              f32x16 x = load16(pi + j);
+              vf x = loadv(pi + j);
               mx = x > mx ? x : mx;
             }
             const float row_max = lane_max(mx), correction = exp1(m[size_t(i)] - row_max);
-            f32x16 sum = splat(0.0f);
+            vf sum = splat(0.0f);
             for (int64_t j = 0; j < kKeys; j += kLanes) {
-              f32x16 e = exp16(load16(pi + j) - row_max);
-              store16(pi + j, e);
+              vf e = expv(loadv(pi + j) - row_max);
+              storev(pi + j, e);
               sum += e;
             }
             m[size_t(i)] = row_max;
             l[size_t(i)] = l[size_t(i)] * correction + lane_sum(sum);
             float* o = acc.data() + i * d.Hp;
-            for (int64_t h = 0; h < d.Hp; h += kLanes) store16(o + h, load16(o + h) * correction);
+            for (int64_t h = 0; h < d.Hp; h += kLanes) storev(o + h, loadv(o + h) * correction);
           }
           gemm(acc.data(), d.Hp, M, d.Hp, p.data(), kKeys, 1, vp.row(s0, d), d.Hp, kKeys, true);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float li = l[size_t(i)], inv = li > 0 ? 1.0f / li : 0.0f;
           float* o = acc.data() + i * d.Hp;
-          for (int64_t h = 0; h < d.Hp; h += kLanes) store16(o + h, load16(o + h) * inv);
+          for (int64_t h = 0; h < d.Hp; h += kLanes) storev(o + h, loadv(o + h) * inv);
           lse[(b * d.N + n) * d.T + t0 + i] = m[size_t(i)] + std::log(li);
         }
         store_rows(out, acc, d, b, n, t0, rows);
@@ -327,9 +351,9 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
           load_rows(dorows, dout, d, b, n, t0, rows);
           dqrows.assign(size_t(kQuery * d.Hp), 0.0f);
           for (int64_t i = 0; i < rows; ++i) {
-            f32x16 s = splat(0.0f);
+            vf s = splat(0.0f);
             for (int64_t h = 0; h < d.Hp; h += kLanes)
-              s += load16(dorows.data() + i * d.Hp + h) * load16(orows.data() + i * d.Hp + h);
+              s += loadv(dorows.data() + i * d.Hp + h) * loadv(orows.data() + i * d.Hp + h);
             delta[size_t(i)] = lane_sum(s);
           }
           const float* row_lse = lse + (b * d.N + n) * d.T + t0;
@@ -348,9 +372,9 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
               }
               mask_from(pi, kept);
               for (int64_t j = 0; j < kKeys; j += kLanes) {
-                const f32x16 pj = exp16(load16(pi + j) - row_lse[i]);
-                store16(pi + j, pj);
-                store16(dsi + j, pj * (load16(dsi + j) - delta[size_t(i)]));  // dS / scale
+                const vf pj = expv(loadv(pi + j) - row_lse[i]);
+                storev(pi + j, pj);
+                storev(dsi + j, pj * (loadv(dsi + j) - delta[size_t(i)]));  // dS / scale
               }
             }
             gemm(dv_acc.data() + s0 * d.Hp, d.Hp, kKeys, d.Hp, p.data(), 1, kKeys, dorows.data(), d.Hp, M, true);
@@ -358,8 +382,7 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
             gemm(dqrows.data(), d.Hp, M, d.Hp, ds.data(), kKeys, 1, kp.row(s0, d), d.Hp, kKeys, true);
           }
           // dK took dS / scale against scale q; dQ = scale (dS / scale) K.
-          for (int64_t i = 0; i < rows * d.Hp; i += kLanes)
-            store16(dqrows.data() + i, load16(dqrows.data() + i) * scale);
+          for (int64_t i = 0; i < rows * d.Hp; i += kLanes) storev(dqrows.data() + i, loadv(dqrows.data() + i) * scale);
           store_rows(dq, dqrows, d, b, n, t0, rows);
         }
       }
