@@ -162,11 +162,6 @@ Layout layout_of(const Array& q, const Array& k, const Array& v) { return Layout
 
 }  // namespace
 
-bool& fused_by_default() {
-  static bool fused = false;
-  return fused;
-}
-
 bool fused_dtype(DType d) { return d == DType::float32 || d == DType::bfloat16 || d == DType::float16; }
 
 Params params_of(const Options& o) { return Params{{"is_causal", o.is_causal}, {"scale", o.scale}}; }

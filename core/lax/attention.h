@@ -38,10 +38,6 @@ Options options_of(const Params& p);
 
 // Whether the fused primitives take inputs of this dtype (f16, bf16, f32; f64 stays unfused).
 bool fused_dtype(DType d);
-// Whether nn::dot_product_attention's `automatic` takes the fused path: set by the CPU kernel
-// file where its build was measured to be competitive (AVX-512 builds; on an x86-64-v3 build the
-// backward runs at 0.4-0.7x the unfused path), false elsewhere.
-bool& fused_by_default();
 
 // Binds the primitives.
 std::vector<Array> forward(const Array& q, const Array& k, const Array& v, const Options& o);  // {o, lse}

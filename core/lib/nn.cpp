@@ -155,7 +155,7 @@ Array rms_norm(const Array& x, const Array& gain, double eps) {
 
 namespace {
 // Whether a call with nothing that prevents fusion runs fused: an explicit choice, else
-// CJAX_ATTENTION (fused | xla: A/B comparisons of whole programs), else the kernels' default.
+// CJAX_ATTENTION (fused | xla: A/B comparisons of whole programs), else yes.
 bool fused_requested(const AttentionOptions& o) {
   if (o.implementation != AttentionImplementation::automatic) return o.implementation == AttentionImplementation::fused;
   static const std::string from_env = [] {
@@ -166,7 +166,7 @@ bool fused_requested(const AttentionOptions& o) {
     return s;
   }();
   if (from_env == "fused" || from_env == "xla") return from_env == "fused";
-  return attention::fused_by_default();
+  return true;
 }
 }  // namespace
 

@@ -57,15 +57,19 @@ using vf_unaligned = float __attribute__((vector_size(kLanes * 4), aligned(4), m
 
 inline vf loadv(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void storev(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
-inline vf splat(float x) {  // a broadcast
-  vf v;
-  for (int64_t w = 0; w < kLanes; ++w) v[w] = x;
-  return v;
+inline vf splat(float x) {  // a broadcast (element-wise loops here compiled to stack stores)
+#ifdef __AVX512F__
+  return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#else
+  return vf{x, x, x, x, x, x, x, x};
+#endif
 }
 inline vi lane_index() {
-  vi v;
-  for (int64_t w = 0; w < kLanes; ++w) v[w] = int32_t(w);
-  return v;
+#ifdef __AVX512F__
+  return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+  return vi{0, 1, 2, 3, 4, 5, 6, 7};
+#endif
 }
 // Horizontal sum and max by halving shuffles (a fixed order: deterministic).
 inline vf fold_halves(vf v, int64_t step) {
@@ -445,9 +449,6 @@ std::vector<Array> backward_impl(std::span<const Array> in, std::span<const Abst
 const bool g_registered = [] {
   register_kernel("flash_attention", Platform::cpu, forward_impl);
   register_kernel("flash_attention_backward", Platform::cpu, backward_impl);
-#ifdef __AVX512F__
-  attention::fused_by_default() = true;
-#endif
   return true;
 }();
 
