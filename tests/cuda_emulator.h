@@ -264,6 +264,10 @@ template <class T>
 T cj_shfl_xor(T v, int o) {
   return cj_emu::shfl_xor(v, o);
 }
+template <int N>
+void cj_vcopy(void* to, const void* from) {
+  std::memcpy(to, from, N);
+}
 inline void cj_round2_bf16(float& a, float& b) {
   a = cj_from_bf16(cj_to_bf16(a));
   b = cj_from_bf16(cj_to_bf16(b));

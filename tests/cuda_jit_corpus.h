@@ -45,6 +45,13 @@ inline std::vector<Program> programs() {
                one([](const auto& a) { return chain10(a[0]); }),
                {normal(2, {333, 65}, DType::bfloat16)},
                1e-2});
+  p.push_back({"chain10 bf16 (16-byte runs)",
+               one([](const auto& a) { return chain10(a[0]); }),
+               {normal(41, {96, 256}, DType::bfloat16)},
+               1e-2});
+  p.push_back({"bf16 in, f32 out, row broadcast (8-byte loads, 16-byte stores)",
+               one([](const auto& a) { return a[0].astype(DType::float32) * a[1] + 1.0f; }),
+               {normal(42, {40, 96}, DType::bfloat16), normal(43, {96})}});
   p.push_back(
       {"chain10 f16", one([](const auto& a) { return chain10(a[0]); }), {normal(3, {4099}, DType::float16)}, 1e-2});
   p.push_back(
@@ -58,6 +65,12 @@ inline std::vector<Program> programs() {
   p.push_back({"softmax rows (block per row)",
                one([](const auto& a) { return nn::softmax(a[0], -1); }),
                {normal(10, {67, 129})}});
+  p.push_back({"softmax rows of 1024 (registers, exact columns)",
+               one([](const auto& a) { return nn::softmax(a[0], -1); }),
+               {normal(44, {20, 1024})}});
+  p.push_back({"softmax rows of 8192 (registers, 512 threads)",
+               one([](const auto& a) { return nn::softmax(a[0], -1); }),
+               {normal(45, {6, 8192})}});
   p.push_back({"softmax short rows (thread per row)",
                one([](const auto& a) { return nn::softmax(a[0], -1); }),
                {normal(11, {300, 7})}});

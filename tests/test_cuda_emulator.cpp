@@ -101,7 +101,10 @@ struct Outcome {
 };
 
 // Runs `emulated` over fresh random inputs and compares with the LLVM kernel of `spec`.
-Outcome compare(const KernelSpec& spec, const cuda_emulated::Kernel& emulated, uint32_t seed, bool random_order) {
+// `misaligned`: the kernel's buffers start one element past a 16-byte boundary, so that kernels
+// moving 16-byte runs must take their element-by-element path.
+Outcome compare(const KernelSpec& spec, const cuda_emulated::Kernel& emulated, uint32_t seed, bool random_order,
+                bool misaligned = false) {
   std::mt19937 rng(seed);
   std::vector<std::vector<unsigned char>> inputs;
   for (const KernelInput& in : spec.inputs) inputs.push_back(random_buffer(in.dtype, input_extent(spec, in), rng));
@@ -120,6 +123,18 @@ Outcome compare(const KernelSpec& spec, const cuda_emulated::Kernel& emulated, u
     for (auto& b : outs) p.push_back(b.data());
     return p;
   };
+  // The emulated kernel's copies of the inputs and outputs, each at a 16-byte boundary plus
+  // (misaligned) one element.
+  std::vector<std::vector<unsigned char>> shifted;
+  std::vector<size_t> shift;
+  auto place = [&](const std::vector<unsigned char>& b, size_t isz) {
+    shifted.emplace_back(b.size() + 32);
+    auto base = reinterpret_cast<uintptr_t>(shifted.back().data());
+    size_t at = (16 - base % 16) % 16 + (misaligned ? isz : 0);
+    std::memcpy(shifted.back().data() + at, b.data(), b.size());
+    shift.push_back(at);
+    return static_cast<void*>(shifted.back().data() + at);
+  };
   KernelSpec out_of_place = spec;
   for (KernelOutput& o : out_of_place.outputs) o.in_place_of = -1;
   const KernelSpec* one = &out_of_place;
@@ -127,10 +142,18 @@ Outcome compare(const KernelSpec& spec, const cuda_emulated::Kernel& emulated, u
   std::vector<double> scratch(size_t(spec.scratch_bytes()) / sizeof(double) + 1);
   std::vector<void*> wp = pointers(want);
   if (spec.rows() > 0) llvm.fns[0](wp.data(), scratch.data(), 0, spec.rows(), 0, spec.cols);
-  std::vector<void*> gp = pointers(got);
+  std::vector<void*> gp;
+  shifted.reserve(inputs.size() + got.size());
+  for (size_t k = 0; k < inputs.size(); ++k) gp.push_back(place(inputs[k], itemsize(spec.inputs[k].dtype)));
+  for (size_t o = 0; o < got.size(); ++o) gp.push_back(place(got[o], itemsize(spec.outputs[o].dtype)));
   std::mt19937 schedule(seed + 1);
   cj_emu::launch(
       emulated.grid, emulated.block, [&] { emulated.entry(gp.data()); }, random_order ? &schedule : nullptr);
+  for (size_t o = 0; o < got.size(); ++o) {
+    const std::vector<unsigned char>& b = shifted[inputs.size() + o];
+    std::copy(b.begin() + std::ptrdiff_t(shift[inputs.size() + o]),
+              b.begin() + std::ptrdiff_t(shift[inputs.size() + o] + got[o].size()), got[o].begin());
+  }
   Outcome r;
   for (size_t o = 0; o < spec.outputs.size(); ++o) {
     DType d = spec.outputs[o].dtype;
@@ -157,9 +180,10 @@ TEST_CASE("every fused kernel of the corpus: its CUDA source on the CPU emulator
     CAPTURE(specs[k].canonical());
     REQUIRE(cuda_emulated::spec_hash(specs[k].canonical()) ==
             kernels[k].spec_hash);  // the build's kernels are this planner's
-    for (bool random_order : {false, true}) {
+    for (auto [random_order, misaligned] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
       CAPTURE(random_order);
-      Outcome r = compare(specs[k], kernels[k], uint32_t(100 + k), random_order);
+      CAPTURE(misaligned);
+      Outcome r = compare(specs[k], kernels[k], uint32_t(100 + k), random_order, misaligned);
       CHECK_MESSAGE(r.mismatches == 0, r.first);
       CHECK_FALSE(r.guard_damaged);
     }

@@ -16,8 +16,11 @@ namespace {
 using Op = KernelNode::Op;
 
 constexpr unsigned kElementThreads = 256;
-constexpr unsigned kElementsPerThread = 4;
+constexpr unsigned kMaxElementsPerThread = 16;
 constexpr int64_t kThreadPerRowMaxCols = 32;
+// Register budget of a row's cached loads per thread, in 4-byte registers (1024-thread blocks
+// have 64 registers a thread).
+constexpr int64_t kCachedRegisters = 32;
 
 int avail(const KernelNode& n) { return n.op == Op::Reduce ? n.pass + 1 : n.pass; }
 
@@ -92,7 +95,7 @@ class Emitter {
         off += std::max<int64_t>(spec.outer[d] - 1, 0) * in.outer_strides[d];
       reach = std::max(reach, off + 1);
     }
-    index_type_ = reach + int64_t(kElementThreads * kElementsPerThread) < std::numeric_limits<int32_t>::max()
+    index_type_ = reach + int64_t(kElementThreads * kMaxElementsPerThread) < std::numeric_limits<int32_t>::max()
                       ? "int"
                       : "long long";
   }
@@ -124,6 +127,7 @@ class Emitter {
   std::string indent_ = "  ";
   std::string sfx_;             // appended to per-element names (the unrolled elements of a thread)
   bool pair_rounding_ = false;  // bf16 results are rounded two at a time by the caller
+  bool cached_loads_ = false;   // full-level loads read the thread's registers (cj_c<node>[cj_j])
 
   std::string round_result(DType d, const std::string& v) const {
     return pair_rounding_ && d == DType::bfloat16 ? v : rounded(d, v);
@@ -227,6 +231,7 @@ class Emitter {
 
   std::string load_expr(int i, const std::string& col) {
     const KernelNode& n = s_.nodes[size_t(i)];
+    if (cached_loads_ && !n.row_level) return fmt::format("cj_c{}[cj_j]", i);
     const KernelInput& in = s_.inputs[size_t(n.input)];
     std::string at =
         in.col_stride == 0 ? fmt::format("b{}{}", n.input, sfx_) : fmt::format("b{}{} + {}", n.input, sfx_, col);
@@ -258,13 +263,15 @@ class Emitter {
       if (s_.nodes[i].row_level) line(fmt::format("{} {};", compute_type(s_.nodes[i].dtype), name_of(int(i))));
   }
 
-  void store_output(size_t o, const std::string& at) {
+  // Output o's value (of this element or row) in its storage type.
+  std::string stored_value(size_t o) const {
     const KernelOutput& out = s_.outputs[o];
     DType nd = s_.nodes[size_t(out.node)].dtype;
     std::string v = name_of(out.node);
     if (nd != out.dtype) v = convert_expr(nd, out.dtype, v);
-    line(fmt::format("out{}[{}] = {};", o, at, store(out.dtype, v)));
+    return store(out.dtype, v);
   }
+  void store_output(size_t o, const std::string& at) { line(fmt::format("out{}[{}] = {};", o, at, stored_value(o))); }
 
   // One element's index, row and column, and its inputs' row offsets.
   void element_index(const std::string& e_value) {
@@ -295,24 +302,76 @@ class Emitter {
     }
   }
 
+  // Inputs read through vector accesses in the elements plan (those of full-level loads).
+  std::vector<bool> vector_inputs() const {
+    std::vector<bool> v(s_.inputs.size(), false);
+    for (const KernelNode& n : s_.nodes)
+      if (n.op == Op::Load && !n.row_level) v[size_t(n.input)] = true;
+    return v;
+  }
+
+  // Thread t of a block handles `groups` runs of `vector` consecutive elements, run g starting
+  // at block * per_block + g * (block * vector) + t * vector: coalesced, and one 16-byte access
+  // per run and operand where the extents allow (fused_launch_plan). A block whose elements are
+  // all in range, and whose operands are aligned, loads every run first (several loads in
+  // flight), computes node by node across the runs and stores; otherwise its threads go element
+  // by element with a bound check.
   std::string elements_body() {
     const std::string& I = index_type_;
     int64_t n = s_.rows() * s_.cols;
-    unsigned per_block = kElementThreads * kElementsPerThread;
-    line(fmt::format("const {} cj_base = ({})blockIdx.x * {} + ({})threadIdx.x;", I, I, per_block, I));
-    // Whole blocks: every element's loads first (several loads in flight per thread), then the
-    // computations and stores.
-    line(fmt::format("if (cj_base + {} < {}) {{", (kElementsPerThread - 1) * kElementThreads, n));
+    const unsigned B = plan_.block, V = plan_.vector, G = plan_.groups, per_thread = V * G;
+    const unsigned per_block = B * per_thread;
+    std::vector<bool> vin = vector_inputs();
+    line(fmt::format("const {0} cj_base = ({0})blockIdx.x * {1} + ({0})threadIdx.x * {2};", I, per_block, V));
+    std::string fast = fmt::format("({0})blockIdx.x * {1} + {1} <= {2}", I, per_block, n);
+    if (V > 1) {  // cuMemAllocAsync's blocks are aligned; a misaligned pointer takes the slow path
+      std::vector<std::string> misaligned;
+      for (size_t k = 0; k < s_.inputs.size(); ++k)
+        if (vin[k])
+          misaligned.push_back(fmt::format("((unsigned long long)in{} & {})", k, V * itemsize(s_.inputs[k].dtype) - 1));
+      for (size_t o = 0; o < s_.outputs.size(); ++o)
+        if (s_.outputs[o].full)
+          misaligned.push_back(
+              fmt::format("((unsigned long long)out{} & {})", o, V * itemsize(s_.outputs[o].dtype) - 1));
+      fast += fmt::format(" && ({}) == 0", fmt::join(misaligned, " | "));
+    }
+    line(fmt::format("if ({}) {{", fast));
     indent_ = "    ";
-    std::vector<bool> none(s_.nodes.size(), false);
-    for (unsigned u = 0; u < kElementsPerThread; ++u) {
-      sfx_ = fmt::format("_{}", u);
-      element_index(fmt::format("cj_base + {}", u * kElementThreads));
-      for (size_t i = 0; i < s_.nodes.size(); ++i) {
-        const KernelNode& nd = s_.nodes[i];
-        if (nd.op != Op::Load || nd.row_level) continue;
-        line(
-            fmt::format("const {} {} = {};", compute_type(nd.dtype), name_of(int(i)), load_expr(int(i), "col" + sfx_)));
+    auto element_sfx = [](unsigned j) { return fmt::format("_{}", j); };
+    for (unsigned g = 0; g < G; ++g) {
+      if (V == 1) {
+        sfx_ = element_sfx(g);
+        element_index(fmt::format("cj_base + {}", g * B));
+        for (size_t i = 0; i < s_.nodes.size(); ++i) {
+          const KernelNode& nd = s_.nodes[i];
+          if (nd.op != Op::Load || nd.row_level) continue;
+          line(fmt::format("const {} {} = {};", compute_type(nd.dtype), name_of(int(i)),
+                           load_expr(int(i), "col" + sfx_)));
+        }
+        continue;
+      }
+      std::string run = fmt::format("_g{}", g);
+      sfx_ = run;
+      element_index(fmt::format("cj_base + {}", g * B * V));
+      for (size_t k = 0; k < s_.inputs.size(); ++k) {
+        if (!vin[k]) continue;
+        size_t bytes = V * itemsize(s_.inputs[k].dtype);
+        line(fmt::format("alignas({}) {} cj_l{}{}[{}];", bytes, storage_type(s_.inputs[k].dtype), k, run, V));
+        line(fmt::format("cj_vcopy<{}>(cj_l{}{}, in{} + b{}{} + col{});", bytes, k, run, k, k, run, run));
+      }
+      for (unsigned u = 0; u < V; ++u) {
+        sfx_ = element_sfx(g * V + u);
+        line(fmt::format("const {0} e{1} = e{2} + {3}, row{1} = row{2}, col{1} = col{2} + {3};", I, sfx_, run, u));
+        line(fmt::format("(void)e{0}; (void)row{0}; (void)col{0};", sfx_));
+        for (size_t k = 0; k < s_.inputs.size(); ++k)
+          line(fmt::format("const {0} b{1}{2} = b{1}{3};", I, k, sfx_, run));
+        for (size_t i = 0; i < s_.nodes.size(); ++i) {
+          const KernelNode& nd = s_.nodes[i];
+          if (nd.op != Op::Load || nd.row_level) continue;
+          std::string raw = fmt::format("cj_l{}{}[{}]", nd.input, run, u);
+          line(fmt::format("const {} {} = ({})({});", compute_type(nd.dtype), name_of(int(i)), compute_type(nd.dtype),
+                           load(s_.inputs[size_t(nd.input)].dtype, raw)));
+        }
       }
     }
     // Node by node across the elements, so that bf16 results round two at a time (one
@@ -321,33 +380,59 @@ class Emitter {
     for (size_t i = 0; i < s_.nodes.size(); ++i) {
       const KernelNode& nd = s_.nodes[i];
       if (nd.op == Op::Load && !nd.row_level) continue;
-      for (unsigned u = 0; u < kElementsPerThread; ++u) {
-        sfx_ = fmt::format("_{}", u);
+      for (unsigned j = 0; j < per_thread; ++j) {
+        sfx_ = element_sfx(j);
         std::string v = nd.op == Op::Load ? load_expr(int(i), "col" + sfx_) : compute(int(i));
         line(fmt::format("{} {} = {};", compute_type(nd.dtype), name_of(int(i)), v));
       }
       if (nd.dtype == DType::bfloat16 && nd.op != Op::Load && nd.op != Op::Const)
-        for (unsigned u = 0; u < kElementsPerThread; u += 2) {
-          sfx_ = fmt::format("_{}", u);
+        for (unsigned j = 0; j < per_thread; j += 2) {
+          sfx_ = element_sfx(j);
           std::string a = name_of(int(i));
-          sfx_ = fmt::format("_{}", u + 1);
+          sfx_ = element_sfx(j + 1);
           line(fmt::format("cj_round2_bf16({}, {});", a, name_of(int(i))));
         }
     }
     pair_rounding_ = false;
-    for (unsigned u = 0; u < kElementsPerThread; ++u) {
-      sfx_ = fmt::format("_{}", u);
-      store_element_outputs();
+    for (unsigned g = 0; g < G; ++g) {
+      if (V == 1) {
+        sfx_ = element_sfx(g);
+        store_element_outputs();
+        continue;
+      }
+      std::string run = fmt::format("_g{}", g);
+      for (size_t o = 0; o < s_.outputs.size(); ++o) {
+        const KernelOutput& out = s_.outputs[o];
+        if (!out.full) {
+          for (unsigned u = 0; u < V; ++u) {
+            sfx_ = element_sfx(g * V + u);
+            line(fmt::format("if (col{} == 0) {{", sfx_));
+            store_output(o, "row" + sfx_);
+            line("}");
+          }
+          continue;
+        }
+        size_t bytes = V * itemsize(out.dtype);
+        line(fmt::format("alignas({}) {} cj_s{}{}[{}];", bytes, storage_type(out.dtype), o, run, V));
+        for (unsigned u = 0; u < V; ++u) {
+          sfx_ = element_sfx(g * V + u);
+          line(fmt::format("cj_s{}{}[{}] = {};", o, run, u, stored_value(o)));
+        }
+        line(fmt::format("cj_vcopy<{}>(out{} + e{}, cj_s{}{});", bytes, o, run, o, run));
+      }
     }
     sfx_.clear();
     indent_ = "  ";
     line("} else {");
     indent_ = "    ";
-    line(fmt::format("for (int cj_u = 0; cj_u < {}; ++cj_u) {{", kElementsPerThread));
+    line("#pragma unroll 1");  // the tail: small code beats speed here
+    line(fmt::format("for (int cj_u = 0; cj_u < {}; ++cj_u) {{", per_thread));
     indent_ = "      ";
-    line(fmt::format("if (cj_base + cj_u * {} >= {}) break;", kElementThreads, n));
-    element_index(fmt::format("cj_base + cj_u * {}", kElementThreads));
-    emitted_full_ = none;
+    line(V == 1 ? fmt::format("const {} cj_e = cj_base + cj_u * {};", I, B)
+                : fmt::format("const {} cj_e = cj_base + cj_u / {} * {} + cj_u % {};", I, V, B * V, V));
+    line(fmt::format("if (cj_e >= {}) break;", n));
+    element_index("cj_e");
+    emitted_full_.assign(s_.nodes.size(), false);
     element_compute();
     indent_ = "    ";
     line("}");
@@ -375,15 +460,42 @@ class Emitter {
     }
     row_offsets("row");
     declare_row_values();
+    const unsigned J = plan_.cached_columns;
+    // The loop over this thread's columns (cached rows: unrolled, J of them).
+    auto open_columns = [&] {
+      if (J > 0) {
+        line("#pragma unroll");
+        line(fmt::format("for (int cj_j = 0; cj_j < {}; ++cj_j) {{", J));
+        line(fmt::format("  const {} col = cj_tid + cj_j * {};", I, plan_.block));
+        line(int64_t(J) * plan_.block == s_.cols ? "  {" : fmt::format("  if (col < {}) {{", s_.cols));
+      } else if (block_rows) {
+        line("#pragma unroll 4");
+        line(fmt::format("for ({0} col = cj_tid; col < {1}; col += {2}) {{", I, s_.cols, plan_.block));
+      } else {
+        line(fmt::format("for ({0} col = 0; col < {1}; ++col) {{", I, s_.cols));
+      }
+      indent_ = J > 0 ? "      " : "    ";
+    };
+    auto close_columns = [&] {
+      indent_ = "  ";
+      line(J > 0 ? "}}" : "}");
+    };
+    if (J > 0) {  // every load of the thread's columns, issued together
+      for (size_t i = 0; i < s_.nodes.size(); ++i)
+        if (s_.nodes[i].op == Op::Load && !s_.nodes[i].row_level)
+          line(fmt::format("{} cj_c{}[{}];", compute_type(s_.nodes[i].dtype), i, J));
+      open_columns();
+      for (size_t i = 0; i < s_.nodes.size(); ++i)
+        if (s_.nodes[i].op == Op::Load && !s_.nodes[i].row_level)
+          line(fmt::format("cj_c{}[cj_j] = {};", i, load_expr(int(i), "col")));
+      close_columns();
+      cached_loads_ = true;
+    }
     for (int p = 0; p < s_.num_passes; ++p) {
       row_values(p);
       for (int r : reduces[size_t(p)])
         line(fmt::format("{} a{} = {};", compute_type(s_.nodes[size_t(r)].dtype), r, reduce_init(s_.nodes[size_t(r)])));
-      if (block_rows)
-        line(fmt::format("for ({0} col = cj_tid; col < {1}; col += {2}) {{", I, s_.cols, plan_.block));
-      else
-        line(fmt::format("for ({0} col = 0; col < {1}; ++col) {{", I, s_.cols));
-      indent_ = "    ";
+      open_columns();
       emitted_full_.assign(s_.nodes.size(), false);
       for (int r : reduces[size_t(p)]) {
         int arg = s_.nodes[size_t(r)].args[0];
@@ -397,8 +509,7 @@ class Emitter {
         full_value(out.node, "col");
         store_output(o, fmt::format("row * {} + col", s_.cols));
       }
-      indent_ = "  ";
-      line("}");
+      close_columns();
       for (int r : reduces[size_t(p)]) block_reduce(r, reduces[size_t(p)], block_rows);
       if (block_rows && !reduces[size_t(p)].empty()) line("__syncthreads();");
     }
@@ -456,13 +567,51 @@ class Emitter {
 
 }  // namespace
 
+namespace {
+// Elements of one 16-byte access of the elements plan: every full-level load and full output
+// moves `vector` consecutive elements at once when the columns and the inputs' row strides are
+// multiples of it (so that a run never crosses a row and stays aligned); 1 otherwise.
+unsigned elements_vector(const KernelSpec& spec) {
+  size_t widest = 0;
+  std::vector<bool> full_input(spec.inputs.size(), false);
+  for (const KernelNode& n : spec.nodes)
+    if (n.op == Op::Load && !n.row_level) full_input[size_t(n.input)] = true;
+  for (size_t k = 0; k < spec.inputs.size(); ++k)
+    if (full_input[k]) {
+      if (spec.inputs[k].col_stride != 1) return 1;
+      widest = std::max(widest, itemsize(spec.inputs[k].dtype));
+    }
+  for (const KernelOutput& o : spec.outputs)
+    if (o.full) widest = std::max(widest, itemsize(o.dtype));
+  if (widest == 0) return 1;
+  auto v = unsigned(16 / widest);
+  if (spec.cols % v != 0) return 1;
+  for (size_t k = 0; k < spec.inputs.size(); ++k)
+    if (full_input[k])
+      for (int64_t stride : spec.inputs[k].outer_strides)
+        if (stride % v != 0) return 1;
+  return v;
+}
+
+// 4-byte registers a thread needs to hold one column of every full-level load of a row.
+int64_t cached_registers_per_column(const KernelSpec& spec) {
+  int64_t regs = 0;
+  for (const KernelNode& n : spec.nodes)
+    if (n.op == Op::Load && !n.row_level) regs += n.dtype == DType::float64 || n.dtype == DType::int64 ? 2 : 1;
+  return regs;
+}
+}  // namespace
+
 FusedLaunchPlan fused_launch_plan(const KernelSpec& spec) {
   FusedLaunchPlan p;
   int64_t rows = spec.rows(), cols = spec.cols;
   if (!spec.has_reduction) {
     p.kind = FusedLaunchPlan::Kind::Elements;
     p.block = kElementThreads;
-    int64_t per_block = int64_t(kElementThreads * kElementsPerThread);
+    p.vector = elements_vector(spec);
+    // About 16 bytes of every operand in flight per thread, at least 4 elements.
+    p.groups = p.vector >= 4 ? 1 : 4 / p.vector;
+    int64_t per_block = int64_t(p.block) * p.vector * p.groups;
     p.grid = (rows * cols + per_block - 1) / per_block;
   } else if (cols <= kThreadPerRowMaxCols) {
     p.kind = FusedLaunchPlan::Kind::ThreadPerRow;
@@ -476,6 +625,17 @@ FusedLaunchPlan fused_launch_plan(const KernelSpec& spec) {
     while (b < 512 && int64_t(b) * 2 * 4 <= cols) b *= 2;
     p.block = rows < 264 && cols >= 16384 ? 1024 : b;
     p.grid = rows;
+    // Rows whose loads fit in registers (with up to 1024 threads) are read once, every load of
+    // a thread issued together; the passes then compute from registers.
+    int64_t per_column = cached_registers_per_column(spec);
+    for (unsigned cached_block = p.block; per_column > 0 && cached_block <= 1024; cached_block *= 2) {
+      int64_t columns = (cols + cached_block - 1) / cached_block;
+      if (columns * per_column <= kCachedRegisters) {
+        p.block = cached_block;
+        p.cached_columns = unsigned(columns);
+        break;
+      }
+    }
   }
   return p;
 }
@@ -485,6 +645,15 @@ std::string fused_prelude() {
   // tests (tests/cuda_emulator.h) can poison them before each block.
   return std::string(kPrelude) + R"(
 #define CJ_SHARED(type, name, dims) __shared__ type name dims
+struct alignas(16) cj_bytes16 { unsigned long long a, b; };
+template <int N> struct cj_bytes;
+template <> struct cj_bytes<2> { typedef unsigned short type; };
+template <> struct cj_bytes<4> { typedef unsigned type; };
+template <> struct cj_bytes<8> { typedef unsigned long long type; };
+template <> struct cj_bytes<16> { typedef cj_bytes16 type; };
+// One N-byte access (ld/st.global.v2.u64 for 16): both pointers N-byte aligned.
+template <int N> __device__ __forceinline__ void cj_vcopy(void* to, const void* from) {
+  *reinterpret_cast<typename cj_bytes<N>::type*>(to) = *reinterpret_cast<const typename cj_bytes<N>::type*>(from); }
 __device__ __forceinline__ void cj_round2_bf16(float& a, float& b) {
   unsigned p; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(b), "f"(a));
   a = __uint_as_float(p << 16); b = __uint_as_float(p & 0xffff0000u); }
