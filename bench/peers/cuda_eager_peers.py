@@ -216,6 +216,8 @@ def main():
         for p, rows in peers.items():
             if name in rows:
                 line += f" {rows[name] * 1e6:8.2f}us {t / rows[name]:10.2f}x"
+            else:  # keep the columns aligned: this peer has no such row
+                line += f" {'-':>10} {'-':>11}"
         print(line)
     print("(cjax/peer < 1: cjax is faster)")
 
