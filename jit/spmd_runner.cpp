@@ -4,12 +4,14 @@
 // others stop waiting at collectives instead of hanging.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <future>
 #include <mutex>
 #include <unordered_map>
 
+#include "core/array/array_impl.h"
 #include "core/array/spmd.h"
 #include "core/array/util.h"
 #include "core/backend/device_worker.h"
@@ -50,7 +52,11 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   // the collectives' kernels, with the type checks already done when the body was traced.
   std::vector<ManualAxis> run_axes = axes;
   for (ManualAxis& a : run_axes) a.check_vma = false;
-  bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS");
+  // Lockstep combines collectives on the host; device memory (virtual GPU devices) goes through
+  // the platform's buffer communicator, one thread per device.
+  bool lockstep =
+      exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS") &&
+      std::all_of(mesh.devices().begin(), mesh.devices().end(), [](const Device& d) { return host_accessible(d); });
   count_spmd_run(lockstep);
   if (lockstep) return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
   auto comm = std::make_unique<Communicator>(mesh.devices());

@@ -168,6 +168,23 @@ TEST_CASE("weak scalars, numpy operators and conversions run on the GPU") {
   CHECK(profiler::host_fallback_count() == before);
 }
 
+TEST_CASE("conversions to integers and bool on the GPU saturate and wrap as on the CPU") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Array host = jnp::array<float>({-1e10f, -3.7f, -0.5f, 0.0f, 0.5f, 2.9f, 200.0f, 300.0f, 1e10f, nan, inf, -inf});
+  Array x = on_gpu(host);
+  int64_t before = profiler::host_fallback_count();
+  for (DType d : {i8, i16, i32, i64, u8, u32, bool_}) {
+    CAPTURE(dtype_name(d));
+    Array got = x.astype(d);
+    CHECK(device_of(got) == kGpu);
+    CHECK(got.astype(f64).to_vector<double>() == host.astype(d).astype(f64).to_vector<double>());
+  }
+  Array wide = on_gpu(jnp::array<int32_t>({-129, -128, 127, 128, 255, 256, 70000}));
+  for (DType d : {i8, u8, i16, bool_, f32, bf16})
+    CHECK(wide.astype(d).astype(f64).to_vector<double>() == to_host(wide).astype(d).astype(f64).to_vector<double>());
+  CHECK(profiler::host_fallback_count() == before);
+}
+
 TEST_CASE("a primitive without a GPU kernel runs on the host, counted, and its result stays on the GPU") {
   Array x = on_gpu(jnp::arange(0.0, 10.0, 1.0, f32));
   int64_t before = profiler::host_fallback_count();

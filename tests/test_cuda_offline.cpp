@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "backends/cuda/buffer_communicator.h"
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/kernels/codegen.h"
@@ -184,8 +185,12 @@ TEST_CASE("the shape and reduction library kernels compile for sm_90") {
     add(cuda::select_n_source(bool_, d, 2, false), cuda::kElementwiseKernelName);
     add(cuda::select_n_source(i32, d, 3, true), cuda::kElementwiseKernelName);
   }
+  // The virtual-device communicator's rank-order reduction, every dtype and operation.
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min})
+    for (DType d : {bool_, i8, i32, i64, u8, u32, bf16, f16, f32, f64})
+      add(cuda::rank_reduce_kernel_source(d, op), "cj_rank_reduce");
   MESSAGE(kernels << " library kernels");
-  CHECK(kernels > 50);
+  CHECK(kernels > 90);
   for (DType half : {bf16, f16}) {  // bf16 partial sums in f32, then f32 -> bf16
     add(*cuda::reduce_source("reduce_sum", half, f32, 1, 1), "cj_reduce");
     add(*cuda::reduce_source("reduce_sum", f32, half, 1, 1), "cj_reduce");

@@ -238,7 +238,7 @@ Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const Partiti
     const Device& dev = mesh.devices()[d];
     if (buf->nbytes() != nbytes || !(buf->device() == dev)) {  // a literal or a view: give the device its copy
       auto copy = std::make_shared<Buffer>(dev, nbytes);
-      std::copy_n(static_cast<const std::byte*>(buf->data()), nbytes, static_cast<std::byte*>(copy->data()));
+      copy_buffer(*buf, *copy, nbytes);
       buf = std::move(copy);
     }
     if (!out)

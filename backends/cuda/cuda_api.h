@@ -30,6 +30,7 @@ namespace cjax::cuda {
   X(cuMemcpyHtoD)                     \
   X(cuMemcpyDtoH)                     \
   X(cuMemcpyDtoD)                     \
+  X(cuMemcpyDtoDAsync)                \
   X(cuMemsetD8Async)                  \
   X(cuMemGetInfo)                     \
   X(cuModuleLoadData)                 \

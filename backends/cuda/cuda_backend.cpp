@@ -9,12 +9,18 @@
 #include <absl/container/flat_hash_map.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 
+#include "backends/cuda/buffer_communicator.h"
 #include "backends/cuda/cuda_device.h"
+#include "cjax/collectives.h"
 #include "cjax/errors.h"
 #include "core/backend/backend.h"
 
@@ -103,13 +109,18 @@ class CudaBackend final : public Backend {
     check(activate(d).cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes), "cuMemcpyHtoD");
   }
   void copy_between_devices(const Device& from, const void* src, const Device& to, void* dst, size_t nbytes) override {
-    if (from != to) return Backend::copy_between_devices(from, src, to, dst, nbytes);  // through the host
+    if (gpu_of(from).info.context != gpu_of(to).info.context)  // two GPUs: through the host
+      return Backend::copy_between_devices(from, src, to, dst, nbytes);
     check(activate(to).cuMemcpyDtoD(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), nbytes),
           "cuMemcpyDtoD");
   }
   void synchronize(const Device& d) override { check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize"); }
   Stream& stream(const Device& d) override { return *gpu_of(d).stream; }
   KernelCompiler* kernel_compiler() override { return &fused_kernel_compiler(); }
+  std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
+    auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
+    return make_buffer_communicator(group, timeout);
+  }
 
   Gpu& gpu_of(const Device& d) {
     init();
@@ -132,6 +143,8 @@ class CudaBackend final : public Backend {
         int n = 0;
         check(api->cuDeviceGetCount(&n), "cuDeviceGetCount");
         if (n == 0) reason_ = "the NVIDIA driver reports no GPU";
+        int virtual_devices = num_virtual_devices();
+        if (virtual_devices > 1) n = std::min(n, 1);
         for (int i = 0; i < n; ++i) {
           auto g = std::make_unique<Gpu>();
           g->stream = std::make_unique<CudaStream>(Device(Platform::cuda, i));
@@ -153,11 +166,38 @@ class CudaBackend final : public Backend {
           check(api->cuMemPoolSetAttribute(g->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep), "cuMemPoolSetAttribute");
           gpus_.push_back(std::move(g));
         }
+        // Virtual devices: cuda:1.. share GPU 0 (its context, pool and stream), each with its own
+        // memory accounting.
+        if (n == 1 && virtual_devices > 1)
+          std::fprintf(stderr,
+                       "cjax: CJAX_NUM_CUDA_VIRTUAL_DEVICES=%d: virtual GPU devices are experimental; the "
+                       "collective suites match the CPU mesh, but larger sharded programs gave "
+                       "nondeterministic results on the last GPU run (docs/cuda.md)\n",
+                       virtual_devices);
+        for (int i = 1; n == 1 && i < virtual_devices; ++i) {
+          auto g = std::make_unique<Gpu>();
+          g->info = gpus_[0]->info;
+          g->pool = gpus_[0]->pool;
+          g->stream = std::make_unique<CudaStream>(Device(Platform::cuda, i));
+          gpus_.push_back(std::move(g));
+        }
       } catch (const BackendError& e) {
         gpus_.clear();
         reason_ = e.what();
       }
     });
+  }
+
+  // CJAX_NUM_CUDA_VIRTUAL_DEVICES=N (N > 1): N logical devices on GPU 0, as CJAX_NUM_CPU_DEVICES
+  // makes virtual CPU devices, so that meshes and shard_map run on one GPU.
+  static int num_virtual_devices() {
+    const char* v = std::getenv("CJAX_NUM_CUDA_VIRTUAL_DEVICES");
+    if (!v || !*v) return 1;
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > 64)
+      throw BackendError(fmt::format("CJAX_NUM_CUDA_VIRTUAL_DEVICES={}: expected a count from 1 to 64", v));
+    return int(n);
   }
 
   std::once_flag once_;
@@ -243,7 +283,7 @@ CUmodule load_module(const Device& d, const std::vector<char>& cubin) {
 }
 
 CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name) {
-  std::string key = fmt::format("{}\n{}\n{}", d.id(), name, source);
+  std::string key = fmt::format("{}\n{}\n{}", gpu(d).device, name, source);  // virtual devices share modules
   ModuleCache& cache = module_cache();
   {
     std::lock_guard lock(cache.mu);

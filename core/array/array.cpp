@@ -54,8 +54,13 @@ std::string AbstractValue::str() const {
 Array make_uninitialized(AbstractValue aval, Device device) {
   // Inside a shard_map body every value belongs to the device running it, whatever the device of
   // the operand an op took its placement from (a collective's result combines all devices' blocks;
-  // a literal was made on the default device).
-  if (const SpmdContext* ctx = current_spmd(); ctx && ctx->mesh) device = ctx->mesh->devices()[size_t(ctx->device)];
+  // a literal was made on the default device). Host memory asked for in a body that runs on a
+  // device's own memory (a GPU) stays host memory: its maker writes it through its pointer (a
+  // literal, a host copy, a host kernel's output), and it follows the body's operands when used.
+  if (const SpmdContext* ctx = current_spmd(); ctx && ctx->mesh) {
+    const Device& body = ctx->mesh->devices()[size_t(ctx->device)];
+    if (host_accessible(body) || !host_accessible(device)) device = body;
+  }
   size_t nbytes = size_t(aval.size()) * itemsize(aval.dtype);
   auto buf = std::make_shared<Buffer>(device, nbytes);
   return Array(std::make_shared<ConcreteArray>(std::move(aval), std::move(buf)));
@@ -80,6 +85,21 @@ Array make_from_host(const void* data, AbstractValue aval, Device device) {
 bool host_accessible(const Device& d) {
   return d.platform() == Platform::cpu || backend_for(d.platform()).host_accessible();
 }
+void copy_buffer(const Buffer& from, const Buffer& to, size_t nbytes) {
+  if (nbytes == 0) return;
+  const Device &src = from.device(), &dst = to.device();
+  if (host_accessible(src) && host_accessible(dst))
+    std::memcpy(to.data(), from.data(), nbytes);
+  else if (host_accessible(src))
+    backend_for(dst.platform()).copy_from_host(dst, to.data(), from.data(), nbytes);
+  else if (host_accessible(dst))
+    backend_for(src.platform()).copy_to_host(src, from.data(), to.data(), nbytes);
+  else if (src.platform() == dst.platform())
+    backend_for(src.platform()).copy_between_devices(src, from.data(), dst, to.data(), nbytes);
+  else
+    throw BackendError(fmt::format("no direct copy from {} to {}", src.str(), dst.str()));
+}
+
 Array to_host(const Array& a) {
   ConcreteArray& c = require_concrete(a, "a host read");
   a.block_until_ready();

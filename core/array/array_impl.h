@@ -153,6 +153,9 @@ Array make_from_host(const void* data, AbstractValue aval, Device device);
 Array make_abstract(AbstractValue aval);  // a ShapedArray handle
 // Whether the host reads `d`'s buffers through their pointers (CPU memory; core/backend/backend.h).
 bool host_accessible(const Device& d);
+// Copies the first `nbytes` of `from` into `to`, wherever each lives (host memory, a device, two
+// devices of one platform), after the work queued on `from`'s device.
+void copy_buffer(const Buffer& from, const Buffer& to, size_t nbytes);
 // cpu:0: where the host writes values it creates (scalars, creation functions, host fallbacks).
 Device host_device();
 // A value the host created, moved to the default device (config::set_default_platform) as an

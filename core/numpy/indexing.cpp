@@ -72,7 +72,7 @@ Array index_const(const std::vector<int64_t>& v, DType d, Shape shape) {
 // Host nonzero of a concrete bool mask: one index array per mask dim.
 std::vector<Array> mask_nonzero(const Array& mask, DType idt) {
   std::vector<uint8_t> m(static_cast<size_t>(mask.size()));
-  if (!m.empty()) std::memcpy(m.data(), raw_ptr(mask), m.size());
+  if (!m.empty()) std::memcpy(m.data(), raw_ptr(to_host(mask)), m.size());
   int nd = mask.ndim();
   std::vector<std::vector<int64_t>> coords(static_cast<size_t>(nd));
   std::vector<int64_t> c(static_cast<size_t>(nd), 0);

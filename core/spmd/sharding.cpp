@@ -261,19 +261,29 @@ std::vector<int64_t> block_start(const NamedSharding& s, const Shape& global, co
   return bc;
 }
 
-// The global value of a sharded concrete array, assembled into one buffer on `device`.
+// The bytes of a buffer where the host can read them: the buffer itself, or a copy in `staging`.
+std::byte* host_bytes(const Buffer& b, std::vector<std::byte>& staging) {
+  if (host_accessible(b.device())) return static_cast<std::byte*>(b.data());
+  staging.resize(b.nbytes());
+  backend_for(b.device().platform()).copy_to_host(b.device(), b.data(), staging.data(), b.nbytes());
+  return staging.data();
+}
+
+// The global value of a sharded concrete array, assembled into one buffer on `device` (through
+// host memory where the shards or the target are device memory).
 Array assemble(const ConcreteArray& c, const NamedSharding& s, Device device) {
-  Array out = make_uninitialized(c.aval, device);
+  bool on_host = host_accessible(device);
+  Array out = make_uninitialized(c.aval, on_host ? device : host_device());
   Shape block = s.shard_shape(c.aval.shape);
   size_t isz = itemsize(c.aval.dtype);
   std::set<std::vector<int64_t>> done;
+  std::vector<std::byte> staging;
   for (int64_t k = 0; k < s.mesh().size(); ++k) {
     if (!done.insert(s.block_coords(c.aval.shape, k)).second) continue;  // a replica of a copied block
-    copy_block(static_cast<std::byte*>(raw_ptr(out)), c.aval.shape,
-               static_cast<std::byte*>(c.buffers[size_t(k)]->data()), block, block_start(s, c.aval.shape, block, k),
-               isz, false);
+    copy_block(static_cast<std::byte*>(raw_ptr(out)), c.aval.shape, host_bytes(*c.buffers[size_t(k)], staging), block,
+               block_start(s, c.aval.shape, block, k), isz, false);
   }
-  return out;
+  return on_host ? out : make_from_host(raw_ptr(out), c.aval, device);
 }
 
 const NamedSharding* named_sharding_of(const ConcreteArray& c) {
@@ -312,12 +322,6 @@ Array device_put(const Array& x, const Sharding& sharding) {
   auto* dst = dynamic_cast<const NamedSharding*>(&sharding);
   if (!dst) throw ShardingError(fmt::format("device_put: unsupported sharding {}", sharding.str()));
   if (src && *src == *dst) return x;  // arrays are immutable: already placed
-  for (const Device& d : dst->mesh().devices())
-    if (!host_accessible(d))
-      throw BackendError(
-          fmt::format("device_put: meshes of {} devices are not supported yet (the mesh holds {}); "
-                      "shard over cpu devices, or device_put to one {} device",
-                      platform_name(d.platform()), d.str(), platform_name(d.platform())));
   if (!src && !host_accessible(c.device())) return device_put(to_host(x), sharding);
   Shape block = dst->shard_shape(x.shape());
   Array global = src ? assemble(c, *src, host_device()) : x;
@@ -325,10 +329,16 @@ Array device_put(const Array& x, const Sharding& sharding) {
   size_t isz = itemsize(x.dtype());
   std::shared_ptr<ConcreteArray> out;
   const auto& mesh_devices = dst->mesh().devices();
+  std::vector<std::byte> staging;  // a block bound for device memory
   for (int64_t k = 0; k < dst->mesh().size(); ++k) {
-    auto buf = std::make_shared<Buffer>(mesh_devices[size_t(k)], size_t(shape_size(block)) * isz);
-    copy_block(g, x.shape(), static_cast<std::byte*>(buf->data()), block, block_start(*dst, x.shape(), block, k), isz,
-               true);
+    const Device& d = mesh_devices[size_t(k)];
+    size_t nbytes = size_t(shape_size(block)) * isz;
+    auto buf = std::make_shared<Buffer>(d, nbytes);
+    bool direct = host_accessible(d);
+    if (!direct) staging.resize(nbytes);
+    auto* to = direct ? static_cast<std::byte*>(buf->data()) : staging.data();
+    copy_block(g, x.shape(), to, block, block_start(*dst, x.shape(), block, k), isz, true);
+    if (!direct && nbytes > 0) backend_for(d.platform()).copy_from_host(d, buf->data(), to, nbytes);
     if (!out)
       out = std::make_shared<ConcreteArray>(x.aval(), std::move(buf));
     else

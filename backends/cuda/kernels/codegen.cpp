@@ -64,6 +64,21 @@ std::string store(DType d, const std::string& v) {
   return "(" + storage_type(d) + ")(" + v + ")";
 }
 
+// The CPU's conversions (backends/cpu/llvm_scalar.cpp): float -> integer truncates, saturating,
+// NaN -> 0; -> bool is != 0; integer -> integer wraps (C casts).
+std::string convert_expr(DType from, DType to, const std::string& v) {
+  std::string ct = compute_type(to);
+  if (to == DType::bool_) return fmt::format("({} != 0)", v);
+  if (is_float(from) && !is_float(to) && to != DType::bool_) {
+    std::string lo = lowest_literal(to), hi = highest_literal(to);
+    return fmt::format(
+        "({0} != {0} ? ({1})0 : (double){0} <= (double){2} ? ({1}){2} : (double){0} >= (double){3} ? "
+        "({1}){3} : ({1}){0})",
+        v, ct, lo, hi);
+  }
+  return fmt::format("(({}){})", ct, v);
+}
+
 namespace {
 // Unsigned type of at least `unsigned int`'s width that integer arithmetic wraps in.
 std::string wrap_type(DType d) { return d == DType::int64 ? "unsigned long long" : "unsigned int"; }

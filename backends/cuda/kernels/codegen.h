@@ -22,6 +22,8 @@ std::string compute_type(DType d);                 // the type arithmetic happen
 const char* bits_type(size_t itemsize);            // an unsigned type of that size: copies move raw bits
 std::string load(DType d, const std::string& v);   // storage -> compute
 std::string store(DType d, const std::string& v);  // compute -> storage (round to nearest even)
+// A compute-typed value of `from` as `to`'s compute type, with the CPU's conversion semantics.
+std::string convert_expr(DType from, DType to, const std::string& v);
 // `op` applied to compute-typed x (and y, z) of dtype d; nullopt where the dtype has no expression.
 std::optional<std::string> scalar_expression(ScalarOp op, DType d);
 // The lowest and highest values of d's compute type, as CUDA literals (-inf/inf for floats).

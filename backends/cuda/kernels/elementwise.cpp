@@ -52,11 +52,12 @@ std::optional<std::string> elementwise_source(ScalarOp op, DType in, DType out, 
 }
 
 std::optional<std::string> convert_source(DType in, DType out) {
-  if (!is_float(out) || (is_float(in) && in == out)) return std::nullopt;
+  if (in == out) return std::nullopt;
   // f64 -> bf16/f16 would round twice through f32; the CPU rounds once.
   if (in == DType::float64 && is_half(out)) return std::nullopt;
-  std::string value =
-      is_half(out) ? load(in, "in_0[i]") : fmt::format("({})({})", storage_type(out), load(in, "in_0[i]"));
+  std::string value = !is_float(out) ? convert_expr(in, out, load(in, "in_0[i]"))  // saturating, NaN -> 0
+                      : is_half(out) ? load(in, "in_0[i]")
+                                     : fmt::format("({})({})", storage_type(out), load(in, "in_0[i]"));
   return kernel({fmt::format("const {}* __restrict__ in_0", storage_type(in)),
                  fmt::format("{}* __restrict__ out", storage_type(out))},
                 fmt::format("      out[i] = {};", store(out, value)));

@@ -44,21 +44,6 @@ std::string literal(const KernelNode& n) {
 // f32 -> the half type and back: bf16/f16 values are computed in f32 and rounded per op.
 std::string rounded(DType d, const std::string& v) { return is_half(d) ? load(d, store(d, v)) : v; }
 
-// The CPU's conversions (backends/cpu/llvm_scalar.cpp): float -> integer truncates, saturating,
-// NaN -> 0; -> bool is != 0; integer -> integer wraps (C casts).
-std::string convert_expr(DType from, DType to, const std::string& v) {
-  std::string ct = compute_type(to);
-  if (to == DType::bool_) return fmt::format("({} != 0)", v);
-  if (is_float(from) && !is_float(to) && to != DType::bool_) {
-    std::string lo = lowest_literal(to), hi = highest_literal(to);
-    return fmt::format(
-        "({0} != {0} ? ({1})0 : (double){0} <= (double){2} ? ({1}){2} : (double){0} >= (double){3} ? "
-        "({1}){3} : ({1}){0})",
-        v, ct, lo, hi);
-  }
-  return fmt::format("(({}){})", ct, v);
-}
-
 std::string reduce_combine(const KernelNode& n, const std::string& a, const std::string& b, std::string* error) {
   static constexpr ScalarOp kOps[] = {ScalarOp::Add, ScalarOp::Mul, ScalarOp::Max, ScalarOp::Min};
   ScalarOp op = kOps[int(n.reduce)];

@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <memory>
 #include <mutex>
 #include <numeric>
 
@@ -84,9 +85,11 @@ struct PerDevice {
   absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;  // heuristic choice per problem
 };
 
+// Per GPU (virtual devices share their GPU's handle and workspace: their GEMMs run in order on
+// its one stream). Entries stay where they are while other GPUs' are added.
 std::mutex g_mu;
-absl::flat_hash_map<int, PerDevice>& per_device() {
-  static absl::flat_hash_map<int, PerDevice> m;
+absl::flat_hash_map<CUdevice, std::unique_ptr<PerDevice>>& per_device() {
+  static absl::flat_hash_map<CUdevice, std::unique_ptr<PerDevice>> m;
   return m;
 }
 
@@ -139,7 +142,9 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
   cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
   cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
   std::unique_lock lock(g_mu);
-  PerDevice& pd = per_device()[dev.id()];
+  std::unique_ptr<PerDevice>& slot = per_device()[gpu(dev).device];
+  if (!slot) slot = std::make_unique<PerDevice>();
+  PerDevice& pd = *slot;
   if (!pd.handle) {
     check_lt(lt.cublasLtCreate(&pd.handle), "cublasLtCreate");
     CUdeviceptr ws = 0;
