@@ -54,11 +54,13 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   for (ManualAxis& a : run_axes) a.check_vma = false;
   // Lockstep combines collectives on the host; device memory (virtual GPU devices) goes through
   // the platform's buffer communicator, one thread per device.
-  bool lockstep =
-      exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS") &&
-      std::all_of(mesh.devices().begin(), mesh.devices().end(), [](const Device& d) { return host_accessible(d); });
+  bool device_memory =
+      !std::all_of(mesh.devices().begin(), mesh.devices().end(), [](const Device& d) { return host_accessible(d); });
+  bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS") && !device_memory;
   count_spmd_run(lockstep);
   if (lockstep) return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
+  std::unique_lock<std::mutex> turn;
+  if (device_memory) turn = std::unique_lock(device_mesh_run_mutex());
   auto comm = std::make_unique<Communicator>(mesh.devices());
   std::vector<std::vector<Array>> outs(n);
   std::vector<std::exception_ptr> errors(n);

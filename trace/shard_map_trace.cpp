@@ -85,7 +85,14 @@ class ShardMapTrace final : public Trace {
     }
     AbstractValue a = x.aval();
     a.vma.clear();
-    return {std::vector<Array>(size_t(ctx_->mesh.size()), x), a};
+    const std::vector<Device>& devices = ctx_->mesh.devices();
+    if (std::all_of(devices.begin(), devices.end(), [](const Device& d) { return host_accessible(d); }))
+      return {std::vector<Array>(size_t(ctx_->mesh.size()), x), a};
+    // Device memory (virtual GPU devices): each device computes on its own copy, so that its
+    // results live on it.
+    std::vector<Array> copies;
+    for (const Device& d : devices) copies.push_back(device_put(x, SingleDeviceSharding(d)));
+    return {copies, a};
   }
 
   std::vector<Array> process_primitive(const PrimitiveDef& def, std::span<const Array> inputs,

@@ -149,6 +149,10 @@ std::atomic<int64_t> g_lockstep_runs{0}, g_threaded_runs{0};  // runs happen on 
 }  // namespace
 SpmdRunStats spmd_run_stats() { return {g_lockstep_runs.load(), g_threaded_runs.load()}; }
 void count_spmd_run(bool lockstep) { ++(lockstep ? g_lockstep_runs : g_threaded_runs); }
+std::mutex& device_mesh_run_mutex() {
+  static std::mutex m;
+  return m;
+}
 SpmdRunner spmd_runner() {
   if (!g_runner) throw BackendError("no SPMD runner is linked in: the jit layer provides it");
   return g_runner;

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -134,4 +135,8 @@ struct SpmdRunStats {
 };
 SpmdRunStats spmd_run_stats();  // counts of runs by kind so far (for tests)
 void count_spmd_run(bool lockstep);
+// Held by every run of one thread per device over a mesh in device memory (virtual GPU devices):
+// two such runs at once could each hold some device workers while waiting at a collective for a
+// worker the other holds, so they take turns.
+std::mutex& device_mesh_run_mutex();
 }  // namespace cjax

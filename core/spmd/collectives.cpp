@@ -518,6 +518,7 @@ std::vector<std::vector<Array>> run_on_device_threads(const PrimitiveDef& def, c
                                                       std::span<const AbstractValue> out_avals, const Mesh& mesh,
                                                       bool backward) {
   size_t n = inputs.size();
+  std::lock_guard turn(device_mesh_run_mutex());
   Communicator comm(mesh.devices());
   std::vector<std::vector<Array>> outs(n);
   std::vector<std::exception_ptr> errors(n);
