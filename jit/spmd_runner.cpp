@@ -4,17 +4,11 @@
 // others stop waiting at collectives instead of hanging.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <atomic>
-#include <exception>
-#include <future>
 #include <mutex>
 #include <unordered_map>
 
-#include "core/array/array_impl.h"
 #include "core/array/spmd.h"
 #include "core/array/util.h"
-#include "core/backend/device_worker.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
@@ -54,42 +48,19 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   for (ManualAxis& a : run_axes) a.check_vma = false;
   // Lockstep combines collectives on the host; device memory (virtual GPU devices) goes through
   // the platform's buffer communicator, one thread per device.
-  bool device_memory =
-      !std::all_of(mesh.devices().begin(), mesh.devices().end(), [](const Device& d) { return host_accessible(d); });
+  bool device_memory = in_device_memory(mesh);
   bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS") && !device_memory;
   count_spmd_run(lockstep);
   if (lockstep) return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
   std::unique_lock<std::mutex> turn;
   if (device_memory) turn = std::unique_lock(device_mesh_run_mutex());
-  auto comm = std::make_unique<Communicator>(mesh.devices());
+  Communicator comm(mesh.devices());
   std::vector<std::vector<Array>> outs(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::atomic<int64_t> first_failure{-1};
-  std::vector<std::future<void>> done;
-  done.reserve(n);
-  for (size_t d = 0; d < n; ++d) {
-    done.push_back(submit_to_device(mesh.devices()[d], [&, d] {
-      try {
-        AxisEnvScope env(run_axes);
-        SpmdScope spmd({&mesh, int64_t(d), comm.get(), backward});
-        outs[d] = exe->run(inputs[d]);
-        inputs[d].clear();
-        comm->device_done(int64_t(d));
-      } catch (const std::exception& e) {
-        errors[d] = std::current_exception();
-        int64_t none = -1;
-        first_failure.compare_exchange_strong(none, int64_t(d));
-        comm->device_failed(int64_t(d), e.what());
-      } catch (...) {
-        errors[d] = std::current_exception();
-        int64_t none = -1;
-        first_failure.compare_exchange_strong(none, int64_t(d));
-        comm->device_failed(int64_t(d), "unknown error");
-      }
-    }));
-  }
-  for (auto& f : done) f.get();
-  if (int64_t k = first_failure.load(); k >= 0) std::rethrow_exception(errors[size_t(k)]);
+  run_on_device_workers(mesh, comm, backward, [&](int64_t d) {
+    AxisEnvScope env(run_axes);
+    outs[size_t(d)] = exe->run(inputs[size_t(d)]);
+    inputs[size_t(d)].clear();
+  });
   return outs;
 }
 

@@ -85,13 +85,11 @@ class ShardMapTrace final : public Trace {
     }
     AbstractValue a = x.aval();
     a.vma.clear();
-    const std::vector<Device>& devices = ctx_->mesh.devices();
-    if (std::all_of(devices.begin(), devices.end(), [](const Device& d) { return host_accessible(d); }))
-      return {std::vector<Array>(size_t(ctx_->mesh.size()), x), a};
+    if (!in_device_memory(ctx_->mesh)) return {std::vector<Array>(size_t(ctx_->mesh.size()), x), a};
     // Device memory (virtual GPU devices): each device computes on its own copy, so that its
     // results live on it.
     std::vector<Array> copies;
-    for (const Device& d : devices) copies.push_back(device_put(x, SingleDeviceSharding(d)));
+    for (const Device& d : ctx_->mesh.devices()) copies.push_back(device_put(x, SingleDeviceSharding(d)));
     return {copies, a};
   }
 

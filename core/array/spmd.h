@@ -10,6 +10,7 @@
 //   staged shard_map body runs there.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -135,6 +136,14 @@ struct SpmdRunStats {
 };
 SpmdRunStats spmd_run_stats();  // counts of runs by kind so far (for tests)
 void count_spmd_run(bool lockstep);
+// Whether the mesh's devices keep their data in device memory (virtual GPU devices), where
+// collectives must go through the backend's buffer communicator rather than host loops.
+bool in_device_memory(const Mesh& mesh);
+// Runs body(d) for every mesh device d on that device's worker thread, inside
+// SpmdScope{&mesh, d, &comm, backward}; reports each device to `comm` as done or failed (so that
+// no device waits at a collective for one that will not come) and raises the first failure.
+void run_on_device_workers(const Mesh& mesh, Communicator& comm, bool backward,
+                           const std::function<void(int64_t)>& body);
 // Held by every run of one thread per device over a mesh in device memory (virtual GPU devices):
 // two such runs at once could each hold some device workers while waiting at a collective for a
 // worker the other holds, so they take turns.

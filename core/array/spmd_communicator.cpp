@@ -8,13 +8,19 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
+#include <future>
 #include <mutex>
 
 #include "cjax/collectives.h"
 #include "cjax/errors.h"
+#include "core/array/array_impl.h"
 #include "core/array/spmd.h"
+#include "core/backend/device_worker.h"
 
 namespace cjax {
 
@@ -116,6 +122,40 @@ void Communicator::device_failed(int64_t device, const std::string& what) {
   State& s = *state_;
   std::lock_guard lk(s.m);
   if (!s.failed) s.fail_locked(fmt::format("device {} failed: {}", device, what), false);
+}
+
+bool in_device_memory(const Mesh& mesh) {
+  return !std::all_of(mesh.devices().begin(), mesh.devices().end(), [](const Device& d) { return host_accessible(d); });
+}
+
+void run_on_device_workers(const Mesh& mesh, Communicator& comm, bool backward,
+                           const std::function<void(int64_t)>& body) {
+  size_t n = size_t(mesh.size());
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<int64_t> first_failure{-1};  // its error is raised: the others only saw it fail
+  std::vector<std::future<void>> done;
+  done.reserve(n);
+  for (size_t d = 0; d < n; ++d)
+    done.push_back(submit_to_device(mesh.devices()[d], [&, d] {
+      std::string what;
+      try {
+        SpmdScope spmd({&mesh, int64_t(d), &comm, backward});
+        body(int64_t(d));
+        comm.device_done(int64_t(d));
+        return;
+      } catch (const std::exception& e) {
+        errors[d] = std::current_exception();
+        what = e.what();
+      } catch (...) {
+        errors[d] = std::current_exception();
+        what = "unknown error";
+      }
+      int64_t none = -1;
+      first_failure.compare_exchange_strong(none, int64_t(d));
+      comm.device_failed(int64_t(d), what);
+    }));
+  for (auto& f : done) f.get();
+  if (int64_t k = first_failure.load(); k >= 0) std::rethrow_exception(errors[size_t(k)]);
 }
 
 }  // namespace cjax

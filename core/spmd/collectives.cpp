@@ -11,8 +11,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <future>
 #include <mutex>
 #include <type_traits>
 
@@ -22,7 +20,6 @@
 #include "core/array/array_impl.h"
 #include "core/array/spmd.h"
 #include "core/array/visit_dtype.h"
-#include "core/backend/device_worker.h"
 #include "core/backend/parallel.h"
 #include "core/lax/scalar_fns.h"
 
@@ -521,24 +518,8 @@ std::vector<std::vector<Array>> run_on_device_threads(const PrimitiveDef& def, c
   std::lock_guard turn(device_mesh_run_mutex());
   Communicator comm(mesh.devices());
   std::vector<std::vector<Array>> outs(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::atomic<int64_t> first_failure{-1};  // its error is raised: the others only saw it fail
-  std::vector<std::future<void>> done;
-  for (size_t d = 0; d < n; ++d)
-    done.push_back(submit_to_device(mesh.devices()[d], [&, d] {
-      try {
-        SpmdScope scope({&mesh, int64_t(d), &comm, backward});
-        outs[d] = spmd_kernel(def, inputs[d], out_avals, p);
-        comm.device_done(int64_t(d));
-      } catch (const std::exception& e) {
-        errors[d] = std::current_exception();
-        int64_t none = -1;
-        first_failure.compare_exchange_strong(none, int64_t(d));
-        comm.device_failed(int64_t(d), e.what());
-      }
-    }));
-  for (auto& f : done) f.get();
-  if (int64_t k = first_failure.load(); k >= 0) std::rethrow_exception(errors[size_t(k)]);
+  run_on_device_workers(mesh, comm, backward,
+                        [&](int64_t d) { outs[size_t(d)] = spmd_kernel(def, inputs[size_t(d)], out_avals, p); });
   return outs;
 }
 }  // namespace
@@ -548,8 +529,7 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
                                                               std::span<const AbstractValue> out_avals,
                                                               const Mesh& mesh, bool record_it, bool backward) {
   size_t n = inputs.size();
-  bool device_memory =
-      !std::all_of(mesh.devices().begin(), mesh.devices().end(), [](const Device& d) { return host_accessible(d); });
+  bool device_memory = in_device_memory(mesh);
   if (device_memory && n > 0 && !inputs[0].empty())
     return run_on_device_threads(def, p, inputs, out_avals, mesh, backward);
   if (CollectiveObserver observe = g_observer.load(std::memory_order_relaxed); observe && record_it && !inputs.empty())
