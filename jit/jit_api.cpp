@@ -22,6 +22,7 @@
 #include "jit/cost_analysis.h"
 #include "jit/executable.h"
 #include "jit/jit_primitive.h"
+#include "jit/partition/partitioner.h"
 
 namespace cjax {
 
@@ -98,7 +99,27 @@ struct Compiled : std::enable_shared_from_this<Compiled> {
   ClosedJaxpr traced;     // as traced (bound under transformations)
   Executable executable;  // the optimized program run eagerly
   std::shared_ptr<const void> result_like;
+
+  // Sharded jit: the options' mesh and flat in/out shardings, and the partitioned programs, one
+  // per layout of the arguments (built at the first call with that layout).
+  std::optional<Mesh> mesh;
+  FlatSpecs in_specs, out_specs;
+  bool manual_spmd = false;      // a shard_map program: runs as written, never partitioned
+  bool outputs_unsplit = false;  // its outputs come out on one device (known before they are ready)
+  std::vector<std::shared_ptr<const Sharding>> out_shardings;  // a partitioned program's, known at dispatch
+  mutable std::mutex partitions_mu;
+  mutable std::unordered_map<std::string, std::shared_ptr<const Compiled>> partitions;
 };
+
+const SpecTree& in_sharding_entry(const SpecTree& all, size_t index, size_t num_args, const std::string& name) {
+  if (!all.is_list()) return all;
+  if (all.list().size() != num_args)
+    throw ValueError(
+        fmt::format("jit '{}': in_shardings has {} entries for {} arguments; give one per argument, or "
+                    "one PartitionSpec for all of them",
+                    name, all.list().size(), num_args));
+  return all.list()[index];
+}
 
 // One jitted function's compiled signatures, least recently used evicted beyond
 // config::jit_cache_capacity() (a call with an evicted signature traces again).
@@ -233,6 +254,15 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
   return s;
 }
 
+bool contains_primitive(const Jaxpr& jaxpr, std::string_view name) {
+  for (const JaxprEqn& e : jaxpr.eqns()) {
+    if (e.primitive->name == name) return true;
+    for (const Jaxpr* sub : jaxprs_in_params(e.params))
+      if (contains_primitive(*sub, name)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void check_compiled_signature(const Compiled& c, const std::string& name, Signature& sig,
@@ -250,7 +280,8 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
                                        const std::function<std::vector<Array>(const std::vector<Array>&)>& flat_fn,
                                        const std::vector<AbstractValue>& in_avals,
                                        const std::function<std::shared_ptr<const void>()>& take_result,
-                                       const std::function<void(Signature&)>& fill_paths) {
+                                       const std::function<void(Signature&)>& fill_paths,
+                                       const FlatSpecsFn& flat_specs) {
   size_t h = hash_signature(sig);
   {
     std::lock_guard lock(cache.mu);
@@ -277,6 +308,10 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
     traced = jaxpr_detail::trace_flat(flat_fn, in_avals, "jit '" + cache.opts.name + "'", arg_names);
   }
   auto c = std::make_shared<Compiled>(std::move(sig), traced, Executable(traced, cache.opts.name), take_result());
+  if (flat_specs) flat_specs(c->in_specs, c->out_specs);
+  c->mesh = cache.opts.mesh;
+  c->manual_spmd = partition::has_manual_spmd(*traced);
+  c->outputs_unsplit = !c->manual_spmd && !contains_primitive(*traced, "sharding_constraint");
   std::lock_guard lock(cache.mu);
   ++cache.traces;
   // Another thread may have traced the same signature meanwhile: keep one entry.
@@ -370,7 +405,10 @@ std::vector<std::shared_ptr<ConcreteArray>> pending_outputs(const Compiled& c,
   std::vector<std::shared_ptr<ConcreteArray>> out;
   for (AbstractValue av : c.executable.jaxpr().out_avals()) {
     av.vma.clear();
-    out.push_back(std::make_shared<ConcreteArray>(std::move(av), pending));
+    auto a = std::make_shared<ConcreteArray>(std::move(av), pending);
+    if (out.size() < c.out_shardings.size()) a->sharding = c.out_shardings[out.size()];
+    a->unsplit_when_ready = c.outputs_unsplit;
+    out.push_back(std::move(a));
   }
   return out;
 }
@@ -470,11 +508,72 @@ std::vector<Array> run_inline(const Compiled& c, const std::string& name, const 
   }
 }
 
+// The mesh layout of a jit argument: its NamedSharding when split over several devices, else null.
+// A value still being computed is waited for unless its layout is known already.
+std::shared_ptr<const NamedSharding> split_sharding(const Array& a) {
+  auto* c = static_cast<ConcreteArray*>(a.impl());
+  if (!c->ready() && !c->sharding) {
+    if (c->unsplit_when_ready) return nullptr;
+    c->await();
+  }
+  auto ns = std::dynamic_pointer_cast<const NamedSharding>(c->sharding);
+  return ns && !ns->is_fully_replicated() ? ns : nullptr;
+}
+
+// The partitioned program for the layouts of `leaves` (sharded jit), or null when nothing is
+// split and no shardings were asked for.
+std::shared_ptr<const Compiled> partitioned_for(const Compiled& c, const std::vector<Array>& leaves,
+                                                const std::string& name) {
+  if (c.manual_spmd) return nullptr;
+  std::optional<Mesh> mesh = c.mesh;
+  bool any = std::any_of(c.in_specs.begin(), c.in_specs.end(), [](const auto& s) { return s.has_value(); }) ||
+             std::any_of(c.out_specs.begin(), c.out_specs.end(), [](const auto& s) { return s.has_value(); });
+  std::vector<PartitionSpec> specs(leaves.size());
+  std::optional<size_t> mesh_from;
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    if (k < c.in_specs.size() && c.in_specs[k]) {
+      specs[k] = *c.in_specs[k];
+      continue;
+    }
+    std::shared_ptr<const NamedSharding> ns = split_sharding(leaves[k]);
+    if (!ns) continue;
+    any = true;
+    if (!mesh) {
+      mesh = ns->mesh();
+      mesh_from = k;
+    } else if (!(ns->mesh() == *mesh)) {
+      throw ShardingError(
+          fmt::format("jit '{}': argument leaf {} is split over {}, but {} over {}; a sharded jit runs over one mesh: "
+                      "device_put the arguments onto one mesh",
+                      name, k, ns->mesh().str(),
+                      mesh_from ? fmt::format("argument leaf {} is split", *mesh_from) : "the options", mesh->str()));
+    }
+    specs[k] = ns->spec();
+  }
+  if (!any) return nullptr;
+  if (!mesh)
+    throw ValueError(
+        fmt::format("jit '{}': in_shardings / out_shardings need a mesh: set JitOptions::mesh, or pass "
+                    "arguments split over a mesh",
+                    name));
+  std::string key = mesh->str();
+  for (const Device& d : mesh->devices()) key += fmt::format(",{}", d.id());
+  for (const PartitionSpec& s : specs) key += "|" + s.str();
+  std::lock_guard lock(c.partitions_mu);
+  if (auto it = c.partitions.find(key); it != c.partitions.end()) return it->second;
+  partition::Partitioned part = partition::partition(c.traced, *mesh, specs, c.out_specs, name);
+  auto p = std::make_shared<Compiled>(c.signature, c.traced, Executable(part.program, name), c.result_like);
+  p->mesh = mesh;
+  for (const PartitionSpec& s : part.out_specs) p->out_shardings.push_back(std::make_shared<NamedSharding>(*mesh, s));
+  c.partitions.emplace(key, p);
+  return p;
+}
+
 }  // namespace
 
-std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
+std::vector<Array> call(JitCache& cache, const Compiled& c0, const std::vector<Array>& leaves,
                         const std::vector<size_t>& donated_leaves) {
-  if (current_trace() != eval_trace()) return bind_jit(c.traced, cache.opts.name, leaves);
+  if (current_trace() != eval_trace()) return bind_jit(c0.traced, cache.opts.name, leaves);
   for (size_t k = 0; k < leaves.size(); ++k)
     if (!leaves[k].impl()->is_concrete() && !dynamic_cast<const Tracer*>(leaves[k].impl()))
       throw ValueError(
@@ -482,6 +581,8 @@ std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Ar
                       "eval_shape result) with no data; abstract arguments can be lowered "
                       "(jit(f).lower(...)) but a call needs concrete Arrays",
                       cache.opts.name, k, leaves[k].aval().str()));
+  std::shared_ptr<const Compiled> partitioned = partitioned_for(c0, leaves, cache.opts.name);
+  const Compiled& c = partitioned ? *partitioned : c0;
   // On a GPU the program's kernels are queued on the device's stream by the calling thread: the
   // call returns once they are queued, without a dispatch thread.
   bool on_device = Executable::device_of_arguments(leaves).has_value();

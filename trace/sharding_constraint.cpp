@@ -8,6 +8,8 @@
 // to that sharding, so the result is laid out as asked. Its JVP and transpose apply the same
 // constraint to tangents and cotangents (JAX does too); under vmap the batch dimension leads and
 // is not split (a leading None in the spec).
+#include "trace/sharding_constraint.h"
+
 #include <fmt/format.h>
 
 #include "cjax/sharding.h"
@@ -69,6 +71,11 @@ PrimitiveDef make_def() {
 }
 
 const PrimitiveDef& g_sharding_constraint = register_primitive(make_def());
+}  // namespace
+
+const Sharding& sharding_constraint_target(const Params& p) { return sharding_of(p); }
+
+namespace {
 
 const bool g_rules = add_rule_initializer([] {
   PrimitiveRules& r = define_rules("sharding_constraint");

@@ -20,7 +20,23 @@ void set_capture_source_info(bool enabled) { g_capture = enabled; }
 bool capture_source_info() { return g_capture; }
 }  // namespace config
 
+namespace {
+thread_local std::shared_ptr<const SourceInfo> t_override;
+thread_local bool t_override_set = false;
+}  // namespace
+
+SourceInfoOverride::SourceInfoOverride(std::shared_ptr<const SourceInfo> info)
+    : previous_(std::move(t_override)), previous_set_(t_override_set) {
+  t_override = std::move(info);
+  t_override_set = true;
+}
+SourceInfoOverride::~SourceInfoOverride() {
+  t_override = std::move(previous_);
+  t_override_set = previous_set_;
+}
+
 std::shared_ptr<const SourceInfo> SourceInfo::capture() {
+  if (t_override_set) return t_override;
   if (!config::capture_source_info()) return nullptr;
   // 32 frames reach the user's code through cjax's layers (bind, traces, rules, templates);
   // each frame costs about 0.15 us to unwind.

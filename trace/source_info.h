@@ -26,6 +26,20 @@ class SourceInfo {
   mutable std::string text_;
 };
 
+// While alive, equations traced on this thread take `info` as their source (the partitioner
+// stages each equation's per-device form with the user's call site of the original equation).
+class SourceInfoOverride {
+ public:
+  explicit SourceInfoOverride(std::shared_ptr<const SourceInfo> info);
+  ~SourceInfoOverride();
+  SourceInfoOverride(const SourceInfoOverride&) = delete;
+  SourceInfoOverride& operator=(const SourceInfoOverride&) = delete;
+
+ private:
+  std::shared_ptr<const SourceInfo> previous_;
+  bool previous_set_;
+};
+
 namespace config {
 void set_capture_source_info(bool enabled);  // default: on
 bool capture_source_info();

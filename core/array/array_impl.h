@@ -75,6 +75,9 @@ class ConcreteArray final : public ArrayImpl {
   // caller from the call on (calls dispatched before it still read the value).
   std::atomic<bool> donated{false};
   std::shared_ptr<const Sharding> sharding;  // null: SingleDeviceSharding(device())
+  // A pending value its producer knows will come out on one device (so that reading its layout,
+  // as sharded jit does for its arguments, need not wait for it). Set before the value is shared.
+  bool unsplit_when_ready = false;
   // Placed explicitly (device_put, or computed from a committed operand), as in JAX. An
   // uncommitted CPU value (a literal, jnp::ones) follows the other operands of a primitive to
   // their device; committed operands on two platforms are an error (core/array/trace.cpp).

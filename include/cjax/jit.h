@@ -51,6 +51,8 @@
 
 #include "cjax/array.h"
 #include "cjax/make_jaxpr.h"
+#include "cjax/shard_map.h"
+#include "cjax/sharding.h"
 #include "cjax/tree.h"
 
 namespace cjax {
@@ -89,9 +91,23 @@ struct MemoryAnalysis {
   int64_t constant_size_in_bytes = 0;  // arrays the function captured
 };
 
+// Sharded jit (docs/sharding.md §2): when an argument is split over a mesh (a NamedSharding that
+// is not fully replicated), or in_shardings / out_shardings are given, jit partitions the program
+// into one per-device program over the mesh and inserts the collectives the layouts need:
+//
+//   Mesh mesh = make_mesh({4}, {"data"});
+//   auto step = jit(train_step, {.mesh = mesh, .in_shardings = {P(), P("data")}, .out_shardings = P()});
+//
+// in_shardings: a tree prefix of the arguments (one entry per argument, or one P for all); None
+// (or no entry) keeps an argument's own layout. out_shardings: a tree prefix of the result; None
+// lets the partitioner lay the output out as it comes. Shardings are part of the cache key
+// (the program is traced once per signature and partitioned once per argument layout).
 struct JitOptions {
   std::string name = "<lambda>";  // printed as jit[name=...]; JAX uses the Python function's name
   std::vector<int> donate_argnums = {};
+  std::optional<Mesh> mesh = std::nullopt;  // needed when no argument is split but shardings are given
+  std::optional<SpecTree> in_shardings = std::nullopt;
+  std::optional<SpecTree> out_shardings = std::nullopt;
 };
 
 namespace config {
@@ -211,13 +227,29 @@ void fill_leaf_paths(const A& a, ArgSignature& s) {
 class JitCache;
 struct Compiled;
 std::shared_ptr<JitCache> make_cache(const JitOptions& opts);
+// Per flat argument leaf and per flat result leaf: the PartitionSpec that in_shardings /
+// out_shardings give it (nullopt: none), filled after tracing.
+using FlatSpecs = std::vector<std::optional<PartitionSpec>>;
+using FlatSpecsFn = std::function<void(FlatSpecs& in, FlatSpecs& out)>;
 // Looks up `sig`; on a miss calls `trace` (which must trace the function with trace_flat-style
 // flat inputs) and compiles. `result_like` receives the type-erased result object of the trace.
 std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
                                        const std::function<std::vector<Array>(const std::vector<Array>&)>& flat_fn,
                                        const std::vector<AbstractValue>& in_avals,
                                        const std::function<std::shared_ptr<const void>()>& take_result,
-                                       const std::function<void(Signature&)>& fill_paths);
+                                       const std::function<void(Signature&)>& fill_paths,
+                                       const FlatSpecsFn& flat_specs = {});
+// One argument's in_shardings entry: the argument's entry of a list with one per argument, else
+// the whole tree (applies to every argument).
+const SpecTree& in_sharding_entry(const SpecTree& all, size_t index, size_t num_args, const std::string& name);
+template <class A>
+void flatten_in_sharding(const A& a, const SpecTree& spec, size_t index, FlatSpecs& out) {
+  std::string what = "in_shardings[" + std::to_string(index) + "]";
+  if constexpr (is_tree_v<A>)
+    spec.flatten(tree::structure(a), what, out);
+  else
+    spec.flatten(TreeDef::none(), what, out);
+}
 const std::shared_ptr<const void>& result_like(const Compiled& c);
 // Runs (eagerly) or binds (under a transformation) the compiled function on flat leaves.
 std::vector<Array> call(JitCache& cache, const Compiled& c, const std::vector<Array>& leaves,
@@ -368,6 +400,18 @@ class Jitted {
         [&](jit_detail::Signature& s) {
           size_t i = 0;
           ((jit_detail::fill_leaf_paths(args, s[i++])), ...);
+        },
+        [&](jit_detail::FlatSpecs& in, jit_detail::FlatSpecs& out) {
+          if (opts_.in_shardings) {
+            size_t i = 0;
+            ((jit_detail::flatten_in_sharding(args,
+                                              jit_detail::in_sharding_entry(*opts_.in_shardings, i, sizeof...(A),
+                                                                            opts_.name),
+                                              i, in),
+              ++i),
+             ...);
+          }
+          if (opts_.out_shardings) opts_.out_shardings->flatten(tree::structure(*result), "out_shardings", out);
         });
   }
 

@@ -1,0 +1,262 @@
+// Sharded jit (docs/sharding.md §2): plain jit over arguments split over a mesh partitions the
+// program. The acceptance lists of the two-layer MLP (§3.1) under DP, FSDP, TP and FSDP+TP: the
+// collectives the partitioner inserts, recorded while the program runs, and the values against
+// one device; and programs that must move no data at all.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "cjax/collective_recorder.h"
+#include "test_util.h"
+
+using namespace cjax;
+using namespace cjax::testing;
+namespace jnp = cjax::numpy;
+
+namespace sharded_jit_test {
+struct Mlp {
+  cjax::Array w1, w2;
+};
+CJAX_TREE(Mlp, w1, w2)
+struct MlpAndInput {
+  Mlp p;
+  cjax::Array x;
+};
+CJAX_TREE(MlpAndInput, p, x)
+}  // namespace sharded_jit_test
+using sharded_jit_test::Mlp;
+using sharded_jit_test::MlpAndInput;
+
+namespace {
+
+Array mlp_loss(const Mlp& p, const Array& x, const Array& t) {
+  Array y = jnp::dot(nn::relu(jnp::dot(x, p.w1)), p.w2);
+  return jnp::mean(jnp::square(y - t));
+}
+Array mlp_loss_ii(const MlpAndInput& a, const Array& t) { return mlp_loss(a.p, a.x, t); }
+
+// "kind axes in->out" of the collectives that move data, sorted (the order of independent
+// collectives is the partitioner's choice).
+std::string moving(const std::vector<debug::CollectiveRecord>& rs) {
+  std::vector<std::string> out;
+  for (const auto& r : rs)
+    if (r.communicates)
+      out.push_back(
+          fmt::format("{} {} {}->{}", r.kind, fmt::join(r.axes, ","), shape_str(r.in_shape), shape_str(r.out_shape)));
+  std::sort(out.begin(), out.end());
+  return fmt::format("{}", fmt::join(out, "; "));
+}
+// A layout's text with trailing unsplit dimensions dropped (P('x', None) is P('x',)).
+std::string trimmed(const PartitionSpec& p) {
+  std::vector<PartitionSpec::Entry> e = p.entries();
+  while (!e.empty() && e.back().names.empty()) e.pop_back();
+  return PartitionSpec(e).str();
+}
+std::string layout_of(const Array& a) { return trimmed(dynamic_cast<const NamedSharding&>(a.sharding()).spec()); }
+std::string sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return fmt::format("{}", fmt::join(v, "; "));
+}
+
+struct Layout {
+  const char* name;
+  Mesh mesh;
+  PartitionSpec x, w1, w2;
+  std::vector<std::string> forward, grad, grad_with_input;
+};
+
+std::vector<Layout> layouts() {
+  Mesh data = make_mesh({4}, {"data"}), fsdp = make_mesh({4}, {"fsdp"}), tensor = make_mesh({4}, {"tensor"});
+  Mesh both = make_mesh({2, 2}, {"fsdp", "tensor"});
+  return {
+      {"DP",
+       data,
+       P("data"),
+       P(),
+       P(),
+       {"psum data ()->()"},
+       {"psum data (32, 8)->(32, 8)", "psum data (8, 32)->(8, 32)"},
+       {"psum data (32, 8)->(32, 8)", "psum data (8, 32)->(8, 32)"}},
+      {"FSDP",
+       fsdp,
+       P("fsdp"),
+       P("fsdp", None),
+       P(None, "fsdp"),
+       {"all_gather fsdp (2, 32)->(8, 32)", "all_gather fsdp (32, 2)->(32, 8)", "psum fsdp ()->()"},
+       {"all_gather fsdp (2, 32)->(8, 32)", "all_gather fsdp (32, 2)->(32, 8)", "reduce_scatter fsdp (32, 8)->(32, 2)",
+        "reduce_scatter fsdp (8, 32)->(2, 32)"},
+       {"all_gather fsdp (2, 32)->(8, 32)", "all_gather fsdp (32, 2)->(32, 8)", "reduce_scatter fsdp (32, 8)->(32, 2)",
+        "reduce_scatter fsdp (8, 32)->(2, 32)"}},
+      {"TP",
+       tensor,
+       P(),
+       P(None, "tensor"),
+       P("tensor", None),
+       {"psum tensor (16, 8)->(16, 8)"},
+       {"psum tensor (16, 8)->(16, 8)"},
+       {"psum tensor (16, 8)->(16, 8)", "psum tensor (16, 8)->(16, 8)"}},
+      {"FSDP+TP",
+       both,
+       P("fsdp"),
+       P("fsdp", "tensor"),
+       P("tensor", "fsdp"),
+       {"all_gather fsdp (4, 16)->(8, 16)", "all_gather fsdp (16, 4)->(16, 8)", "psum tensor (8, 8)->(8, 8)",
+        "psum fsdp ()->()"},
+       {"all_gather fsdp (4, 16)->(8, 16)", "all_gather fsdp (16, 4)->(16, 8)", "psum tensor (8, 8)->(8, 8)",
+        "reduce_scatter fsdp (16, 8)->(16, 4)", "reduce_scatter fsdp (8, 16)->(4, 16)"},
+       {"all_gather fsdp (4, 16)->(8, 16)", "all_gather fsdp (16, 4)->(16, 8)", "psum tensor (8, 8)->(8, 8)",
+        "reduce_scatter fsdp (16, 8)->(16, 4)", "reduce_scatter fsdp (8, 16)->(4, 16)", "psum tensor (8, 8)->(8, 8)"}},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("two-layer MLP: sharded jit inserts exactly the collectives of each layout, values as one device") {
+  Mlp p{random::normal(random::key(1), {8, 32}), random::normal(random::key(2), {32, 8})};
+  Array x = random::normal(random::key(3), {16, 8}), t = random::normal(random::key(4), {16, 8});
+  Array want_loss = mlp_loss(p, x, t);
+  Mlp want_grad = grad(mlp_loss)(p, x, t);
+  MlpAndInput want_ii = grad(mlp_loss_ii)(MlpAndInput{p, x}, t);
+
+  for (const Layout& l : layouts()) {
+    CAPTURE(l.name);
+    Mlp ps{device_put(p.w1, NamedSharding(l.mesh, l.w1)), device_put(p.w2, NamedSharding(l.mesh, l.w2))};
+    Array xs = device_put(x, NamedSharding(l.mesh, l.x)), ts = device_put(t, NamedSharding(l.mesh, l.x));
+
+    debug::CollectiveRecorder rec;
+    Array loss = jit(mlp_loss)(ps, xs, ts);
+    check_all_close(loss, want_loss, 1e-5);
+    CHECK(moving(rec.records()) == sorted(l.forward));
+
+    rec.clear();
+    SpecTree weights{l.w1, l.w2};
+    Mlp g = jit(grad(mlp_loss), {.out_shardings = weights})(ps, xs, ts);
+    check_all_close(g.w1, want_grad.w1, 1e-5);
+    check_all_close(g.w2, want_grad.w2, 1e-5);
+    CHECK(moving(rec.records()) == sorted(l.grad));
+    CHECK(layout_of(g.w1) == trimmed(l.w1));
+    CHECK(layout_of(g.w2) == trimmed(l.w2));
+
+    rec.clear();
+    MlpAndInput gi = jit(grad(mlp_loss_ii), {.out_shardings = SpecTree{weights, l.x}})(MlpAndInput{ps, xs}, ts);
+    check_all_close(gi.p.w1, want_ii.p.w1, 1e-5);
+    check_all_close(gi.x, want_ii.x, 1e-5);
+    CHECK(moving(rec.records()) == sorted(l.grad_with_input));
+    CHECK(layout_of(gi.x) == trimmed(l.x));
+  }
+}
+
+TEST_CASE("sharded jit: programs that must move no data") {
+  Mesh mesh = make_mesh({4}, {"x"});
+  NamedSharding rows(mesh, P("x", None));
+  Array a = random::normal(random::key(1), {8, 4}), b = random::normal(random::key(2), {8, 4});
+  Array as = device_put(a, rows), bs = device_put(b, rows);
+  debug::CollectiveRecorder rec;
+
+  SUBCASE("elementwise on identically split operands") {
+    Array y = jit([](const Array& u, const Array& v) { return jnp::tanh(u * v + 1.0f); })(as, bs);
+    check_all_close(y, jnp::tanh(a * b + 1.0f), 1e-6);
+    CHECK(layout_of(y) == P("x").str());
+  }
+  SUBCASE("a replicated or one-device operand is sliced, not gathered") {
+    Array y = jit([](const Array& u, const Array& v) { return u - v; })(as, b);
+    check_all_close(y, a - b, 1e-6);
+    CHECK(layout_of(y) == P("x").str());
+  }
+  SUBCASE("a constraint to the layout the value has") {
+    Array y = jit([&](const Array& u) { return with_sharding_constraint(u * 2.0f, rows); })(as);
+    check_all_close(y, a * 2.0f, 1e-6);
+  }
+  SUBCASE("reshape keeping the split on the major factor") {
+    Array y = jit([](const Array& u) { return jnp::reshape(u, {4, 2, 4}); })(as);
+    check_all_close(y, jnp::reshape(a, {4, 2, 4}), 1e-7);
+    CHECK(layout_of(y) == P("x").str());
+    Array z = jit([](const Array& u) { return jnp::reshape(u, {32}); })(as);
+    check_all_close(z, jnp::reshape(a, {32}), 1e-7);
+  }
+  SUBCASE("an optimizer update on FSDP shards") {
+    Array y = jit([](const Array& w, const Array& g) { return w - 0.1f * g; })(as, bs);
+    check_all_close(y, a - 0.1f * b, 1e-6);
+  }
+  SUBCASE("random numbers generated split") {
+    auto f = [](const Array& key) { return random::normal(key, {16, 8}); };
+    Array y = jit(f, {.mesh = mesh, .out_shardings = P("x")})(random::key(7));
+    check_all_close(y, f(random::key(7)), 1e-6);
+    CHECK(layout_of(y) == P("x").str());
+  }
+  SUBCASE("a batched matmul with the batch split on both operands") {
+    Array u = random::normal(random::key(3), {4, 8, 8}), v = random::normal(random::key(4), {4, 8, 2});
+    NamedSharding batch(mesh, P("x"));
+    Array y = jit([](const Array& l, const Array& r) { return jnp::matmul(l, r); })(device_put(u, batch),
+                                                                                    device_put(v, batch));
+    check_all_close(y, jnp::matmul(u, v), 1e-5);
+  }
+  CHECK(moving(rec.records()) == "");
+}
+
+TEST_CASE("sharded jit: reductions, reshards and the layouts of results") {
+  Mesh mesh = make_mesh({2, 2}, {"x", "y"});
+  Array a = random::normal(random::key(1), {8, 4});
+  Array as = device_put(a, NamedSharding(mesh, P("x", "y")));
+  debug::CollectiveRecorder rec;
+
+  SUBCASE("a sum over a split dimension leaves a pending sum: psum where the result is replicated") {
+    Array s = jit([](const Array& u) { return jnp::sum(u, {0}); })(as);
+    check_all_close(s, jnp::sum(a, {0}), 1e-5);
+    CHECK(moving(rec.records()) == "psum x (2,)->(2,)");
+    CHECK(layout_of(s) == P("y").str());
+  }
+  SUBCASE("... and a reduce-scatter where the result is asked for split") {
+    auto f = [](const Array& u) { return jnp::sum(u, {1}); };
+    Array s = jit(f, {.out_shardings = P(axes("x", "y"))})(as);
+    check_all_close(s, jnp::sum(a, {1}), 1e-5);
+    CHECK(moving(rec.records()) == "reduce_scatter y (4,)->(2,)");
+  }
+  SUBCASE("max over split dimensions: the local maxima, then one pmax of the small result") {
+    Array m = jit([](const Array& u) { return jnp::max(u); })(as);
+    CHECK(m.item<float>() == jnp::max(a).item<float>());
+    CHECK(moving(rec.records()) == "pmax x,y ()->()");
+  }
+  SUBCASE("moving a split from one dimension to another is one all_to_all") {
+    NamedSharding cols(mesh, P(None, "x"));
+    Array u = device_put(a, NamedSharding(mesh, P("x")));
+    Array y = jit([&](const Array& v) { return with_sharding_constraint(v + 1.0f, cols); })(u);
+    check_all_close(y, a + 1.0f, 1e-6);
+    CHECK(moving(rec.records()) == "all_to_all x (4, 4)->(8, 2)");
+    CHECK(layout_of(y) == P(None, "x").str());
+  }
+  SUBCASE("softmax over an unsplit dimension moves nothing") {
+    Array u = device_put(a, NamedSharding(mesh, P(axes("x", "y"))));
+    Array y = jit([](const Array& v) { return nn::softmax(v, -1); })(u);
+    check_all_close(y, nn::softmax(a, -1), 1e-6);
+    CHECK(moving(rec.records()) == "");
+  }
+}
+
+TEST_CASE("sharded jit: cache, options and errors") {
+  Mesh mesh = make_mesh({4}, {"x"});
+  Array a = random::normal(random::key(1), {8, 4});
+  auto f = jit([](const Array& u) { return u * 3.0f; });
+  Array rows = device_put(a, NamedSharding(mesh, P("x"))), cols = device_put(a, NamedSharding(mesh, P(None, "x")));
+  check_all_close(f(rows), a * 3.0f, 1e-6);
+  check_all_close(f(cols), a * 3.0f, 1e-6);
+  CHECK(layout_of(f(rows)) == P("x").str());
+  CHECK(layout_of(f(cols)) == P(None, "x").str());
+  CHECK(f.trace_count() == 1);  // one trace, one partition per layout
+
+  // in_shardings lay out an argument that arrives on one device.
+  auto g = jit([](const Array& u) { return u + 1.0f; }, {.mesh = mesh, .in_shardings = P(None, "x")});
+  Array y = g(a);
+  check_all_close(y, a + 1.0f, 1e-6);
+  CHECK(layout_of(y) == P(None, "x").str());
+
+  CHECK_THROWS_AS(jit([](const Array& u) { return u; }, {.out_shardings = P("x")})(a), ValueError);
+  auto bad = jit([](const Array& u) { return u; }, {.mesh = mesh, .out_shardings = P("x")});
+  CHECK_THROWS_WITH_AS(bad(random::normal(random::key(2), {6})), doctest::Contains("not divisible"), ShardingError);
+  Mesh other = make_mesh({2}, {"x"});
+  CHECK_THROWS_AS(jit([](const Array& u, const Array& v) {
+                    return u + v;
+                  })(rows, device_put(a, NamedSharding(other, P("x")))),
+                  ShardingError);
+}
