@@ -260,3 +260,35 @@ TEST_CASE("sharded jit: cache, options and errors") {
                   })(rows, device_put(a, NamedSharding(other, P("x")))),
                   ShardingError);
 }
+
+TEST_CASE("eager operations on split arrays run through the partitioner") {
+  Mesh mesh = make_mesh({4}, {"x"});
+  Array a = random::normal(random::key(1), {8, 4}), w = random::normal(random::key(2), {4, 6});
+  Array rows = device_put(a, NamedSharding(mesh, P("x")));
+  debug::CollectiveRecorder rec;
+
+  SUBCASE("a matmul of row blocks by a replicated matrix keeps the rows split") {
+    Array y = jnp::matmul(rows, w);
+    check_all_close(y, jnp::matmul(a, w), 1e-5);
+    CHECK(layout_of(y) == P("x").str());
+    CHECK(moving(rec.records()) == "");
+  }
+  SUBCASE("indexing and slicing") {
+    check_all_close(rows[1], a[1], 1e-7);
+    check_all_close(jnp::transpose(rows)[Slice(1, 3)], jnp::transpose(a)[Slice(1, 3)], 1e-7);
+  }
+  SUBCASE("the output of a shard_map feeds eager code") {
+    auto doubled = shard_map([](const Array& b) { return b * 2.0f; }, mesh, P("x"), P("x"))(rows);
+    check_all_close(jnp::matmul(doubled, w)[0], jnp::matmul(a * 2.0f, w)[0], 1e-5);
+  }
+  SUBCASE("device_put to another layout moves only what must move") {
+    Array cols = device_put(rows, NamedSharding(mesh, P(None, "x")));
+    check_all_close(cols, a, 1e-7);
+    CHECK(layout_of(cols) == P(None, "x").str());
+    CHECK(moving(rec.records()) == "all_to_all x (2, 4)->(8, 1)");
+    rec.clear();
+    Array whole = device_put(rows, NamedSharding(mesh, P()));
+    check_all_close(whole, a, 1e-7);
+    CHECK(moving(rec.records()) == "all_gather x (2, 4)->(8, 4)");
+  }
+}

@@ -1,16 +1,16 @@
-// Eager primitives on sharded arrays (issue 4 item 1, docs/sharding.md §1.4): run per shard where
-// the shardings allow it, through an eager shard_map over the arrays' mesh, so the data never
-// leaves its devices:
+// Eager primitives on sharded arrays (docs/sharding.md §1.4), so that data never leaves its
+// devices. Fast paths run per block through an eager shard_map over the arrays' mesh, without
+// compiling:
 //  * elementwise primitives whose non-scalar operands share one NamedSharding (operands that are
-//    on one device or fully replicated are split into the same blocks first: each device gets its
-//    block, nothing is replicated);
+//    on one device or fully replicated are split into the same blocks first);
 //  * reduce_sum / reduce_max / reduce_min over any axes: per-block reductions, then psum / pmax /
 //    pmin over the mesh axes that split reduced dimensions (a fixed member order, so results are
 //    deterministic); the result stays split over the dimensions it keeps.
-// sharding_constraint takes any layout itself (takes_sharded_operands). Anything else
-// raises ShardingError naming the primitive, the operand and its sharding, and the
-// explicit fix (device_put to replicate or to one device, or run it per block inside shard_map; jit
-// applies these same rules, so the message does not suggest it).
+// Everything else is JAX's eager = jit of one op: the partitioner of sharded jit
+// (jit/partition/eager.cpp, registered through set_partitioned_eager) runs it with its sharding
+// rules. sharding_constraint takes any layout itself (takes_sharded_operands).
+#include "trace/eager_sharded_ops.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,13 +31,13 @@ const NamedSharding* split_sharding(const Array& x) {
 }
 
 [[noreturn]] void refuse(const PrimitiveDef& def, size_t i, const Array& x, std::string_view why) {
-  throw ShardingError(fmt::format(
-      "'{}' input {}: {} (an array of shape {} with sharding {}). Reshard explicitly: "
-      "device_put(x, NamedSharding(mesh, P())) replicates it, device_put(x, SingleDeviceSharding(device)) moves it "
-      "to one device; or compute it per block inside shard_map(f, mesh, in_specs, out_specs) with explicit "
-      "collectives. jit runs the same per-shard rules as eager calls (it does not partition programs yet), so "
-      "moving this into jit does not help",
-      def.name, i, why, shape_str(x.shape()), x.sharding().str()));
+  throw ShardingError(
+      fmt::format("'{}' input {}: {} (an array of shape {} with sharding {}). Reshard explicitly: "
+                  "device_put(x, NamedSharding(mesh, P())) replicates it, device_put(x, SingleDeviceSharding(device)) "
+                  "moves it "
+                  "to one device; or compute it per block inside shard_map(f, mesh, in_specs, out_specs) with explicit "
+                  "collectives",
+                  def.name, i, why, shape_str(x.shape()), x.sharding().str()));
 }
 
 std::vector<Array> run_blockwise(const PrimitiveDef& def, const Params& params, const Mesh& mesh,
@@ -58,9 +58,23 @@ std::vector<Array> run_blockwise(const PrimitiveDef& def, const Params& params, 
   return shard_map_detail::shard_map(f, mesh, args, in_specs, names, out_specs, opts);
 }
 
+SpmdEagerFn& partitioned_slot() {
+  static SpmdEagerFn fn;
+  return fn;
+}
+
 }  // namespace
 
-std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+bool set_partitioned_eager(SpmdEagerFn fn) {
+  partitioned_slot() = std::move(fn);
+  return true;
+}
+
+namespace {
+
+// Elementwise primitives over operands of one layout and reductions: per block, without compiling.
+std::optional<std::vector<Array>> per_shard(const PrimitiveDef& def, std::span<const Array> inputs,
+                                            const Params& params) {
   const NamedSharding* s = nullptr;
   size_t first = 0;
   for (size_t i = 0; i < inputs.size() && !s; ++i)
@@ -78,10 +92,9 @@ std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Arra
         scalars.push_back(x);
         continue;
       }
-      if (x.shape() != inputs[first].shape()) refuse(def, i, x, "operands of different shapes cannot run per shard");
+      if (x.shape() != inputs[first].shape()) return std::nullopt;
       const NamedSharding* xs = split_sharding(x);
-      if (xs && !(*xs == *s))
-        refuse(def, i, x, fmt::format("its sharding differs from input {}'s {}", first, s->str()));
+      if (xs && !(*xs == *s)) return std::nullopt;
       pos.push_back(-1);
       args.push_back(x);
     }
@@ -113,8 +126,19 @@ std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Arra
       return std::vector<Array>{lax::pmin(o[0], a)};
     });
   }
-  refuse(def, first, inputs[first],
-         "this primitive has no per-shard rule yet, and cjax never gathers a sharded array silently");
+  return std::nullopt;
+}
+
+}  // namespace
+
+// JAX's eager op on sharded arrays is a jit of that op: what has no per-shard path runs through
+// the partitioner (its sharding rules; gathered with a warning where a primitive has none).
+std::vector<Array> process_sharded(const PrimitiveDef& def, std::span<const Array> inputs, const Params& params) {
+  if (auto r = per_shard(def, inputs, params)) return *r;
+  if (partitioned_slot()) return partitioned_slot()(def, inputs, params);
+  size_t first = 0;
+  while (first + 1 < inputs.size() && !split_sharding(inputs[first])) ++first;
+  refuse(def, first, inputs[first], "no per-shard path, and cjax never gathers a sharded array silently");
 }
 
 const bool g_sharded_eager_registered = set_sharded_eager(process_sharded);

@@ -9,6 +9,7 @@
 
 #include "core/array/array_impl.h"
 #include "core/backend/backend.h"
+#include "core/spmd/reshard_hook.h"
 
 namespace cjax {
 
@@ -292,6 +293,16 @@ const NamedSharding* named_sharding_of(const ConcreteArray& c) {
 }
 }  // namespace
 
+MeshReshardFn& mesh_reshard_slot() {
+  static MeshReshardFn fn;
+  return fn;
+}
+bool set_mesh_reshard(MeshReshardFn fn) {
+  mesh_reshard_slot() = std::move(fn);
+  return true;
+}
+const MeshReshardFn& mesh_reshard() { return mesh_reshard_slot(); }
+
 Array device_put(const Array& x, const Sharding& sharding) {
   ConcreteArray& c = require_concrete(x, "device_put");
   x.block_until_ready();
@@ -322,6 +333,7 @@ Array device_put(const Array& x, const Sharding& sharding) {
   auto* dst = dynamic_cast<const NamedSharding*>(&sharding);
   if (!dst) throw ShardingError(fmt::format("device_put: unsupported sharding {}", sharding.str()));
   if (src && *src == *dst) return x;  // arrays are immutable: already placed
+  if (src && src->mesh() == dst->mesh() && mesh_reshard()) return mesh_reshard()(x, *dst);
   if (!src && !host_accessible(c.device())) return device_put(to_host(x), sharding);
   Shape block = dst->shard_shape(x.shape());
   Array global = src ? assemble(c, *src, host_device()) : x;
