@@ -307,8 +307,11 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
     TraceScope root(eval_trace());
     traced = jaxpr_detail::trace_flat(flat_fn, in_avals, "jit '" + cache.opts.name + "'", arg_names);
   }
+  FlatSpecs in_specs, out_specs;
+  if (flat_specs) flat_specs(in_specs, out_specs);  // reads the result, before take_result moves it
   auto c = std::make_shared<Compiled>(std::move(sig), traced, Executable(traced, cache.opts.name), take_result());
-  if (flat_specs) flat_specs(c->in_specs, c->out_specs);
+  c->in_specs = std::move(in_specs);
+  c->out_specs = std::move(out_specs);
   c->mesh = cache.opts.mesh;
   c->manual_spmd = partition::has_manual_spmd(*traced);
   c->outputs_unsplit = !c->manual_spmd && !contains_primitive(*traced, "sharding_constraint");

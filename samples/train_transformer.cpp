@@ -62,6 +62,9 @@ Layout and devices:
                       needs --layout single (the sharded layouts on virtual GPU devices are not
                       deterministic yet; CJAX_UNVERIFIED_CUDA_MESH=1 runs them anyway)
   --no-regather       FSDP: keep gathered weights for the backward pass instead of re-gathering
+  --mode M            shard_map (default: the layouts' explicit collectives) | auto (the one-device
+                      program under plain jit over the layout's sharded state and batch: the
+                      partitioner inserts the collectives)
 
 Model:
   --layers N          transformer blocks (default 2)
@@ -155,6 +158,11 @@ Options parse(int argc, char** argv) {
       o.platform = val();
     else if (a == "--no-regather")
       o.cfg.regather = false;
+    else if (a == "--mode") {
+      std::string m = val();
+      if (m != "auto" && m != "shard_map") usage_error("--mode takes shard_map or auto, got '" + m + "'");
+      o.cfg.auto_sharding = m == "auto";
+    }
     else if (a == "--layers")
       o.cfg.n_layers = num();
     else if (a == "--d-model")

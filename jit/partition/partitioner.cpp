@@ -13,6 +13,8 @@
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
 #include "cjax/shard_map.h"
+#include "core/array/array_impl.h"
+#include "core/array/trace.h"
 #include "core/array/util.h"
 #include "jit/passes/passes.h"
 #include "trace/shard_map.h"
@@ -277,12 +279,17 @@ Value Partitioner::reshard(const Value& v, const Layout& target) {
   return r;
 }
 
+bool Partitioner::is_zeros(const Value& v) const {
+  const Array* a = &v.local;
+  if (auto b = broadcasts_.find(a->impl()); b != broadcasts_.end()) a = &b->second.operand.local;
+  auto* c = concrete(*a);
+  if (!c || !c->ready() || a->ndim() != 0) return false;
+  TraceScope eager(eval_trace());  // read the literal, do not stage the read
+  return a->astype(DType::float64).item<double>() == 0.0;
+}
+
 // ---- the interpreter ----
 
-namespace {
-
-// Operands a primitive without a sharding rule needs whole: every operand gathered, run on
-// every device. Warned (once per equation) when it gathers a split operand.
 std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   std::vector<Array> locals;
   bool gathered = false;
@@ -305,6 +312,8 @@ std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vect
   for (const Array& o : outs) r.push_back(Value{o, Layout::replicated(size_t(o.ndim()))});
   return r;
 }
+
+namespace {
 
 std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vector<Value>& consts,
                              const std::vector<Value>& args) {

@@ -86,6 +86,9 @@ class Partitioner {
   // layout from its (small) operand instead of slicing the broadcast value.
   void remember_broadcast(const Array& result, const Value& operand, const Params& params);
 
+  // True for a value known to be all zeros (a broadcast of a literal 0): it may be taken as a
+  // pending sum over any axes (every device's zeros add up to zeros).
+  bool is_zeros(const Value& v) const;
   // Stages one collective (`make`) and records it for the report.
   Array emit(const std::string& kind, const std::vector<std::string>& axes, const Array& in, const std::string& why,
              const std::function<Array()>& make);
@@ -118,6 +121,9 @@ void define_sharding_rule(std::string_view primitive, ShardingRule rule);
 // The rule of `def`: its own, else the elementwise rule for elementwise primitives, else null
 // (the partitioner then gathers every operand and runs the equation replicated, with a warning).
 const ShardingRule* find_sharding_rule(const PrimitiveDef& def);
+
+// Runs `eqn` whole on every device: every operand gathered (warned about when one was split).
+std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins);
 
 // The partitioned program of `jaxpr`: a closed jaxpr over the same global arguments whose one
 // top-level equation is a shard_map over every axis of `mesh` (in_specs as given, out_specs as

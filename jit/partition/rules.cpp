@@ -9,6 +9,7 @@
 
 #include "cjax/collectives.h"
 #include "cjax/sharding.h"
+#include "core/lax/gather_scatter.h"
 #include "core/lax/linalg.h"
 #include "jit/partition/partitioner.h"
 #include "trace/sharding_constraint.h"
@@ -437,6 +438,111 @@ std::vector<Value> dot_general_rule(Partitioner& p, const JaxprEqn& eqn, std::ve
   return with_layout(cjax::bind(*eqn.primitive, blocks, eqn.params), out);
 }
 
+// ---- gather / scatter-add (embedding lookups and their gradients) ----
+
+bool in(const std::vector<int64_t>& v, int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+void remove_axes(Layout& l, const Layout& used) {
+  for (auto& axes : l.dims)
+    for (size_t k = 0; k < axes.size(); ++k)
+      if (used.uses(axes[k])) {
+        axes.resize(k);
+        break;
+      }
+}
+
+// gather: the operand's dimensions taken whole by every slice (not indexed) keep their split and
+// become the output's offset dimensions; the indices' batch dimensions keep theirs; indexed
+// dimensions are gathered. An axis on both sides stays with the indices.
+std::vector<Value> gather_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  const lax::GatherDimensionNumbers& dn = gather_dimension_numbers(eqn.params);
+  if (!dn.operand_batching_dims.empty()) return run_replicated(p, eqn, ins);
+  const Shape& og = atom_aval(eqn.inputs[0]).shape;
+  const Shape& out = eqn.outputs[0].aval().shape;
+  std::vector<int64_t> sizes = eqn.params.ints("slice_sizes");
+  Value op = p.reduced(ins[0]), idx = p.reduced(ins[1]);
+  Layout it = idx.layout;
+  if (!it.dims.empty()) it.dims.back().clear();
+  Layout ot = op.layout;
+  for (size_t d = 0; d < og.size(); ++d)
+    if (sizes[d] != og[d] || in(dn.start_index_map, int64_t(d)) || in(dn.collapsed_slice_dims, int64_t(d)))
+      ot.dims[d].clear();
+  remove_axes(ot, it);
+  op = p.reshard(op, ot);
+  idx = p.reshard(idx, it);
+  Layout ol = Layout::replicated(out.size());
+  size_t k = 0, b = 0;
+  for (size_t d = 0; d < og.size(); ++d) {
+    if (in(dn.collapsed_slice_dims, int64_t(d))) continue;
+    ol.dims[size_t(dn.offset_dims[k++])] = ot.dims[d];
+    if (!ot.dims[d].empty()) sizes[d] = og[d] / p.size_of(ot.dims[d]);
+  }
+  for (size_t d = 0; d < out.size(); ++d)
+    if (!in(dn.offset_dims, int64_t(d))) ol.dims[d] = it.dims[b++];
+  Params params = eqn.params;
+  params.set("slice_sizes", sizes);
+  return {Value{bind1(*eqn.primitive, {op.local, idx.local}, params), ol}};
+}
+
+// scatter-add: updates' window dimensions keep the split of the operand dimensions they land in;
+// split scatter (batch) dimensions add into each device's copy of a zero operand, leaving a
+// pending sum (the embedding gradient: a reduce-scatter or psum where it is used).
+std::vector<Value> scatter_add_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  const lax::ScatterDimensionNumbers& dn = scatter_dimension_numbers(eqn.params);
+  if (!dn.operand_batching_dims.empty() || ins.size() != 3) return run_replicated(p, eqn, ins);
+  const Shape& og = atom_aval(eqn.inputs[0]).shape;
+  Value op = ins[0], idx = p.reduced(ins[1]), upd = p.reduced(ins[2]);
+  bool zeros = p.is_zeros(op);
+  Layout ut = upd.layout, ot = Layout::replicated(og.size());
+  std::vector<size_t> window_operand_dims;
+  for (size_t d = 0; d < og.size(); ++d)
+    if (!in(dn.inserted_window_dims, int64_t(d))) window_operand_dims.push_back(d);
+  Layout it = Layout::replicated(idx.layout.dims.size());
+  Axes pending;
+  size_t w = 0, b = 0;
+  for (size_t d = 0; d < ut.dims.size(); ++d) {
+    if (in(dn.update_window_dims, int64_t(d))) {
+      size_t od = window_operand_dims[w++];
+      if (in(dn.scatter_dims_to_operand_dims, int64_t(od)) || upd.local.shape()[d] * p.size_of(ut.dims[d]) != og[od])
+        ut.dims[d].clear();
+      ot.dims[od] = ut.dims[d];
+    } else {
+      if (!zeros) ut.dims[d].clear();
+      it.dims[b++] = ut.dims[d];
+      pending.insert(pending.end(), ut.dims[d].begin(), ut.dims[d].end());
+    }
+  }
+  op = zeros ? Value{op.local, op.layout.without_pending()} : p.reduced(op);
+  op = p.reshard(op, ot);
+  upd = p.reshard(upd, ut);
+  idx = p.reshard(idx, it);
+  ot.unreduced = union_in_mesh_order(p.mesh(), pending, {});  // in mesh order
+  return {Value{bind1(*eqn.primitive, {op.local, idx.local, upd.local}, eqn.params), ot}};
+}
+
+// ---- fused attention ----
+
+// flash_attention and its tangent / backward (core/lax/attention.h): batch and head dimensions
+// stay split (a head block maps to its key/value heads when K divides alike), the sequence and
+// head-size dimensions are needed whole. Operands and results are [B, T, N, H] or lse [B, N, T].
+std::vector<Value> attention_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  Axes batch = ins[0].layout.dims[0], heads = ins[0].layout.dims[2];
+  for (const Value& v : ins) {  // a key/value head count the head split does not divide: gather it
+    int64_t n = atom_aval(eqn.inputs[&v - ins.data()]).shape[v.layout.dims.size() == 4 ? 2 : 1];
+    if (n % p.size_of(heads) != 0) heads.clear();
+  }
+  auto layout_for = [&](size_t rank) {
+    Layout l = Layout::replicated(rank);
+    l.dims[0] = batch;
+    l.dims[rank == 4 ? 2 : 1] = heads;
+    return l;
+  };
+  for (Value& v : ins) v = p.reshard(p.reduced(v), layout_for(v.layout.dims.size()));
+  std::vector<Array> outs = cjax::bind(*eqn.primitive, locals(ins), eqn.params);
+  std::vector<Value> r;
+  for (const Array& o : outs) r.push_back(Value{o, layout_for(size_t(o.ndim()))});
+  return r;
+}
+
 // ---- placement ----
 
 std::vector<Value> sharding_constraint_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
@@ -470,6 +576,10 @@ const bool g_rules = [] {
   for (const char* n : {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
     define_sharding_rule(n, along_axis_rule);
   define_sharding_rule("dot_general", dot_general_rule);
+  define_sharding_rule("gather", gather_rule);
+  define_sharding_rule("scatter-add", scatter_add_rule);
+  for (const char* n : {"flash_attention", "flash_attention_tangent", "flash_attention_backward"})
+    define_sharding_rule(n, attention_rule);
   define_sharding_rule("sharding_constraint", sharding_constraint_rule);
   return true;
 }();

@@ -45,6 +45,7 @@ std::string Config::str() const {
      << " param_dtype=" << dtype_name(param_dtype) << " batch=" << batch << " lr=" << lr << " b1=" << b1 << " b2=" << b2
      << " eps=" << eps << " warmup=" << warmup << " seed=" << seed << " layout=" << layout_name(layout)
      << " tensor=" << tensor << " devices=" << devices << " regather=" << regather;
+  if (auto_sharding) os << " auto_sharding=1";
   return os.str();
 }
 
@@ -420,6 +421,22 @@ Trainer::Trainer(Config c) : cfg_(std::move(c)) {
     }
     return std::pair{next, loss};
   };
+  if (cfg.auto_sharding && cfg.layout != Layout::Single) {
+    // The one-device program, partitioned by jit from the layouts of the state and the batch.
+    auto plain = [cfg](const TrainState& s, const Array& tokens, const Array& lr) {
+      Config one = cfg;
+      one.layout = Layout::Single;
+      auto [loss, grads] = value_and_grad([&](const Params& p) { return loss_fn(one, p, tokens); })(s.params);
+      return std::pair{adam_update(cfg, s, grads, lr), loss};
+    };
+    auto jitted = jit(plain, {.name = "train_step",
+                              .donate_argnums = {0},
+                              .mesh = layout_mesh(cfg),
+                              .in_shardings = SpecTree{state_specs(cfg), P(batch_axis(cfg), None), P()},
+                              .out_shardings = SpecTree{state_specs(cfg), P()}});
+    step_ = [jitted](const TrainState& s, const Array& tokens, const Array& lr) { return jitted(s, tokens, lr); };
+    return;
+  }
   auto jitted = jit(step, {.name = "train_step", .donate_argnums = {0}});
   step_ = [jitted](const TrainState& s, const Array& tokens, const Array& lr) { return jitted(s, tokens, lr); };
 }

@@ -42,6 +42,9 @@ struct Config {
   int64_t tensor = 2;    // size of the `tensor` axis in FSDP+TP (the `fsdp` axis gets the rest)
   int64_t devices = 8;   // devices used by the sharded layouts
   bool regather = true;  // FSDP: re-gather weights in the backward pass instead of keeping them
+  // The sharded layouts written as plain jit over sharded parameters and batches (the partitioner
+  // inserts the collectives, docs/sharding.md §2) instead of shard_maps with explicit collectives.
+  bool auto_sharding = false;
   bool operator==(const Config&) const = default;
   size_t hash() const;
   std::string str() const;
