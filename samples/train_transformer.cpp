@@ -162,8 +162,7 @@ Options parse(int argc, char** argv) {
       std::string m = val();
       if (m != "auto" && m != "shard_map") usage_error("--mode takes shard_map or auto, got '" + m + "'");
       o.cfg.auto_sharding = m == "auto";
-    }
-    else if (a == "--layers")
+    } else if (a == "--layers")
       o.cfg.n_layers = num();
     else if (a == "--d-model")
       o.cfg.d_model = num();

@@ -367,3 +367,74 @@ TEST_CASE("checkpoints: stale temporaries of killed saves are removed; a flipped
                        doctest::Contains("checksum mismatch in tensor 'params.pos_embed'"), IoError);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("auto sharding: the layouts as plain jit over sharded state agree with one device for 20 steps") {
+  std::vector<float> ref = train_losses(small_config(tf::Layout::Single), 20);
+  for (tf::Layout l : {tf::Layout::DP, tf::Layout::FSDP, tf::Layout::FSDP_TP}) {
+    tf::Config c = small_config(l);
+    c.auto_sharding = true;
+    std::vector<float> ls = train_losses(c, 20);
+    INFO("layout " << tf::layout_name(l));
+    for (size_t k = 0; k < ref.size(); ++k) {
+      INFO("step " << k << ": " << ls[k] << " vs single " << ref[k]);
+      CHECK(std::abs(ls[k] - ref[k]) <= 1e-4f * std::abs(ref[k]));
+    }
+  }
+}
+
+TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (docs/sharding.md §3.2)") {
+  auto cfg = [](tf::Layout l) {
+    tf::Config c;
+    c.layout = l;
+    c.seq_len = 16, c.d_model = 32, c.n_heads = 4, c.head_dim = 8, c.d_ff = 128, c.n_layers = 1, c.batch = 8;
+    c.devices = 4, c.tensor = 2;
+    return c;
+  };
+  tf::Corpus corpus = test_corpus();
+  auto records = [&](const tf::Config& c) {
+    tf::TrainState s = tf::init_state(c);
+    Array tokens =
+        device_put(jnp::array(tf::host_batch(corpus, c, 0), {c.batch, c.seq_len + 1}), tf::batch_sharding(c));
+    tf::Config one = c;
+    one.layout = tf::Layout::Single;
+    auto g = jit([one](const tf::Params& p,
+                       const Array& t) { return grad([&](const tf::Params& q) { return tf::loss_fn(one, q, t); })(p); },
+                 {.out_shardings = tf::param_specs(c)});
+    for (const Array& a : tree::leaves(g(s.params, tokens))) a.block_until_ready();
+    debug::CollectiveRecorder rec;
+    for (const Array& a : tree::leaves(g(s.params, tokens))) a.block_until_ready();
+    std::vector<debug::CollectiveRecord> out;
+    for (auto& x : rec.records())
+      if (x.communicates) out.push_back(x);
+    return out;
+  };
+  auto count_of = [](const std::vector<debug::CollectiveRecord>& rs, const std::string& kind, const std::string& axis,
+                     const Shape& in, const Shape& out) {
+    return std::count_if(rs.begin(), rs.end(), [&](const debug::CollectiveRecord& r) {
+      return r.kind == kind && r.axes == std::vector<std::string>{axis} && r.in_shape == in && r.out_shape == out;
+    });
+  };
+  struct W {
+    Shape local, full;
+  };
+  SUBCASE("FSDP: each weight gathered, each gradient reduce-scattered, no gradient all-reduce") {
+    auto recs = records(cfg(tf::Layout::FSDP));
+    for (W w :
+         {W{{3, 8, 4, 8}, {3, 32, 4, 8}}, W{{1, 8, 32}, {4, 8, 32}}, W{{8, 128}, {32, 128}}, W{{128, 8}, {128, 32}}}) {
+      CHECK(count_of(recs, "all_gather", "fsdp", w.local, w.full) == 1);  // the backward pass reuses it
+      CHECK(count_of(recs, "reduce_scatter", "fsdp", w.full, w.local) == 1);
+    }
+    for (auto& r : recs) CHECK((r.kind != "psum" || r.in_shape == Shape{}));
+  }
+  SUBCASE("FSDP+TP: fsdp gathers and scatters on tensor-split weights, 2+2 all-reduces over tensor") {
+    auto recs = records(cfg(tf::Layout::FSDP_TP));
+    for (W w :
+         {W{{3, 16, 2, 8}, {3, 32, 2, 8}}, W{{2, 8, 16}, {2, 8, 32}}, W{{16, 64}, {32, 64}}, W{{64, 16}, {64, 32}}}) {
+      CHECK(count_of(recs, "all_gather", "fsdp", w.local, w.full) == 1);
+      CHECK(count_of(recs, "reduce_scatter", "fsdp", w.full, w.local) == 1);
+    }
+    CHECK(count_of(recs, "psum", "tensor", {4, 16, 32}, {4, 16, 32}) == 4);
+    for (auto& r : recs)  // never a collective over tensor on a weight
+      if (r.axes == std::vector<std::string>{"tensor"}) CHECK(r.in_shape == Shape({4, 16, 32}));
+  }
+}
