@@ -107,6 +107,7 @@ struct Compiled : std::enable_shared_from_this<Compiled> {
   bool manual_spmd = false;      // a shard_map program: runs as written, never partitioned
   bool outputs_unsplit = false;  // its outputs come out on one device (known before they are ready)
   std::vector<std::shared_ptr<const Sharding>> out_shardings;  // a partitioned program's, known at dispatch
+  std::string report;                                          // a partitioned program's sharding report
   mutable std::mutex partitions_mu;
   mutable std::unordered_map<std::string, std::shared_ptr<const Compiled>> partitions;
 };
@@ -523,6 +524,25 @@ std::shared_ptr<const NamedSharding> split_sharding(const Array& a) {
   return ns && !ns->is_fully_replicated() ? ns : nullptr;
 }
 
+std::string report_text(const std::string& name, const Mesh& mesh, const std::vector<PartitionSpec>& in_specs,
+                        const partition::Partitioned& part) {
+  std::string s = fmt::format("sharded jit '{}' over {}\ninputs:\n", name, mesh.str());
+  for (size_t i = 0; i < in_specs.size(); ++i) s += fmt::format("  leaf {}: {}\n", i, in_specs[i].str());
+  s += "equations (outputs: global type, layout; {U:axes} = pending sum):\n";
+  for (const partition::EquationLayout& e : part.layouts) {
+    std::vector<std::string> outs;
+    for (size_t k = 0; k < e.global.size(); ++k) outs.push_back(e.global[k].str() + " " + e.layouts[k].str());
+    s += fmt::format("  {}{} -> {}\n", e.primitive, e.source.empty() ? "" : " at " + e.source, fmt::join(outs, ", "));
+  }
+  int64_t bytes = 0;
+  for (const auto& c : part.inserted) bytes += c.bytes;
+  s += fmt::format("collectives inserted: {} ({} bytes of operands per device)\n", part.inserted.size(), bytes);
+  for (const auto& c : part.inserted) s += "  " + c.str() + "\n";
+  s += "outputs:\n";
+  for (size_t k = 0; k < part.out_specs.size(); ++k) s += fmt::format("  {}: {}\n", k, part.out_specs[k].str());
+  return s;
+}
+
 // The partitioned program for the layouts of `leaves` (sharded jit), or null when nothing is
 // split and no shardings were asked for.
 std::shared_ptr<const Compiled> partitioned_for(const Compiled& c, const std::vector<Array>& leaves,
@@ -568,11 +588,21 @@ std::shared_ptr<const Compiled> partitioned_for(const Compiled& c, const std::ve
   auto p = std::make_shared<Compiled>(c.signature, c.traced, Executable(part.program, name), c.result_like);
   p->mesh = mesh;
   for (const PartitionSpec& s : part.out_specs) p->out_shardings.push_back(std::make_shared<NamedSharding>(*mesh, s));
+  p->report = report_text(name, *mesh, specs, part);
   c.partitions.emplace(key, p);
   return p;
 }
 
 }  // namespace
+
+std::string sharding_report(const Compiled& c, const std::vector<Array>& leaves, const std::string& name) {
+  std::shared_ptr<const Compiled> p = partitioned_for(c, leaves, name);
+  if (!p)
+    return fmt::format("jit '{}' is not partitioned: {}\n", name,
+                       c.manual_spmd ? "its program is a shard_map (manual SPMD), run as written"
+                                     : "no argument is split over a mesh and no shardings were given");
+  return p->report;
+}
 
 std::vector<Array> call(JitCache& cache, const Compiled& c0, const std::vector<Array>& leaves,
                         const std::vector<size_t>& donated_leaves) {

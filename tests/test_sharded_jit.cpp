@@ -292,3 +292,21 @@ TEST_CASE("eager operations on split arrays run through the partitioner") {
     CHECK(moving(rec.records()) == "all_gather x (2, 4)->(8, 4)");
   }
 }
+
+TEST_CASE("sharding report: layouts and inserted collectives with their source lines, before running") {
+  Mesh mesh = make_mesh({4}, {"fsdp"});
+  Array x = device_put(random::normal(random::key(1), {16, 8}), NamedSharding(mesh, P("fsdp")));
+  Array w = device_put(random::normal(random::key(2), {8, 32}), NamedSharding(mesh, P("fsdp", None)));
+  auto f = jit([](const Array& a, const Array& b) { return jnp::sum(jnp::dot(a, b)); }, {.name = "layer"});
+  std::string r = f.sharding_report(x, w);
+  CAPTURE(r);
+  CHECK(r.find("sharded jit 'layer' over Mesh('fsdp': 4)") != std::string::npos);
+  CHECK(r.find("dot_general at test_sharded_jit.cpp:") != std::string::npos);
+  CHECK(r.find("f32[16,32] P('fsdp',)") != std::string::npos);
+  CHECK(r.find("all_gather over (fsdp) f32[2,32] -> f32[8,32] (256 bytes) for dot_general at "
+               "test_sharded_jit.cpp:") != std::string::npos);
+  CHECK(r.find("psum over (fsdp)") != std::string::npos);
+  CHECK(jit([](const Array& a) { return a; })
+            .sharding_report(random::normal(random::key(3), {2}))
+            .find("not partitioned") != std::string::npos);
+}

@@ -258,6 +258,7 @@ size_t cache_size(const JitCache& cache);
 size_t trace_count(const JitCache& cache);
 std::string last_cache_miss(const JitCache& cache);
 std::string lowered_text(const Compiled& c);  // the optimized jaxpr's text
+std::string sharding_report(const Compiled& c, const std::vector<Array>& leaves, const std::string& name);
 const ClosedJaxpr& traced_jaxpr(const Compiled& c);
 CostAnalysis cost_analysis(const Compiled& c);
 MemoryAnalysis memory_analysis(const Compiled& c, const std::vector<int>& donate_argnums);
@@ -372,6 +373,17 @@ class Jitted {
     jit_detail::FlatArgs flat = jit_detail::flatten_args({}, args...);
     return stages::Lowered<R, A...>(cache_, lookup<R>(std::move(flat.sig), flat.leaves, args...), opts_.donate_argnums,
                                     opts_.name);
+  }
+
+  // Sharded jit, before running anything: the layout of every equation's outputs and every
+  // collective the partitioner inserts for these arguments (kind, axes, per-device shapes, bytes,
+  // the equation and the user's source line that needed it). Partitions (and caches) the program.
+  template <class... A>
+  std::string sharding_report(const A&... args) const {
+    using R = std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>;
+    jit_detail::FlatArgs flat = jit_detail::flatten_args({}, args...);
+    auto c = lookup<R>(std::move(flat.sig), flat.leaves, args...);
+    return jit_detail::sharding_report(*c, flat.leaves, opts_.name);
   }
 
   size_t cache_size() const { return jit_detail::cache_size(*cache_); }

@@ -61,9 +61,9 @@ std::string Layout::str() const {
 }
 
 std::string InsertedCollective::str() const {
-  return fmt::format("{} over ({}) {}{} -> {}{} ({} bytes) for {}{}{}", kind, fmt::join(axes, ", "), dtype_name(dtype),
-                     shape_str(in_shape), dtype_name(dtype), shape_str(out_shape), bytes, primitive,
-                     source.empty() ? "" : " at " + source, why.empty() ? "" : ": " + why);
+  return fmt::format("{} over ({}) {} -> {} ({} bytes) for {}{}{}", kind, fmt::join(axes, ", "),
+                     AbstractValue{in_shape, dtype, false, {}}.str(), AbstractValue{out_shape, dtype, false, {}}.str(),
+                     bytes, primitive, source.empty() ? "" : " at " + source, why.empty() ? "" : ": " + why);
 }
 
 // ---- rule table ----
