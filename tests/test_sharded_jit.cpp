@@ -310,3 +310,22 @@ TEST_CASE("sharding report: layouts and inserted collectives with their source l
             .sharding_report(random::normal(random::key(3), {2}))
             .find("not partitioned") != std::string::npos);
 }
+
+TEST_CASE("rule-based parameter sharding: the first matching rule per leaf path") {
+  Mesh mesh = make_mesh({2, 2}, {"fsdp", "tensor"});
+  MlpAndInput tree{Mlp{random::normal(random::key(1), {8, 32}), random::normal(random::key(2), {32, 8})},
+                   random::normal(random::key(3), {16, 8})};
+  std::vector<sharding::Rule> rules{{"w1$", P("fsdp", "tensor")}, {"^p\\.w", P("tensor", "fsdp")}};
+  auto placed = sharding::apply_rules(tree, mesh, rules);
+  CHECK(layout_of(placed.p.w1) == P("fsdp", "tensor").str());
+  CHECK(layout_of(placed.p.w2) == P("tensor", "fsdp").str());
+  CHECK(layout_of(placed.x) == P().str());  // no rule: replicated
+  check_all_close(placed.p.w2, tree.p.w2, 1e-7);
+  CHECK_THROWS_WITH_AS(sharding::apply_rules(tree, mesh, rules, {.strict = true}),
+                       doctest::Contains("no sharding rule matches 1 leaf(s): 'x' (16, 8)"), ShardingError);
+  CHECK_THROWS_WITH_AS(sharding::apply_rules(tree, mesh, {{"x", P("fsdp", None, None)}}),
+                       doctest::Contains("does not fit leaf 'x'"), ShardingError);
+  // The placed tree trains as plain sharded jit.
+  Array t = random::normal(random::key(4), {16, 8});
+  check_all_close(jit(mlp_loss_ii)(placed, t), mlp_loss_ii(tree, t), 1e-5);
+}

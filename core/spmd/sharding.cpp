@@ -2,9 +2,11 @@
 #include "cjax/sharding.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
+#include <regex>
 #include <set>
 
 #include "core/array/array_impl.h"
@@ -292,6 +294,49 @@ const NamedSharding* named_sharding_of(const ConcreteArray& c) {
   return ns && int64_t(c.buffers.size()) == ns->mesh().size() ? ns : nullptr;
 }
 }  // namespace
+
+namespace sharding {
+std::vector<PartitionSpec> match_rules(const std::vector<std::string>& paths, const std::vector<Shape>& shapes,
+                                       const Mesh& mesh, const std::vector<Rule>& rules, RuleOptions opts) {
+  std::vector<std::regex> compiled;
+  for (const Rule& r : rules) {
+    try {
+      compiled.emplace_back(r.pattern);
+    } catch (const std::regex_error& e) {
+      throw ValueError(fmt::format("sharding rule '{}' is not a valid regular expression: {}", r.pattern, e.what()));
+    }
+  }
+  std::vector<PartitionSpec> out;
+  std::vector<std::string> unmatched;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (shapes[i].empty()) {
+      out.push_back(P());
+      continue;
+    }
+    size_t k = 0;
+    while (k < rules.size() && !std::regex_search(paths[i], compiled[k])) ++k;
+    if (k == rules.size()) {
+      unmatched.push_back(fmt::format("'{}' {}", paths[i], shape_str(shapes[i])));
+      out.push_back(P());
+      continue;
+    }
+    NamedSharding s(mesh, rules[k].spec);
+    try {
+      s.check_shape(shapes[i]);
+    } catch (const ShardingError& e) {
+      throw ShardingError(fmt::format("sharding rule '{}' -> {} does not fit leaf '{}' of shape {}: {}",
+                                      rules[k].pattern, rules[k].spec.str(), paths[i], shape_str(shapes[i]), e.what()));
+    }
+    out.push_back(rules[k].spec);
+  }
+  if (opts.strict && !unmatched.empty())
+    throw ShardingError(
+        fmt::format("no sharding rule matches {} leaf(s): {}; add a rule for them (a last rule "
+                    "{{\".*\", P()}} replicates whatever is left)",
+                    unmatched.size(), fmt::join(unmatched, ", ")));
+  return out;
+}
+}  // namespace sharding
 
 MeshReshardFn& mesh_reshard_slot() {
   static MeshReshardFn fn;

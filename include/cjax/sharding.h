@@ -145,6 +145,50 @@ requires(is_tree_v<T> &&
   return tree::map([&](const Array& leaf) { return with_sharding_constraint(leaf, sharding); }, tree);
 }
 
+// Rule-based parameter sharding (the GSPMD RFC's and Paddle's "sharding rules", T5X's
+// match_partition_rules): each leaf of a tree gets the spec of the first rule whose regular
+// expression (ECMAScript, std::regex_search) matches the leaf's dotted path ("layers.0.attn_qkv",
+// "embed"); scalars are replicated.
+//
+//   std::vector<sharding::Rule> rules{{"attn_qkv$", P(None, "fsdp", "tensor", None)},
+//                                     {"mlp_in$", P("fsdp", "tensor")}, {".*", P()}};
+//   Params placed = sharding::apply_rules(params, mesh, rules, {.strict = true});
+//
+// A leaf no rule matches is replicated, or with `strict` raises ShardingError naming every such
+// leaf. A spec longer than its leaf's rank, or splitting a dimension its axes do not divide,
+// raises ShardingError naming the leaf and the rule.
+namespace sharding {
+struct Rule {
+  std::string pattern;
+  PartitionSpec spec;
+};
+struct RuleOptions {
+  bool strict = false;
+};
+// One spec per leaf (paths and shapes in leaf order).
+std::vector<PartitionSpec> match_rules(const std::vector<std::string>& paths, const std::vector<Shape>& shapes,
+                                       const Mesh& mesh, const std::vector<Rule>& rules, RuleOptions opts = {});
+template <class T>
+std::vector<PartitionSpec> specs_from_rules(const T& tree, const Mesh& mesh, const std::vector<Rule>& rules,
+                                            RuleOptions opts = {}) {
+  std::vector<std::string> paths;
+  std::vector<Shape> shapes;
+  for (auto& [path, leaf] : tree::leaves_with_path(tree)) {
+    paths.push_back(path.dotted());
+    shapes.push_back(leaf.shape());
+  }
+  return match_rules(paths, shapes, mesh, rules, opts);
+}
+// `tree` with every leaf device_put onto `mesh` with its rule's spec.
+template <class T>
+T apply_rules(const T& tree, const Mesh& mesh, const std::vector<Rule>& rules, RuleOptions opts = {}) {
+  std::vector<PartitionSpec> specs = specs_from_rules(tree, mesh, rules, opts);
+  std::vector<Array> leaves = tree::leaves(tree);
+  for (size_t i = 0; i < leaves.size(); ++i) leaves[i] = device_put(leaves[i], NamedSharding(mesh, specs[i]));
+  return tree::unflatten(tree, leaves);
+}
+}  // namespace sharding
+
 namespace debug {
 // A box-drawing table with one cell per block of a 0-D, 1-D or 2-D array, labelled with the
 // platform and the ids of the devices holding that block, e.g. for an (8,) array sharded P('i')
