@@ -22,10 +22,16 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     if [ -z "$torch_tps" ] || python3 -c "import sys; sys.exit(0 if $tps > $torch_tps else 1)"; then torch_tps=$tps; fi
   done
 fi
-for layout in single dp fsdp fsdp_tp; do
-  line=$("$bin" --layout "$layout" --steps "$steps" --checkpoint-every 0 --sample-len 0 --out "$out/$layout" 2>/dev/null |
-         grep '^final loss')
+# The sharded layouts twice: as the sample's shard_maps, and as plain jit partitioned by cjax (--mode auto).
+for run in single dp fsdp fsdp_tp dp:auto fsdp:auto fsdp_tp:auto; do
+  layout=${run%%:*}
+  mode=shard_map
+  [ "$run" != "$layout" ] && mode=auto
+  line=$("$bin" --layout "$layout" --mode "$mode" --steps "$steps" --checkpoint-every 0 --sample-len 0 \
+           --out "$out/$run" 2>/dev/null | grep '^final loss')
   tps=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
   if [ -n "$torch_tps" ]; then ratio=$(python3 -c "print('%.2fx' % ($tps / $torch_tps))"); else ratio="-"; fi
-  printf "%-22s %14.0f %10s\n" "cjax $layout" "$tps" "$ratio"
+  name="cjax $layout"
+  [ "$mode" = auto ] && name="cjax $layout (auto)"
+  printf "%-22s %14.0f %10s\n" "$name" "$tps" "$ratio"
 done
