@@ -255,15 +255,6 @@ std::string explain_miss(const JitCache& cache, const Signature& sig) {
   return s;
 }
 
-bool contains_primitive(const Jaxpr& jaxpr, std::string_view name) {
-  for (const JaxprEqn& e : jaxpr.eqns()) {
-    if (e.primitive->name == name) return true;
-    for (const Jaxpr* sub : jaxprs_in_params(e.params))
-      if (contains_primitive(*sub, name)) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 void check_compiled_signature(const Compiled& c, const std::string& name, Signature& sig,
@@ -314,8 +305,8 @@ std::shared_ptr<const Compiled> lookup(JitCache& cache, Signature sig,
   c->in_specs = std::move(in_specs);
   c->out_specs = std::move(out_specs);
   c->mesh = cache.opts.mesh;
-  c->manual_spmd = partition::has_manual_spmd(*traced);
-  c->outputs_unsplit = !c->manual_spmd && !contains_primitive(*traced, "sharding_constraint");
+  c->manual_spmd = partition::contains_primitive(*traced, "shard_map");
+  c->outputs_unsplit = !c->manual_spmd && !partition::contains_primitive(*traced, "sharding_constraint");
   std::lock_guard lock(cache.mu);
   ++cache.traces;
   // Another thread may have traced the same signature meanwhile: keep one entry.
@@ -514,13 +505,13 @@ std::vector<Array> run_inline(const Compiled& c, const std::string& name, const 
 
 // The mesh layout of a jit argument: its NamedSharding when split over several devices, else null.
 // A value still being computed is waited for unless its layout is known already.
-std::shared_ptr<const NamedSharding> split_sharding(const Array& a) {
+const NamedSharding* split_sharding(const Array& a) {
   auto* c = static_cast<ConcreteArray*>(a.impl());
   if (!c->ready() && !c->sharding) {
     if (c->unsplit_when_ready) return nullptr;
     c->await();
   }
-  auto ns = std::dynamic_pointer_cast<const NamedSharding>(c->sharding);
+  auto* ns = dynamic_cast<const NamedSharding*>(c->sharding.get());
   return ns && !ns->is_fully_replicated() ? ns : nullptr;
 }
 
@@ -558,7 +549,7 @@ std::shared_ptr<const Compiled> partitioned_for(const Compiled& c, const std::ve
       specs[k] = *c.in_specs[k];
       continue;
     }
-    std::shared_ptr<const NamedSharding> ns = split_sharding(leaves[k]);
+    const NamedSharding* ns = split_sharding(leaves[k]);
     if (!ns) continue;
     any = true;
     if (!mesh) {

@@ -65,6 +65,15 @@ std::vector<float> train_losses(const tf::Config& c, int steps, tf::TrainState* 
   return out;
 }
 
+// §3.2's sizes: B=8, S=16, D=32, N=4, H=8, F=128, one block, meshes of 4 devices (fsdp=2 x tensor=2).
+tf::Config block_config(tf::Layout l) {
+  tf::Config c;
+  c.layout = l;
+  c.seq_len = 16, c.d_model = 32, c.n_heads = 4, c.head_dim = 8, c.d_ff = 128, c.n_layers = 1, c.batch = 8;
+  c.devices = 4, c.tensor = 2;
+  return c;
+}
+
 std::filesystem::path temp_path(const std::string& name) {
   return std::filesystem::temp_directory_path() / ("cjax_test_train_" + std::to_string(::getpid()) + "_" + name);
 }
@@ -141,14 +150,6 @@ int count(const std::vector<debug::CollectiveRecord>& recs, const Expect& e) {
 }  // namespace
 
 TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
-  // §3.2's sizes: B=8, S=16, D=32, N=4, H=8, F=128, one block, meshes of 4 devices (fsdp=2 x tensor=2).
-  auto cfg = [](tf::Layout l) {
-    tf::Config c;
-    c.layout = l;
-    c.seq_len = 16, c.d_model = 32, c.n_heads = 4, c.head_dim = 8, c.d_ff = 128, c.n_layers = 1, c.batch = 8;
-    c.devices = 4, c.tensor = 2;
-    return c;
-  };
   tf::Corpus corpus = test_corpus();
   auto records = [&](const tf::Config& c) {
     tf::TrainState s = tf::init_state(c);
@@ -177,7 +178,7 @@ TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
     }
   };
   SUBCASE("DP: weight gradients all-reduced, nothing in the forward block") {
-    auto recs = records(cfg(tf::Layout::DP));
+    auto recs = records(block_config(tf::Layout::DP));
     check_all(recs, {{"psum_invariant", {"data"}, {3, 32, 4, 8}, {3, 32, 4, 8}, Phase::Backward},
                      {"psum_invariant", {"data"}, {4, 8, 32}, {4, 8, 32}, Phase::Backward},
                      {"psum_invariant", {"data"}, {32, 128}, {32, 128}, Phase::Backward},
@@ -186,7 +187,7 @@ TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
       if (r.phase == Phase::Forward) CHECK(r.in_shape == Shape{});  // only the loss
   }
   SUBCASE("FSDP: all-gathers forward and again backward, reduce-scatters backward") {
-    auto recs = records(cfg(tf::Layout::FSDP));
+    auto recs = records(block_config(tf::Layout::FSDP));
     std::vector<Expect> want;
     struct W {
       Shape local, full;
@@ -206,7 +207,7 @@ TEST_CASE("collectives of one block per layout (docs/sharding.md §3.2)") {
     }
   }
   SUBCASE("FSDP+TP: fsdp gathers/scatters on tensor-sharded weights, 2+2 all-reduces over tensor") {
-    auto recs = records(cfg(tf::Layout::FSDP_TP));
+    auto recs = records(block_config(tf::Layout::FSDP_TP));
     std::vector<Expect> want;
     struct W {
       Shape local, full;
@@ -383,13 +384,6 @@ TEST_CASE("auto sharding: the layouts as plain jit over sharded state agree with
 }
 
 TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (docs/sharding.md §3.2)") {
-  auto cfg = [](tf::Layout l) {
-    tf::Config c;
-    c.layout = l;
-    c.seq_len = 16, c.d_model = 32, c.n_heads = 4, c.head_dim = 8, c.d_ff = 128, c.n_layers = 1, c.batch = 8;
-    c.devices = 4, c.tensor = 2;
-    return c;
-  };
   tf::Corpus corpus = test_corpus();
   auto records = [&](const tf::Config& c) {
     tf::TrainState s = tf::init_state(c);
@@ -418,7 +412,7 @@ TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (
     Shape local, full;
   };
   SUBCASE("FSDP: each weight gathered, each gradient reduce-scattered, no gradient all-reduce") {
-    auto recs = records(cfg(tf::Layout::FSDP));
+    auto recs = records(block_config(tf::Layout::FSDP));
     for (W w :
          {W{{3, 8, 4, 8}, {3, 32, 4, 8}}, W{{1, 8, 32}, {4, 8, 32}}, W{{8, 128}, {32, 128}}, W{{128, 8}, {128, 32}}}) {
       CHECK(count_of(recs, "all_gather", "fsdp", w.local, w.full) == 1);  // the backward pass reuses it
@@ -427,7 +421,7 @@ TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (
     for (auto& r : recs) CHECK((r.kind != "psum" || r.in_shape == Shape{}));
   }
   SUBCASE("FSDP+TP: fsdp gathers and scatters on tensor-split weights, 2+2 all-reduces over tensor") {
-    auto recs = records(cfg(tf::Layout::FSDP_TP));
+    auto recs = records(block_config(tf::Layout::FSDP_TP));
     for (W w :
          {W{{3, 16, 2, 8}, {3, 32, 2, 8}}, W{{2, 8, 16}, {2, 8, 32}}, W{{16, 64}, {32, 64}}, W{{64, 16}, {64, 32}}}) {
       CHECK(count_of(recs, "all_gather", "fsdp", w.local, w.full) == 1);

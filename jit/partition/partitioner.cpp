@@ -355,11 +355,11 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
 
 }  // namespace
 
-bool has_manual_spmd(const Jaxpr& jaxpr) {
+bool contains_primitive(const Jaxpr& jaxpr, std::string_view primitive) {
   for (const JaxprEqn& e : jaxpr.eqns()) {
-    if (e.primitive == &g_shard_map) return true;
+    if (e.primitive->name == primitive) return true;
     for (const Jaxpr* sub : jaxprs_in_params(e.params))
-      if (has_manual_spmd(*sub)) return true;
+      if (contains_primitive(*sub, primitive)) return true;
   }
   return false;
 }

@@ -137,8 +137,8 @@ struct Partitioned {
 Partitioned partition(const ClosedJaxpr& jaxpr, const Mesh& mesh, const std::vector<PartitionSpec>& in_specs,
                       const std::vector<std::optional<PartitionSpec>>& out_specs, const std::string& name);
 
-// True if `jaxpr` (its top level, after inlining calls) contains a shard_map: such manual SPMD
-// programs run as written (their shard_maps take split operands) and are not partitioned.
-bool has_manual_spmd(const Jaxpr& jaxpr);
+// True if `jaxpr` or a sub-jaxpr has an equation of `primitive`. A program with a shard_map is
+// manual SPMD: it runs as written (its shard_maps take split operands) and is not partitioned.
+bool contains_primitive(const Jaxpr& jaxpr, std::string_view primitive);
 
 }  // namespace cjax::partition

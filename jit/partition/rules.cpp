@@ -254,17 +254,22 @@ std::vector<Value> pad_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Val
 
 // ---- reductions ----
 
-std::vector<Value> reduce_sum_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
-  const auto& axes = eqn.params.ints("axes");
-  const Value& x = ins[0];
+// A reduction's result layout (the kept dimensions' splits) and the axes splitting reduced ones.
+std::pair<Layout, Axes> reduce_layout(const Layout& in, const std::vector<int64_t>& axes) {
   Layout out;
-  Axes summed;
-  for (size_t d = 0; d < x.layout.dims.size(); ++d) {
+  Axes across;
+  for (size_t d = 0; d < in.dims.size(); ++d) {
     if (std::find(axes.begin(), axes.end(), int64_t(d)) != axes.end())
-      summed.insert(summed.end(), x.layout.dims[d].begin(), x.layout.dims[d].end());
+      across.insert(across.end(), in.dims[d].begin(), in.dims[d].end());
     else
-      out.dims.push_back(x.layout.dims[d]);
+      out.dims.push_back(in.dims[d]);
   }
+  return {out, across};
+}
+
+std::vector<Value> reduce_sum_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  const Value& x = ins[0];
+  auto [out, summed] = reduce_layout(x.layout, eqn.params.ints("axes"));
   out.unreduced = union_in_mesh_order(p.mesh(), x.layout.unreduced, summed);
   return with_layout(cjax::bind(*eqn.primitive, {x.local}, eqn.params), out);
 }
@@ -272,16 +277,8 @@ std::vector<Value> reduce_sum_rule(Partitioner& p, const JaxprEqn& eqn, std::vec
 // reduce_max / reduce_min: the local reduction, then pmax / pmin over the axes that split
 // reduced dimensions (an all-reduce of the reduced, small value).
 std::vector<Value> reduce_extremum_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
-  const auto& axes = eqn.params.ints("axes");
   Value x = p.reduced(ins[0]);
-  Layout out;
-  Axes across;
-  for (size_t d = 0; d < x.layout.dims.size(); ++d) {
-    if (std::find(axes.begin(), axes.end(), int64_t(d)) != axes.end())
-      across.insert(across.end(), x.layout.dims[d].begin(), x.layout.dims[d].end());
-    else
-      out.dims.push_back(x.layout.dims[d]);
-  }
+  auto [out, across] = reduce_layout(x.layout, eqn.params.ints("axes"));
   Array r = bind1(*eqn.primitive, {x.local}, eqn.params);
   if (!across.empty()) {
     bool max = eqn.primitive->name == "reduce_max";
