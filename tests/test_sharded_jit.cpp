@@ -234,6 +234,120 @@ TEST_CASE("sharded jit: reductions, reshards and the layouts of results") {
   }
 }
 
+TEST_CASE("sharded jit: loops and branches run split, their bodies partitioned like the program") {
+  Mesh mesh = make_mesh({4}, {"x"});
+  NamedSharding rows(mesh, P("x"));
+  Array h0 = random::normal(random::key(1), {16, 8}), w = random::normal(random::key(2), {8, 8}) * 0.3f;
+  Array hs = device_put(h0, rows);
+  debug::CollectiveRecorder rec;
+  auto count = [&](const std::string& kind, const Shape& in) {
+    auto rs = rec.records();
+    return std::count_if(rs.begin(), rs.end(),
+                         [&](auto& r) { return r.communicates && r.kind == kind && r.in_shape == in; });
+  };
+
+  SUBCASE("a scan over steps keeps its carry split: nothing moves") {
+    auto steps = [](const Array& h, const Array& m) {
+      return lax::scan(
+                 [&](const Array& c, NoneT) {
+                   return std::pair{jnp::tanh(jnp::dot(c, m)), None};
+                 },
+                 h, None, {.length = 5})
+          .first;
+    };
+    Array y = jit(steps)(hs, w);
+    check_all_close(y, steps(h0, w), 1e-5);
+    CHECK(layout_of(y) == P("x").str());
+    CHECK(moving(rec.records()) == "");
+  }
+  SUBCASE("scan over stacked layer weights split FSDP-style: one all_gather per layer") {
+    Array ws = random::normal(random::key(3), {3, 8, 8}) * 0.3f;
+    auto layers = [](const Array& h, const Array& stack) {
+      return lax::scan(
+          [](const Array& c, const Array& m) {
+            return std::pair{jnp::tanh(jnp::dot(c, m)), jnp::sum(c)};
+          },
+          h, stack);
+    };
+    auto [y, sums] = jit(layers)(hs, device_put(ws, NamedSharding(mesh, P(None, "x"))));
+    auto [y1, sums1] = layers(h0, ws);
+    check_all_close(y, y1, 1e-5);
+    check_all_close(sums, sums1, 1e-4);
+    CHECK(layout_of(y) == P("x").str());
+    CHECK(count("all_gather", {2, 8}) == 3);  // each layer's weight, in its iteration
+    CHECK(count("psum", {3}) == 1);           // the per-layer sums reduced once, after the loop
+    CHECK(rec.records().size() == 4);
+  }
+  SUBCASE("gradient accumulation over micro-batches: one all-reduce after the loop, not one per step") {
+    Array mbs = random::normal(random::key(4), {4, 16, 8});
+    auto accumulated = [](const Array& m, const Array& batches) {
+      auto g = grad([](const Array& v, const Array& b) { return jnp::sum(jnp::square(jnp::dot(b, v))); });
+      return lax::scan(
+                 [&](const Array& acc, const Array& b) {
+                   return std::pair{acc + g(m, b), None};
+                 },
+                 jnp::zeros_like(m), batches)
+          .first;
+    };
+    Array y = jit(accumulated)(w, device_put(mbs, NamedSharding(mesh, P(None, "x"))));
+    check_all_close(y, accumulated(w, mbs), 1e-4);
+    CHECK(moving(rec.records()) == "psum x (8, 8)->(8, 8)");
+  }
+  SUBCASE("grad through a scan: the weight gradient is reduced once") {
+    auto loss = [](const Array& m, const Array& h) {
+      Array last = lax::scan(
+                       [&](const Array& c, NoneT) {
+                         return std::pair{jnp::tanh(jnp::dot(c, m)), None};
+                       },
+                       h, None, {.length = 3})
+                       .first;
+      return jnp::sum(jnp::square(last));
+    };
+    Array g = jit(grad(loss))(w, hs);
+    check_all_close(g, grad(loss)(w, h0), 1e-4);
+    CHECK(moving(rec.records()) == "psum x (8, 8)->(8, 8)");
+  }
+  SUBCASE("a while_loop whose predicate reads a split value: one scalar psum per test") {
+    auto doubling = [](const Array& v) {
+      return lax::while_loop([](const Array& c) { return jnp::sum(c) < 1000.0f; },
+                             [](const Array& c) { return c * 2.0f; }, v);
+    };
+    Array ones = jnp::ones({16, 8}) * 0.5f;  // sum 64: doubled 4 times, tested 5 times
+    Array y = jit(doubling)(device_put(ones, rows));
+    check_all_close(y, ones * 16.0f, 1e-6);
+    CHECK(layout_of(y) == P("x").str());
+    CHECK(moving(rec.records()) == "psum x ()->(); psum x ()->(); psum x ()->(); psum x ()->(); psum x ()->()");
+  }
+  SUBCASE("cond on a replicated predicate: both branches run on blocks") {
+    auto branchy = [](const Array& flag, const Array& v) {
+      return lax::cond(
+          flag > 0.0f, [](const Array& u) { return u * 2.0f; }, [](const Array& u) { return -u; }, v);
+    };
+    auto f = jit(branchy);
+    check_all_close(f(Array(1.0f), hs), h0 * 2.0f, 1e-6);
+    check_all_close(f(Array(-1.0f), hs), -h0, 1e-6);
+    CHECK(layout_of(f(Array(1.0f), hs)) == P("x").str());
+    CHECK(moving(rec.records()) == "");
+  }
+  SUBCASE("dynamic slices and reversals keep the split of the dimensions they do not cut") {
+    auto f = [](const Array& v, const Array& i) {
+      Array cols = lax::dynamic_slice(v, {Array(0), i}, {16, 3});
+      Array put = lax::dynamic_update_slice(v, cols * 0.0f, {Array(0), i});
+      return std::pair{lax::rev(cols, {1}), put};
+    };
+    auto [a, b] = jit(f)(hs, Array(2));
+    auto [a1, b1] = f(h0, Array(2));
+    check_all_close(a, a1, 1e-7);
+    check_all_close(b, b1, 1e-7);
+    CHECK(layout_of(a) == P("x").str());
+    CHECK(layout_of(b) == P("x").str());
+    CHECK(moving(rec.records()) == "");
+    Array r = jit([](const Array& v) { return lax::rev(v, {0}); })(hs);
+    check_all_close(r, lax::rev(h0, {0}), 1e-7);
+    CHECK(moving(rec.records()) == "all_gather x (4, 8)->(16, 8)");
+  }
+}
+
 TEST_CASE("sharded jit: cache, options and errors") {
   Mesh mesh = make_mesh({4}, {"x"});
   Array a = random::normal(random::key(1), {8, 4});

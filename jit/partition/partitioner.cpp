@@ -12,6 +12,7 @@
 
 #include "cjax/collectives.h"
 #include "cjax/lax.h"
+#include "cjax/numpy.h"
 #include "cjax/shard_map.h"
 #include "core/array/array_impl.h"
 #include "core/array/trace.h"
@@ -21,6 +22,8 @@
 #include "trace/source_info.h"
 
 namespace cjax::partition {
+
+namespace jnp = cjax::numpy;
 
 // ---- Layout ----
 
@@ -139,7 +142,7 @@ Array Partitioner::emit(const std::string& kind, const std::vector<std::string>&
     c.primitive = current->primitive->name;
     if (current->source_info) c.source = current->source_info->str();
   }
-  c.why = why;
+  c.why = why + region;
   static const bool log = env_flag("CJAX_LOG_RESHARDS");
   if (log) std::cerr << "cjax reshard: " << c.str() << "\n";
   inserted.push_back(std::move(c));
@@ -283,9 +286,9 @@ bool Partitioner::is_zeros(const Value& v) const {
   const Array* a = &v.local;
   if (auto b = broadcasts_.find(a->impl()); b != broadcasts_.end()) a = &b->second.operand.local;
   auto* c = concrete(*a);
-  if (!c || !c->ready() || a->ndim() != 0) return false;
-  TraceScope eager(eval_trace());  // read the literal, do not stage the read
-  return a->astype(DType::float64).item<double>() == 0.0;
+  if (!c || !c->ready() || a->aval().size() > (int64_t(1) << 20)) return false;
+  TraceScope eager(eval_trace());  // read the constant, do not stage the read
+  return !jnp::any(*a != Array(0)).item<bool>();
 }
 
 // ---- the interpreter ----
@@ -312,8 +315,6 @@ std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vect
   for (const Array& o : outs) r.push_back(Value{o, Layout::replicated(size_t(o.ndim()))});
   return r;
 }
-
-namespace {
 
 std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vector<Value>& consts,
                              const std::vector<Value>& args) {
@@ -352,8 +353,6 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
   for (const Atom& a : jaxpr.outvars()) outs.push_back(read(a));
   return outs;
 }
-
-}  // namespace
 
 bool contains_primitive(const Jaxpr& jaxpr, std::string_view primitive) {
   for (const JaxprEqn& e : jaxpr.eqns()) {

@@ -86,8 +86,9 @@ class Partitioner {
   // layout from its (small) operand instead of slicing the broadcast value.
   void remember_broadcast(const Array& result, const Value& operand, const Params& params);
 
-  // True for a value known to be all zeros (a broadcast of a literal 0): it may be taken as a
-  // pending sum over any axes (every device's zeros add up to zeros).
+  // True for a value known to be all zeros (a broadcast of a literal 0, or a constant of at most
+  // 2^20 elements that holds zeros, such as a traced zeros_like): it may be taken as a pending sum
+  // over any axes (every device's zeros add up to zeros).
   bool is_zeros(const Value& v) const;
   // Stages one collective (`make`) and records it for the report.
   Array emit(const std::string& kind, const std::vector<std::string>& axes, const Array& in, const std::string& why,
@@ -98,6 +99,7 @@ class Partitioner {
 
   const JaxprEqn* current = nullptr;  // the equation being partitioned
   std::string context;                // what is being laid out when no equation is (an output)
+  std::string region;                 // appended to inserted collectives' `why` (" in a scan body ...")
   std::vector<InsertedCollective> inserted;
   std::vector<EquationLayout> layouts;
 
@@ -121,6 +123,11 @@ void define_sharding_rule(std::string_view primitive, ShardingRule rule);
 // The rule of `def`: its own, else the elementwise rule for elementwise primitives, else null
 // (the partitioner then gathers every operand and runs the equation replicated, with a warning).
 const ShardingRule* find_sharding_rule(const PrimitiveDef& def);
+
+// The partitioner's interpreter: `jaxpr`'s equations run on blocks by their sharding rules (the
+// control-flow rules run their bodies with it). The jaxpr's constvars take `consts`.
+std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vector<Value>& consts,
+                             const std::vector<Value>& args);
 
 // Runs `eqn` whole on every device: every operand gathered (warned about when one was split).
 std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins);

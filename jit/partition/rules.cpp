@@ -226,6 +226,22 @@ std::vector<Value> whole_along(Partitioner& p, const JaxprEqn& eqn, std::vector<
   return with_layout(cjax::bind(*eqn.primitive, locals(ins), params), out);
 }
 
+// A slice (static or dynamic): the `cut` dimensions are gathered; whole ones keep their split, and
+// the parameter `extent` (their limit or size) becomes the block's extent. Indices are replicated.
+std::vector<Value> slice_of_blocks(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins,
+                                   const std::vector<int64_t>& cut, const char* extent) {
+  auto extents = eqn.params.ints(extent);
+  Value x = p.gathered_along(ins[0], cut);
+  Shape local = p.local_shape(atom_aval(eqn.inputs[0]).shape, x.layout);
+  for (size_t d = 0; d < local.size(); ++d)
+    if (!x.layout.dims[d].empty()) extents[d] = local[d];
+  Params params = eqn.params;
+  params.set(extent, extents);
+  std::vector<Array> args{x.local};
+  for (size_t k = 1; k < ins.size(); ++k) args.push_back(p.reduced(ins[k]).local);
+  return with_layout({bind1(*eqn.primitive, args, params)}, x.layout);
+}
+
 std::vector<Value> slice_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   const Shape& s = atom_aval(eqn.inputs[0]).shape;
   auto start = eqn.params.ints("start_indices");
@@ -235,13 +251,27 @@ std::vector<Value> slice_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<V
   std::vector<int64_t> sliced;
   for (size_t d = 0; d < s.size(); ++d)
     if (start[d] != 0 || limit[d] != s[d] || strides[d] != 1) sliced.push_back(int64_t(d));
-  Value x = p.gathered_along(ins[0], sliced);
-  Shape local = p.local_shape(s, x.layout);
+  return slice_of_blocks(p, eqn, ins, sliced, "limit_indices");
+}
+
+// Whole dimensions' starts clamp to 0, so their blocks are sliced whole.
+std::vector<Value> dynamic_slice_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  const Shape& s = atom_aval(eqn.inputs[0]).shape;
+  const auto& sizes = eqn.params.ints("slice_sizes");
+  std::vector<int64_t> cut;
   for (size_t d = 0; d < s.size(); ++d)
-    if (!x.layout.dims[d].empty()) limit[d] = local[d];
-  Params params = eqn.params;
-  params.set("limit_indices", limit);
-  return with_layout({bind1(*eqn.primitive, {x.local}, params)}, x.layout);
+    if (sizes[d] != s[d]) cut.push_back(int64_t(d));
+  return slice_of_blocks(p, eqn, ins, cut, "slice_sizes");
+}
+
+// Dimensions the update covers whole keep the operand's split (the update is split alike).
+std::vector<Value> dynamic_update_slice_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  const Shape& s = atom_aval(eqn.inputs[0]).shape;
+  const Shape& u = atom_aval(eqn.inputs[1]).shape;
+  std::vector<int64_t> cut;
+  for (size_t d = 0; d < s.size(); ++d)
+    if (u[d] != s[d]) cut.push_back(int64_t(d));
+  return whole_along(p, eqn, ins, cut, false, eqn.params);
 }
 
 std::vector<Value> pad_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
@@ -293,6 +323,9 @@ std::vector<Value> reduce_whole_rule(Partitioner& p, const JaxprEqn& eqn, std::v
 }
 std::vector<Value> along_axis_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   return whole_along(p, eqn, ins, {eqn.params.i("axis")}, false, eqn.params);
+}
+std::vector<Value> rev_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  return whole_along(p, eqn, ins, eqn.params.ints("dimensions"), false, eqn.params);
 }
 std::vector<Value> along_dimension_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   return whole_along(p, eqn, ins, {eqn.params.i("dimension")}, false, eqn.params);
@@ -563,6 +596,9 @@ const bool g_rules = [] {
   define_sharding_rule("reshape", reshape_rule);
   define_sharding_rule("slice", slice_rule);
   define_sharding_rule("pad", pad_rule);
+  define_sharding_rule("dynamic_slice", dynamic_slice_rule);
+  define_sharding_rule("dynamic_update_slice", dynamic_update_slice_rule);
+  define_sharding_rule("rev", rev_rule);
   define_sharding_rule("concatenate", along_dimension_rule);
   define_sharding_rule("sort", along_dimension_rule);
   define_sharding_rule("reduce_sum", reduce_sum_rule);
