@@ -24,9 +24,14 @@ struct MlpAndInput {
   cjax::Array x;
 };
 CJAX_TREE(MlpAndInput, p, x)
+struct TinyLm {
+  cjax::Array table, head;  // embedding [V=64, D=32], LM head [32, 64]
+};
+CJAX_TREE(TinyLm, table, head)
 }  // namespace sharded_jit_test
 using sharded_jit_test::Mlp;
 using sharded_jit_test::MlpAndInput;
+using sharded_jit_test::TinyLm;
 
 namespace {
 
@@ -345,6 +350,49 @@ TEST_CASE("sharded jit: loops and branches run split, their bodies partitioned l
     Array r = jit([](const Array& v) { return lax::rev(v, {0}); })(hs);
     check_all_close(r, lax::rev(h0, {0}), 1e-7);
     CHECK(moving(rec.records()) == "all_gather x (4, 8)->(16, 8)");
+  }
+}
+
+// §3.3: the embedding, the LM head and the loss, ids [8, 16] (the next token is the label).
+Array lm_loss(const TinyLm& m, const Array& ids, const Array& labels) {
+  Array hidden = jnp::tanh(jnp::take(m.table, ids, 0));
+  Array logp = nn::log_softmax(jnp::dot(hidden, m.head), -1);
+  return -jnp::mean(jnp::sum(logp * nn::one_hot(labels, 64), -1));
+}
+
+TEST_CASE("embedding, LM head and loss: the collectives of docs/sharding.md §3.3") {
+  TinyLm lm{random::normal(random::key(1), {64, 32}), random::normal(random::key(2), {32, 64}) * 0.2f};
+  Array ids = random::randint(random::key(3), {8, 16}, 0, 64), labels = random::randint(random::key(4), {8, 16}, 0, 64);
+  auto [loss1, grads1] = value_and_grad(lm_loss)(lm, ids, labels);
+  // Gradients laid out as their parameters (an optimizer update needs no further collective).
+  auto check = [&](const Mesh& mesh, const PartitionSpec& batch, const PartitionSpec& table, const PartitionSpec& head,
+                   const std::string& want) {
+    TinyLm placed{device_put(lm.table, NamedSharding(mesh, table)), device_put(lm.head, NamedSharding(mesh, head))};
+    Array i = device_put(ids, NamedSharding(mesh, batch)), l = device_put(labels, NamedSharding(mesh, batch));
+    auto f = jit([](const TinyLm& m, const Array& x, const Array& y) { return value_and_grad(lm_loss)(m, x, y); },
+                 {.mesh = mesh, .out_shardings = SpecTree{P(), SpecTree{table, head}}});
+    f(placed, i, l).first.block_until_ready();
+    debug::CollectiveRecorder rec;
+    auto [loss, grads] = f(placed, i, l);
+    CHECK(std::abs(loss.item<float>() - loss1.item<float>()) <= 1e-5f * std::abs(loss1.item<float>()));
+    check_all_close(grads.table, grads1.table, 1e-5);
+    check_all_close(grads.head, grads1.head, 1e-5);
+    CHECK(layout_of(grads.head) == trimmed(head));
+    CHECK(moving(rec.records()) == want);
+  };
+  SUBCASE("replicated embedding, FSDP LM head, batch split") {
+    // fwd: the head gathered, the loss's mean all-reduced; bwd: the replicated table's gradient
+    // all-reduced, the head's reduce-scattered back to its shards.
+    check(make_mesh({4}, {"fsdp"}), P("fsdp"), P(), P("fsdp", None),
+          "all_gather fsdp (8, 64)->(32, 64); psum fsdp ()->(); psum fsdp (64, 32)->(64, 32); "
+          "reduce_scatter fsdp (32, 64)->(8, 64)");
+  }
+  SUBCASE("vocab-parallel LM head") {
+    // fwd: log_softmax's max and sum over the split vocabulary, the label pick fused into the loss
+    // scalar; bwd: the hidden cotangent all-reduced; the head's gradient is local.
+    check(make_mesh({4}, {"tensor"}), P(), P(), P(None, "tensor"),
+          "pmax tensor (8, 16)->(8, 16); psum tensor ()->(); psum tensor (8, 16, 1)->(8, 16, 1); "
+          "psum tensor (8, 16, 32)->(8, 16, 32)");
   }
 }
 
