@@ -529,6 +529,9 @@ std::string report_text(const std::string& name, const Mesh& mesh, const std::ve
   for (const auto& c : part.inserted) bytes += c.bytes;
   s += fmt::format("collectives inserted: {} ({} bytes of operands per device)\n", part.inserted.size(), bytes);
   for (const auto& c : part.inserted) s += "  " + c.str() + "\n";
+  s += fmt::format("equations run whole for lack of a sharding rule (their split operands gathered): {}\n",
+                   part.run_whole.size());
+  for (const std::string& w : part.run_whole) s += "  " + w + "\n";
   s += "outputs:\n";
   for (size_t k = 0; k < part.out_specs.size(); ++k) s += fmt::format("  {}: {}\n", k, part.out_specs[k].str());
   return s;

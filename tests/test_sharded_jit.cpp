@@ -52,6 +52,8 @@ std::string moving(const std::vector<debug::CollectiveRecord>& rs) {
   std::sort(out.begin(), out.end());
   return fmt::format("{}", fmt::join(out, "; "));
 }
+const char* const kNoneRunWhole = "for lack of a sharding rule (their split operands gathered): 0\n";
+
 // A layout's text with trailing unsplit dimensions dropped (P('x', None) is P('x',)).
 std::string trimmed(const PartitionSpec& p) {
   std::vector<PartitionSpec::Entry> e = p.entries();
@@ -143,6 +145,11 @@ TEST_CASE("two-layer MLP: sharded jit inserts exactly the collectives of each la
     CHECK(layout_of(g.w1) == trimmed(l.w1));
     CHECK(layout_of(g.w2) == trimmed(l.w2));
 
+    // Never the "full rematerialization" fallback (an equation run whole on gathered operands).
+    auto gj = jit(grad(mlp_loss), {.out_shardings = weights});
+    CHECK_MESSAGE(gj.sharding_report(ps, xs, ts).find(kNoneRunWhole) != std::string::npos,
+                  gj.sharding_report(ps, xs, ts));
+
     rec.clear();
     MlpAndInput gi = jit(grad(mlp_loss_ii), {.out_shardings = SpecTree{weights, l.x}})(MlpAndInput{ps, xs}, ts);
     check_all_close(gi.p.w1, want_ii.p.w1, 1e-5);
@@ -189,6 +196,27 @@ TEST_CASE("sharded jit: programs that must move no data") {
     Array y = jit(f, {.mesh = mesh, .out_shardings = P("x")})(random::key(7));
     check_all_close(y, f(random::key(7)), 1e-6);
     CHECK(layout_of(y) == P("x").str());
+  }
+  SUBCASE("a shard_map whose operands already match its in_specs (its body's own psum aside)") {
+    auto f = jit([&](const Array& u, const Array& v) {
+      return shard_map([](const Array& l, const Array& r) { return lax::psum(jnp::sum(l * r, 0), "x"); }, mesh,
+                       SpecTree{P("x"), P("x")}, P())(u, v);
+    });
+    check_all_close(f(as, bs), jnp::sum(a * b, 0), 1e-5);
+    auto rs = rec.records();
+    rec.clear();
+    CHECK(rs.size() == 1);
+    CHECK(rs.at(0).kind == "psum_invariant");
+  }
+  SUBCASE("cotangents nobody uses: the input's gradient is not computed, so nothing reduces it") {
+    auto loss = [](const Array& w, const Array& x) { return jnp::sum(jnp::tanh(x * w)); };
+    Array g = jit(grad(loss), {.out_shardings = P("x")})(as, bs);  // d/dw only; w and x split alike
+    check_all_close(g, grad(loss)(a, b), 1e-5);
+  }
+  SUBCASE("an all-reduce of a value already replicated: a sum over unsplit dimensions") {
+    Array s = jit([](const Array& u) { return jnp::sum(u, {1}); })(as);
+    check_all_close(s, jnp::sum(a, {1}), 1e-5);
+    CHECK(layout_of(s) == P("x").str());
   }
   SUBCASE("a batched matmul with the batch split on both operands") {
     Array u = random::normal(random::key(3), {4, 8, 8}), v = random::normal(random::key(4), {4, 8, 2});
@@ -371,6 +399,7 @@ TEST_CASE("embedding, LM head and loss: the collectives of docs/sharding.md §3.
     Array i = device_put(ids, NamedSharding(mesh, batch)), l = device_put(labels, NamedSharding(mesh, batch));
     auto f = jit([](const TinyLm& m, const Array& x, const Array& y) { return value_and_grad(lm_loss)(m, x, y); },
                  {.mesh = mesh, .out_shardings = SpecTree{P(), SpecTree{table, head}}});
+    CHECK(f.sharding_report(placed, i, l).find(kNoneRunWhole) != std::string::npos);
     f(placed, i, l).first.block_until_ready();
     debug::CollectiveRecorder rec;
     auto [loss, grads] = f(placed, i, l);
@@ -468,6 +497,15 @@ TEST_CASE("sharding report: layouts and inserted collectives with their source l
   CHECK(r.find("all_gather over (fsdp) f32[2,32] -> f32[8,32] (256 bytes) for dot_general at "
                "test_sharded_jit.cpp:") != std::string::npos);
   CHECK(r.find("psum over (fsdp)") != std::string::npos);
+  CHECK(r.find(kNoneRunWhole) != std::string::npos);
+  // An equation without a sharding rule is named with its line (and warned about when it runs).
+  Array img = device_put(random::normal(random::key(4), {4, 2, 8, 8}), NamedSharding(mesh, P(None, None, "fsdp")));
+  Array kernel = random::normal(random::key(5), {3, 2, 3, 3});
+  auto conv = jit([](const Array& a, const Array& k) { return lax::conv(a, k, {1, 1}, "SAME"); });
+  std::string rc = conv.sharding_report(img, kernel);
+  CAPTURE(rc);
+  CHECK(rc.find("for lack of a sharding rule (their split operands gathered): 1\n  'conv_general_dilated' at "
+                "test_sharded_jit.cpp:") != std::string::npos);
   CHECK(jit([](const Array& a) { return a; })
             .sharding_report(random::normal(random::key(3), {2}))
             .find("not partitioned") != std::string::npos);

@@ -411,6 +411,22 @@ TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (
   struct W {
     Shape local, full;
   };
+  SUBCASE("DP: each weight gradient all-reduced once, nothing else but the loss") {
+    auto recs = records(block_config(tf::Layout::DP));
+    for (Shape w : {Shape{3, 32, 4, 8}, Shape{4, 8, 32}, Shape{32, 128}, Shape{128, 32}})
+      CHECK(count_of(recs, "psum", "data", w, w) == 1);
+    for (auto& r : recs) CHECK(r.kind == "psum");  // no gather, no scatter
+  }
+  SUBCASE("TP (the fsdp_tp layout over fsdp=1 x tensor=4): 2 all-reduces forward, 2 backward, none on weights") {
+    tf::Config c = block_config(tf::Layout::FSDP_TP);
+    c.tensor = 4;
+    auto recs = records(c);
+    CHECK(count_of(recs, "psum", "tensor", {8, 16, 32}, {8, 16, 32}) == 4);
+    for (auto& r : recs) {
+      INFO(r.str());
+      CHECK((r.axes == std::vector<std::string>{"tensor"} && r.in_shape == Shape({8, 16, 32})));
+    }
+  }
   SUBCASE("FSDP: each weight gathered, each gradient reduce-scattered, no gradient all-reduce") {
     auto recs = records(block_config(tf::Layout::FSDP));
     for (W w :

@@ -353,6 +353,25 @@ bool set_mesh_reshard(MeshReshardFn fn) {
 }
 const MeshReshardFn& mesh_reshard() { return mesh_reshard_slot(); }
 
+namespace {
+// Whether two specs over one mesh give every device the same block: per dimension the same axes
+// once axes of size 1 are left out.
+bool same_blocks(const NamedSharding& a, const NamedSharding& b) {
+  const Mesh& mesh = a.mesh();
+  auto dims = [&](const PartitionSpec& spec) {
+    std::vector<std::vector<std::string>> r;
+    for (const auto& e : spec.entries()) {
+      r.emplace_back();
+      for (const std::string& n : e.names)
+        if (mesh.axis_size(n) > 1) r.back().push_back(n);
+    }
+    while (!r.empty() && r.back().empty()) r.pop_back();
+    return r;
+  };
+  return dims(a.spec()) == dims(b.spec());
+}
+}  // namespace
+
 Array device_put(const Array& x, const Sharding& sharding) {
   ConcreteArray& c = require_concrete(x, "device_put");
   x.block_until_ready();
@@ -383,6 +402,14 @@ Array device_put(const Array& x, const Sharding& sharding) {
   auto* dst = dynamic_cast<const NamedSharding*>(&sharding);
   if (!dst) throw ShardingError(fmt::format("device_put: unsupported sharding {}", sharding.str()));
   if (src && *src == *dst) return x;  // arrays are immutable: already placed
+  if (src && src->mesh() == dst->mesh() && same_blocks(*src, *dst)) {
+    // The same block on every device (the specs differ only in axes of size 1): relabel.
+    auto out = std::make_shared<ConcreteArray>(c.aval, c.buffers[0]);
+    out->buffers = c.buffers;
+    out->sharding = std::make_shared<NamedSharding>(*dst);
+    out->committed = true;
+    return Array(out);
+  }
   if (src && src->mesh() == dst->mesh() && mesh_reshard()) return mesh_reshard()(x, *dst);
   if (!src && !host_accessible(c.device())) return device_put(to_host(x), sharding);
   Shape block = dst->shard_shape(x.shape());

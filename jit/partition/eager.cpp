@@ -35,11 +35,12 @@ ProgramCache& cache() {
   return c;
 }
 
-// The compiled partition of `f` over `inputs` (their layouts as they are), memoized under `key`.
+// The compiled partition of `f` over `inputs` (their layouts as they are), memoized under `key`,
+// over the mesh of the split inputs (`mesh` where none is split: replicated over it).
 std::vector<Array> run_partitioned(const std::string& what, const std::string& key, std::span<const Array> inputs,
                                    const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
-                                   const std::vector<std::optional<PartitionSpec>>& out_specs) {
-  const Mesh* mesh = nullptr;
+                                   const std::vector<std::optional<PartitionSpec>>& out_specs,
+                                   const Mesh* mesh = nullptr) {
   std::vector<PartitionSpec> specs(inputs.size());
   std::vector<AbstractValue> avals;
   std::string full = key;
@@ -53,10 +54,17 @@ std::vector<Array> run_partitioned(const std::string& what, const std::string& k
                         "onto one mesh",
                         what, i, s->mesh().str(), mesh->str()));
       mesh = &s->mesh();
-      specs[i] = s->spec();
-      full += s->spec().str();
     }
   }
+  if (!mesh) throw Error(fmt::format("internal: {} on operands split over no mesh", what));
+  // Every operand placed on the mesh enters with its own spec (also a trivial split over axes of
+  // size 1), so that the program's shard_map takes its blocks as they are.
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (auto* c = concrete(inputs[i]); c && c->sharding)
+      if (auto* ns = dynamic_cast<const NamedSharding*>(c->sharding.get()); ns && ns->mesh() == *mesh) {
+        specs[i] = ns->spec();
+        full += std::to_string(i) + ":" + ns->spec().str();
+      }
   full += mesh->str();
   for (const Device& d : mesh->devices()) full += fmt::format(",{}", d.id());
   std::shared_ptr<const Executable> exe;
@@ -88,8 +96,9 @@ std::vector<Array> eager_primitive(const PrimitiveDef& def, std::span<const Arra
 
 Array reshard(const Array& x, const NamedSharding& to) {
   std::vector<Array> in{x};
-  return run_partitioned("device_put", "device_put->" + to.spec().str(), in,
-                         [](const std::vector<Array>& xs) { return xs; }, {to.spec()})[0];
+  return run_partitioned(
+      "device_put", "device_put->" + to.spec().str(), in, [](const std::vector<Array>& xs) { return xs; }, {to.spec()},
+      &to.mesh())[0];
 }
 
 const bool g_registered = set_partitioned_eager(eager_primitive) && set_mesh_reshard(reshard);

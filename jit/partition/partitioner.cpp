@@ -103,6 +103,12 @@ int64_t Partitioner::size_of(const std::vector<std::string>& axes) const {
   return n;
 }
 
+Layout Partitioner::layout(const PartitionSpec& spec, size_t rank) const {
+  Layout l = Layout::of(spec, rank);
+  for (auto& axes : l.dims) std::erase_if(axes, [&](const std::string& a) { return mesh_.axis_size(a) == 1; });
+  return l;
+}
+
 Shape Partitioner::local_shape(const Shape& global, const Layout& layout) const {
   Shape s = global;
   for (size_t d = 0; d < s.size() && d < layout.dims.size(); ++d) {
@@ -308,6 +314,7 @@ std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vect
         "with_sharding_constraint",
         eqn.primitive->name);
     if (strict) p.fail(msg + " (CJAX_RESHARD_STRICT=1)");
+    p.run_whole.push_back(p.where());
     std::cerr << "cjax warning: sharded jit, " << p.where() << ": " << msg << "\n";
   }
   std::vector<Array> outs = cjax::bind(*eqn.primitive, locals, eqn.params);
@@ -378,7 +385,7 @@ Partitioned partition(const ClosedJaxpr& jaxpr, const Mesh& mesh, const std::vec
           std::vector<Value> consts, args;
           for (const Array& c : jaxpr.consts) consts.push_back(Value{c, Layout::replicated(size_t(c.ndim()))});
           for (size_t i = 0; i < blocks.size(); ++i)
-            args.push_back(Value{blocks[i], Layout::of(in_specs[i], size_t(blocks[i].ndim()))});
+            args.push_back(Value{blocks[i], p.layout(in_specs[i], size_t(blocks[i].ndim()))});
           std::vector<Value> outs = run_jaxpr(p, *flat, consts, args);
           std::vector<Array> locals;
           specs_out.clear();
@@ -394,13 +401,15 @@ Partitioned partition(const ClosedJaxpr& jaxpr, const Mesh& mesh, const std::vec
                                 "{} of output {}",
                                 name, k, out_specs[k]->str(), rank, k));
               p.current = nullptr;
-              v = p.reshard(v, Layout::of(*out_specs[k], rank));
+              v = p.reshard(v, p.layout(*out_specs[k], rank));
             }
-            specs_out.push_back(v.layout.spec());
+            // As asked (the same blocks as the layout, which leaves out axes of size 1).
+            specs_out.push_back(k < out_specs.size() && out_specs[k] ? *out_specs[k] : v.layout.spec());
             locals.push_back(v.local);
           }
           result.inserted = std::move(p.inserted);
           result.layouts = std::move(p.layouts);
+          result.run_whole = std::move(p.run_whole);
           return locals;
         };
         ShardMapOptions opts;

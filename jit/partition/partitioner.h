@@ -70,6 +70,9 @@ class Partitioner {
   explicit Partitioner(Mesh mesh);
   const Mesh& mesh() const { return mesh_; }
   int64_t size_of(const std::vector<std::string>& axes) const;
+  // `spec` as a layout of this mesh: axes of size 1 split nothing and are left out (they would
+  // only give collectives over one device).
+  Layout layout(const PartitionSpec& spec, size_t rank) const;
   Shape local_shape(const Shape& global, const Layout& layout) const;
 
   // `v` laid out as `target`, by the cheapest collectives: pending sums become reduce-scatters
@@ -102,6 +105,7 @@ class Partitioner {
   std::string region;                 // appended to inserted collectives' `why` (" in a scan body ...")
   std::vector<InsertedCollective> inserted;
   std::vector<EquationLayout> layouts;
+  std::vector<std::string> run_whole;  // equations without a rule that gathered split operands (where())
 
  private:
   struct Broadcast {
@@ -140,6 +144,7 @@ struct Partitioned {
   std::vector<PartitionSpec> out_specs;
   std::vector<InsertedCollective> inserted;
   std::vector<EquationLayout> layouts;
+  std::vector<std::string> run_whole;
 };
 Partitioned partition(const ClosedJaxpr& jaxpr, const Mesh& mesh, const std::vector<PartitionSpec>& in_specs,
                       const std::vector<std::optional<PartitionSpec>>& out_specs, const std::string& name);

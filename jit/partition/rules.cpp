@@ -324,6 +324,9 @@ std::vector<Value> reduce_whole_rule(Partitioner& p, const JaxprEqn& eqn, std::v
 std::vector<Value> along_axis_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   return whole_along(p, eqn, ins, {eqn.params.i("axis")}, false, eqn.params);
 }
+std::vector<Value> along_last_dimension_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  return whole_along(p, eqn, ins, {ins[0].local.ndim() - 1}, false, eqn.params);
+}
 std::vector<Value> rev_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   return whole_along(p, eqn, ins, eqn.params.ints("dimensions"), false, eqn.params);
 }
@@ -583,7 +586,7 @@ std::vector<Value> sharding_constraint_rule(Partitioner& p, const JaxprEqn& eqn,
     if (!(n->mesh() == p.mesh()))
       p.fail(fmt::format("with_sharding_constraint names {}, but the program is partitioned over {}; use one mesh",
                          n->mesh().str(), p.mesh().str()));
-    target = Layout::of(n->spec(), rank);
+    target = p.layout(n->spec(), rank);
   }
   return {p.reshard(p.reduced(ins[0]), target)};
 }
@@ -601,6 +604,7 @@ const bool g_rules = [] {
   define_sharding_rule("rev", rev_rule);
   define_sharding_rule("concatenate", along_dimension_rule);
   define_sharding_rule("sort", along_dimension_rule);
+  define_sharding_rule("top_k", along_last_dimension_rule);
   define_sharding_rule("reduce_sum", reduce_sum_rule);
   define_sharding_rule("reduce_max", reduce_extremum_rule);
   define_sharding_rule("reduce_min", reduce_extremum_rule);

@@ -29,11 +29,13 @@ constexpr int kCarryPasses = 3;
 // The records of a pass whose partitioned body is not kept are dropped.
 struct Trial {
   Partitioner& p;
-  size_t inserted, layouts;
-  explicit Trial(Partitioner& q) : p(q), inserted(q.inserted.size()), layouts(q.layouts.size()) {}
+  size_t inserted, layouts, run_whole;
+  explicit Trial(Partitioner& q)
+      : p(q), inserted(q.inserted.size()), layouts(q.layouts.size()), run_whole(q.run_whole.size()) {}
   void discard() const {
     p.inserted.resize(inserted);
     p.layouts.resize(layouts);
+    p.run_whole.resize(run_whole);
   }
 };
 
@@ -80,7 +82,7 @@ std::vector<Layout> first_carry_guess(Partitioner& p, const std::vector<Value>& 
     Layout l = v.layout;
     if (l.unreduced.empty() && is_floating(v.local.dtype()) && p.is_zeros(v))
       for (const std::string& a : p.mesh().axis_names())
-        if (!l.uses(a)) l.unreduced.push_back(a);
+        if (!l.uses(a) && p.mesh().axis_size(a) > 1) l.unreduced.push_back(a);
     r.push_back(l);
   }
   return r;
