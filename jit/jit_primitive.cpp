@@ -5,6 +5,7 @@
 #include "autodiff/ad.h"
 #include "autodiff/partial_eval.h"
 #include "core/array/rules.h"
+#include "jit/partition/partitioner.h"
 #include "trace/batching.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
@@ -28,8 +29,10 @@ const PrimitiveDef& g_jit = register_primitive([] {
                               j->invars().size()));
     return j->out_avals();
   };
-  // Eagerly (under EvalTrace) a jit equation runs its jaxpr with the eager kernels.
+  // Eagerly (under EvalTrace) a jit equation runs its jaxpr with the eager kernels, or as one
+  // partitioned program where inputs are split over a mesh (sharded jit, docs/sharding.md §2).
   def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+    if (auto split = partition::run_split(jaxpr_of(p), in, name_of(p))) return std::move(*split);
     return eval_jaxpr(*jaxpr_of(p), {}, in);
   };
   return def;

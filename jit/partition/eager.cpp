@@ -5,6 +5,7 @@
 // once and kept (up to kCapacity programs, then the cache starts over).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -13,6 +14,7 @@
 #include "jit/executable.h"
 #include "jit/partition/partitioner.h"
 #include "trace/eager_sharded_ops.h"
+#include "trace/eval_jaxpr.h"
 
 namespace cjax::partition {
 namespace {
@@ -29,6 +31,7 @@ const NamedSharding* split_of(const Array& x) {
 struct ProgramCache {
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<const Executable>> programs;
+  std::vector<std::shared_ptr<const void>> keep_alive;  // jaxprs whose address is part of a key
 };
 ProgramCache& cache() {
   static ProgramCache c;
@@ -81,7 +84,10 @@ std::vector<Array> run_partitioned(const std::string& what, const std::string& k
     Partitioned part = partition(traced, *mesh, specs, out_specs, what);
     exe = std::make_shared<const Executable>(part.program, what);
     std::lock_guard lock(cache().mu);
-    if (cache().programs.size() >= kCapacity) cache().programs.clear();
+    if (cache().programs.size() >= kCapacity) {
+      cache().programs.clear();
+      cache().keep_alive.clear();
+    }
     cache().programs.emplace(full, exe);
   }
   return exe->run(inputs);
@@ -104,4 +110,18 @@ Array reshard(const Array& x, const NamedSharding& to) {
 const bool g_registered = set_partitioned_eager(eager_primitive) && set_mesh_reshard(reshard);
 
 }  // namespace
+
+std::optional<std::vector<Array>> run_split(const std::shared_ptr<const Jaxpr>& jaxpr, std::span<const Array> inputs,
+                                            const std::string& name) {
+  if (std::none_of(inputs.begin(), inputs.end(), [](const Array& x) { return split_of(x) != nullptr; }) ||
+      contains_primitive(*jaxpr, "shard_map"))
+    return std::nullopt;
+  {
+    std::lock_guard lock(cache().mu);
+    cache().keep_alive.push_back(jaxpr);
+  }
+  return run_partitioned(fmt::format("jit '{}' (run eagerly by a transformation)", name),
+                         fmt::format("jit@{}", (const void*)jaxpr.get()), inputs,
+                         [&](const std::vector<Array>& xs) { return eval_jaxpr(*jaxpr, {}, xs); }, {});
+}
 }  // namespace cjax::partition

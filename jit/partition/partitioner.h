@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -152,5 +153,11 @@ Partitioned partition(const ClosedJaxpr& jaxpr, const Mesh& mesh, const std::vec
 // True if `jaxpr` or a sub-jaxpr has an equation of `primitive`. A program with a shard_map is
 // manual SPMD: it runs as written (its shard_maps take split operands) and is not partitioned.
 bool contains_primitive(const Jaxpr& jaxpr, std::string_view primitive);
+
+// A jit equation run eagerly (by grad or vjp of a jit, JAX's eager impl of pjit) over inputs some
+// of which are split: its jaxpr partitioned and compiled once per input layouts, or nullopt when
+// no input is split (or the jaxpr is manual SPMD).
+std::optional<std::vector<Array>> run_split(const std::shared_ptr<const Jaxpr>& jaxpr, std::span<const Array> inputs,
+                                            const std::string& name);
 
 }  // namespace cjax::partition
