@@ -362,6 +362,21 @@ TEST_CASE("sharded jit: loops and branches run split, their bodies partitioned l
     CHECK(layout_of(f(Array(1.0f), hs)) == P("x").str());
     CHECK(moving(rec.records()) == "");
   }
+  SUBCASE("convolutions keep the batch and output-feature splits; scatters keep their window splits") {
+    Array img = random::normal(random::key(6), {8, 2, 6, 6}), kern = random::normal(random::key(7), {4, 2, 3, 3});
+    auto conv = [](const Array& a, const Array& k) { return lax::conv(a, k, {1, 1}, "SAME"); };
+    Array by_batch = jit(conv)(device_put(img, rows), kern);
+    check_all_close(by_batch, conv(img, kern), 1e-4);
+    CHECK(layout_of(by_batch) == P("x").str());
+    Array by_feature = jit(conv)(img, device_put(kern, rows));
+    check_all_close(by_feature, conv(img, kern), 1e-4);
+    CHECK(layout_of(by_feature) == P(None, "x").str());
+    auto put = [](const Array& v, const Array& r) { return v.at({Slice(), 3}).set(r); };  // column 3 of each row
+    Array updated = jit(put)(hs, device_put(jnp::arange(16).astype(DType::float32), rows));
+    check_all_close(updated, put(h0, jnp::arange(16).astype(DType::float32)), 1e-7);
+    CHECK(layout_of(updated) == P("x").str());
+    CHECK(moving(rec.records()) == "");
+  }
   SUBCASE("dynamic slices and reversals keep the split of the dimensions they do not cut") {
     auto f = [](const Array& v, const Array& i) {
       Array cols = lax::dynamic_slice(v, {Array(0), i}, {16, 3});
@@ -513,12 +528,13 @@ TEST_CASE("sharding report: layouts and inserted collectives with their source l
   CHECK(r.find("psum over (fsdp)") != std::string::npos);
   CHECK(r.find(kNoneRunWhole) != std::string::npos);
   // An equation without a sharding rule is named with its line (and warned about when it runs).
-  Array img = device_put(random::normal(random::key(4), {4, 2, 8, 8}), NamedSharding(mesh, P(None, None, "fsdp")));
-  Array kernel = random::normal(random::key(5), {3, 2, 3, 3});
-  auto conv = jit([](const Array& a, const Array& k) { return lax::conv(a, k, {1, 1}, "SAME"); });
-  std::string rc = conv.sharding_report(img, kernel);
-  CAPTURE(rc);
-  CHECK(rc.find("for lack of a sharding rule (their split operands gathered): 1\n  'conv_general_dilated' at "
+  auto printing = jit([](const Array& a) {
+    debug::print("{}", a);
+    return a * 2.0f;
+  });
+  std::string rp = printing.sharding_report(x);
+  CAPTURE(rp);
+  CHECK(rp.find("for lack of a sharding rule (their split operands gathered): 1\n  'debug_print' at "
                 "test_sharded_jit.cpp:") != std::string::npos);
   CHECK(jit([](const Array& a) { return a; })
             .sharding_report(random::normal(random::key(3), {2}))

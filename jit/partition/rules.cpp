@@ -516,15 +516,16 @@ std::vector<Value> gather_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<
   return {Value{bind1(*eqn.primitive, {op.local, idx.local}, params), ol}};
 }
 
-// scatter-add: updates' window dimensions keep the split of the operand dimensions they land in;
-// split scatter (batch) dimensions add into each device's copy of a zero operand, leaving a
-// pending sum (the embedding gradient: a reduce-scatter or psum where it is used).
-std::vector<Value> scatter_add_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+// scatter, scatter-add/mul/min/max: updates' window dimensions keep the split of the operand
+// dimensions they land in; the scatter (batch) dimensions of indices and updates are gathered,
+// except for scatter-add into zeros: each device adds its updates into its copy of the zero
+// operand, leaving a pending sum (the embedding gradient: a reduce-scatter or psum where used).
+std::vector<Value> scatter_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   const lax::ScatterDimensionNumbers& dn = scatter_dimension_numbers(eqn.params);
   if (!dn.operand_batching_dims.empty() || ins.size() != 3) return run_replicated(p, eqn, ins);
   const Shape& og = atom_aval(eqn.inputs[0]).shape;
   Value op = ins[0], idx = p.reduced(ins[1]), upd = p.reduced(ins[2]);
-  bool zeros = p.is_zeros(op);
+  bool zeros = eqn.primitive->name == "scatter-add" && p.is_zeros(op);
   Layout ut = upd.layout, ot = Layout::replicated(og.size());
   std::vector<size_t> window_operand_dims;
   for (size_t d = 0; d < og.size(); ++d)
@@ -550,6 +551,28 @@ std::vector<Value> scatter_add_rule(Partitioner& p, const JaxprEqn& eqn, std::ve
   idx = p.reshard(idx, it);
   ot.unreduced = union_in_mesh_order(p.mesh(), pending, {});  // in mesh order
   return {Value{bind1(*eqn.primitive, {op.local, idx.local, upd.local}, eqn.params), ot}};
+}
+
+// ---- convolution ----
+
+// conv_general_dilated: the lhs batch dimension and (without feature groups) the rhs output-feature
+// dimension keep their split, which the result takes; input features and spatial dimensions are
+// gathered (no halo exchange). An axis splitting both batch and features stays with the batch.
+std::vector<Value> conv_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  auto dn = eqn.params.object<ConvDimsParam>("dimension_numbers");
+  Value lhs = p.reduced(ins[0]), rhs = p.reduced(ins[1]);
+  size_t rank = lhs.layout.dims.size(), n = size_t(dn->lhs_spec[0]), o = size_t(dn->rhs_spec[0]);
+  Layout lt = Layout::replicated(rank), rt = Layout::replicated(rank), out = Layout::replicated(rank);
+  lt.dims[n] = lhs.layout.dims[n];
+  if (eqn.params.i("feature_group_count") == 1) {
+    rt.dims[o] = rhs.layout.dims[o];
+    remove_axes(rt, lt);
+  }
+  lhs = p.reshard(lhs, lt);
+  rhs = p.reshard(rhs, rt);
+  out.dims[size_t(dn->out_spec[0])] = lt.dims[n];
+  out.dims[size_t(dn->out_spec[1])] = rt.dims[o];
+  return {Value{bind1(*eqn.primitive, {lhs.local, rhs.local}, eqn.params), out}};
 }
 
 // ---- fused attention ----
@@ -614,7 +637,9 @@ const bool g_rules = [] {
     define_sharding_rule(n, along_axis_rule);
   define_sharding_rule("dot_general", dot_general_rule);
   define_sharding_rule("gather", gather_rule);
-  define_sharding_rule("scatter-add", scatter_add_rule);
+  for (const char* n : {"scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max"})
+    define_sharding_rule(n, scatter_rule);
+  define_sharding_rule("conv_general_dilated", conv_rule);
   for (const char* n : {"flash_attention", "flash_attention_tangent", "flash_attention_backward"})
     define_sharding_rule(n, attention_rule);
   define_sharding_rule("sharding_constraint", sharding_constraint_rule);
