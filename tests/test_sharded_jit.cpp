@@ -481,6 +481,43 @@ TEST_CASE("grad of a jitted function over split arguments: the jit equations run
   CHECK(moving(rec.records()) == "psum data ()->(); psum data (32, 8)->(32, 8); psum data (8, 32)->(8, 32)");
 }
 
+TEST_CASE("sharded jit through nested jit, checkpoint, custom_jvp/vjp and shard_map regions") {
+  Mesh mesh = make_mesh({4}, {"x"});
+  NamedSharding rows(mesh, P("x"));
+  Array a = random::normal(random::key(1), {16, 8}), w = random::normal(random::key(2), {8, 8}) * 0.3f;
+  Array as = device_put(a, rows);
+  debug::CollectiveRecorder rec;
+
+  SUBCASE("their bodies are partitioned like the program: a DP gradient, one psum") {
+    auto softplus = custom_jvp([](const Array& x) { return jnp::log1p(jnp::exp(x)); },
+                               [](const std::tuple<Array>& p, const std::tuple<Array>& t) {
+                                 auto [x] = p;
+                                 auto [dx] = t;
+                                 return std::pair{jnp::log1p(jnp::exp(x)), dx * lax::logistic(x)};
+                               });
+    auto clip = custom_vjp([](const Array& x) { return x; },
+                           [](const Array& x) {
+                             return std::pair{x, std::tuple<>{}};
+                           },
+                           [](const std::tuple<>&, const Array& g) { return std::tuple{jnp::clip(g, -1.0, 1.0)}; });
+    auto layer = checkpoint([&](const Array& m, const Array& x) { return softplus(jnp::dot(clip(x), m)); });
+    auto inner = jit([&](const Array& m, const Array& x) { return layer(m, layer(m, x)); });
+    auto loss = [&](const Array& m, const Array& x) { return jnp::sum(inner(m, x)); };
+    Array g = jit(grad(loss))(w, as);
+    check_all_close(g, grad(loss)(w, a), 1e-4);
+    CHECK(moving(rec.records()) == "psum x (8, 8)->(8, 8)");
+  }
+  SUBCASE("a shard_map taking operands laid out otherwise: they are resharded into its in_specs") {
+    auto f = jit([&](const Array& u) {
+      return shard_map([](const Array& b) { return b * 2.0f; }, mesh, P(None, "x"), P(None, "x"))(u + 1.0f);
+    });
+    Array y = f(as);
+    check_all_close(y, (a + 1.0f) * 2.0f, 1e-6);
+    CHECK(layout_of(y) == P(None, "x").str());
+    CHECK(moving(rec.records()) == "all_to_all x (4, 8)->(16, 2)");
+  }
+}
+
 TEST_CASE("eager operations on split arrays run through the partitioner") {
   Mesh mesh = make_mesh({4}, {"x"});
   Array a = random::normal(random::key(1), {8, 4}), w = random::normal(random::key(2), {4, 6});
