@@ -105,7 +105,9 @@ bool fusion_enabled() {
 }
 
 Executable::Executable(const ClosedJaxpr& traced, std::string name)
-    : name_(std::move(name)), optimized_(optimize(*splat_constants(*traced, traced.consts))), consts_(traced.consts) {
+    : name_(std::move(name)),
+      optimized_(optimize(*splat_constants(*traced, traced.consts), traced.consts)),
+      consts_(traced.consts) {
   const Jaxpr& j = *optimized_;
   has_effects_ = jaxpr_has_effects(j);
   // Constants created on a device (CJAX_PLATFORM=cuda) get host copies for runs on the CPU.

@@ -178,3 +178,47 @@ TEST_CASE("fused attention: what it does not take is named") {
   CHECK_ERR(attention::forward(x.q.astype(f64), x.k.astype(f64), x.v.astype(f64), {}), DTypeError, "flash_attention",
             "float64");
 }
+
+TEST_CASE("jit rewrites softmax attention written by hand into the fused kernel (forward programs)") {
+  Array q = random::normal(random::key(1), {2, 32, 4, 16}), k = random::normal(random::key(2), {2, 32, 4, 16}),
+        v = random::normal(random::key(3), {2, 32, 4, 16});
+  auto causal = [](const Array& a, const Array& b, const Array& c) {  // [B, T, N, H], mask as where(tril, x, -1e30)
+    Array logits = jnp::einsum("btnh,bsnh->bnts", a, b) * 0.25f;
+    Array keep = jnp::tril(jnp::ones({32, 32}, DType::bool_));
+    return jnp::einsum("bnts,bsnh->btnh", nn::softmax(jnp::where(keep, logits, -1e30f), -1), c);
+  };
+  auto heads_first = [](const Array& a, const Array& b, const Array& c) {  // [B, N, T, H], no mask, / sqrt(H)
+    Array p = nn::softmax(jnp::einsum("bnth,bnsh->bnts", a, b) / 4.0f, -1);
+    return jnp::einsum("bnts,bnsh->bnth", p, c);
+  };
+  auto fused_in = [](auto& jitted, auto&&... args) {
+    return jitted.lower(args...).compile().as_text().find("flash_attention") != std::string::npos;
+  };
+  SUBCASE("causal, [B, T, N, H]: the kernel, the values of the unfused program") {
+    auto f = jit(causal);
+    CHECK(fused_in(f, q, k, v));
+    testing::check_all_close(f(q, k, v), causal(q, k, v), 1e-5);
+    testing::check_all_close(f(q, k, v), nn::dot_product_attention(q, k, v, {.is_causal = true, .scale = 0.25}), 1e-5);
+  }
+  SUBCASE("not causal, heads before the sequence: transposed in and out") {
+    Array qt = jnp::transpose(q, {0, 2, 1, 3}), kt = jnp::transpose(k, {0, 2, 1, 3}),
+          vt = jnp::transpose(v, {0, 2, 1, 3});
+    auto f = jit(heads_first);
+    CHECK(fused_in(f, qt, kt, vt));
+    testing::check_all_close(f(qt, kt, vt), heads_first(qt, kt, vt), 1e-5);
+  }
+  SUBCASE("left alone: a mask that is not causal, and the forward of a gradient (its values are residuals)") {
+    auto banded = [](const Array& a, const Array& b, const Array& c) {
+      Array logits = jnp::einsum("btnh,bsnh->bnts", a, b);
+      Array keep = jnp::tril(jnp::triu(jnp::ones({32, 32}, DType::bool_), -4));
+      return jnp::einsum("bnts,bsnh->btnh", nn::softmax(jnp::where(keep, logits, -1e30f), -1), c);
+    };
+    auto f = jit(banded);
+    CHECK_FALSE(fused_in(f, q, k, v));
+    testing::check_all_close(f(q, k, v), banded(q, k, v), 1e-5);
+    auto loss = [&](const Array& a) { return jnp::sum(causal(a, k, v)); };
+    auto g = jit(grad(loss));
+    CHECK_FALSE(fused_in(g, q));
+    testing::check_all_close(g(q), grad(loss)(q), 1e-4);
+  }
+}

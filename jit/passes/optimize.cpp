@@ -20,8 +20,9 @@
 namespace cjax {
 using namespace passes_detail;
 
-std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr) {
+std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Array>& consts) {
   auto j = inline_calls(jaxpr);
+  j = fuse_attention(*j, consts);
   j = unbroadcast_shard_map_boundaries(*j);
   j = sink_broadcasts(*j);
   j = fold_constants(*j);

@@ -3,6 +3,10 @@
 //                    by their bodies (they run as one program and fuse; remat bodies can then be
 //                    CSE'd with identical values outside them, which XLA prevents with
 //                    optimization barriers and we do not yet: a memory, not a value, difference),
+//   fuse_attention : softmax attention written out by hand (logits = q·k, a scale, an optional
+//                    causal mask evaluated at compile time, softmax, ·v) becomes flash_attention
+//                    where its intermediates have no other use (forward programs; under grad they
+//                    are residuals): jit/passes/fuse_attention.cpp,
 //   unbroadcast_shard_map_boundaries : a shard_map output that its body computes as a broadcast
 //                    (a softmax's row sums, kept for the backward pass) is returned as the source
 //                    and broadcast by the caller; a shard_map operand that is a broadcast is
@@ -42,6 +46,7 @@ namespace cjax {
 
 std::shared_ptr<const Jaxpr> splat_constants(const Jaxpr& jaxpr, const std::vector<Array>& consts);
 std::shared_ptr<const Jaxpr> inline_calls(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> fuse_attention(const Jaxpr& jaxpr, const std::vector<Array>& consts);
 std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
@@ -49,7 +54,7 @@ std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 // dce: trace/jaxpr.h.
-// All of the above, in that order.
-std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr);
+// All of the above, in that order (`consts`: the values of the jaxpr's constvars).
+std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Array>& consts = {});
 
 }  // namespace cjax
