@@ -68,6 +68,21 @@ TEST_CASE("under vmap, grad and control flow") {
       },
       Array(0));
   CHECK(c.str() == "i=0\ni=1\ni=2\n");
+  c.os.str("");
+  // A branch that only prints: the cond has no result, and dead-code elimination keeps it.
+  auto report = jit([](const Array& x) {
+    lax::cond(
+        jnp::sum(x) > 0.f,
+        [](const Array& v) {
+          debug::print("positive {}", v);
+          return std::tuple<>{};
+        },
+        [](const Array&) { return std::tuple<>{}; }, x);
+    return x * 2.f;
+  });
+  report(jnp::ones({2}));
+  report(-jnp::ones({2}));
+  CHECK(c.str() == "positive [1. 1.]\n");
 }
 
 TEST_CASE("inside shard_map each device prints its block") {

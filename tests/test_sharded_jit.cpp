@@ -6,8 +6,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <sstream>
 
 #include "cjax/collective_recorder.h"
+#include "core/array/primitive.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -564,15 +566,37 @@ TEST_CASE("sharding report: layouts and inserted collectives with their source l
                "test_sharded_jit.cpp:") != std::string::npos);
   CHECK(r.find("psum over (fsdp)") != std::string::npos);
   CHECK(r.find(kNoneRunWhole) != std::string::npos);
-  // An equation without a sharding rule is named with its line (and warned about when it runs).
-  auto printing = jit([](const Array& a) {
-    debug::print("{}", a);
-    return a * 2.0f;
-  });
-  std::string rp = printing.sharding_report(x);
-  CAPTURE(rp);
-  CHECK(rp.find("for lack of a sharding rule (their split operands gathered): 1\n  'debug_print' at "
+  // An equation without a sharding rule is named with its line (and warned about when it runs):
+  // a primitive registered here, which the partitioner has no rule for.
+  static const PrimitiveDef& reversed_rows = register_primitive(
+      PrimitiveDef{"test_reversed_rows",
+                   PrimKind::Opaque,
+                   Arity::exactly(1),
+                   [](std::span<const Array> in, const Params&) { return std::vector<AbstractValue>{in[0].aval()}; },
+                   [](std::span<const Array> in, std::span<const AbstractValue>, const Params&) {
+                     return std::vector<Array>{lax::rev(in[0], {0})};
+                   },
+                   std::nullopt,
+                   {}});
+  auto opaque = jit([](const Array& a) { return bind1(reversed_rows, {a}, {}) * 2.0f; });
+  std::string ro = opaque.sharding_report(x);
+  CAPTURE(ro);
+  CHECK(ro.find("for lack of a sharding rule (their split operands gathered): 1\n  'test_reversed_rows' at "
                 "test_sharded_jit.cpp:") != std::string::npos);
+  Array whole = random::normal(random::key(1), {16, 8});
+  testing::check_all_close(opaque(x), lax::rev(whole, {0}) * 2.0f, 1e-6);
+  // debug::print prints the global value once (JAX's partitioned=False), not once per device.
+  std::ostringstream printed;
+  debug::set_print_stream(&printed);
+  jit([](const Array& a) {
+    debug::print("x0 {}", jnp::sum(a, 1)[Slice(0, 2)]);
+    return a;
+  })(x)
+      .block_until_ready();
+  debug::set_print_stream(nullptr);
+  std::ostringstream want;
+  want << "x0 " << jnp::sum(whole, 1)[Slice(0, 2)] << "\n";
+  CHECK(printed.str() == want.str());
   CHECK(jit([](const Array& a) { return a; })
             .sharding_report(random::normal(random::key(3), {2}))
             .find("not partitioned") != std::string::npos);

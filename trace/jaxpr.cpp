@@ -378,13 +378,24 @@ std::vector<AbstractValue> ClosedJaxpr::in_avals() const { return jaxpr->in_aval
 std::vector<AbstractValue> ClosedJaxpr::out_avals() const { return jaxpr->out_avals(); }
 std::ostream& operator<<(std::ostream& os, const ClosedJaxpr& j) { return os << j.pretty_print(); }
 
+namespace {
+// An effect in the equation or in one of its sub-jaxprs (a debug print inside a cond branch).
+bool has_effect(const JaxprEqn& e) {
+  if (e.primitive->effectful) return true;
+  for (const Jaxpr* sub : jaxprs_in_params(e.params))
+    for (const JaxprEqn& inner : sub->eqns())
+      if (has_effect(inner)) return true;
+  return false;
+}
+}  // namespace
+
 std::shared_ptr<const Jaxpr> dce(const Jaxpr& jaxpr) {
   std::unordered_set<const void*> used;
   for (const Atom& a : jaxpr.outvars())
     if (auto* v = std::get_if<Var>(&a)) used.insert(v->id());
   std::vector<const JaxprEqn*> keep;
   for (auto it = jaxpr.eqns().rbegin(); it != jaxpr.eqns().rend(); ++it) {
-    bool live = it->primitive->kind == PrimKind::Collective || it->primitive->effectful;  // effects stay
+    bool live = it->primitive->kind == PrimKind::Collective || has_effect(*it);  // effects stay
     for (const Var& v : it->outputs) live = live || used.count(v.id());
     if (!live) continue;
     keep.push_back(&*it);

@@ -1,4 +1,5 @@
-// Sharding rules of cond, while and scan (docs/sharding.md §2.3): their bodies are partitioned by
+// Sharding rules of cond, while and scan (docs/sharding.md §2.3), and of debug_print (a cond that
+// prints on the first device only). Loop and branch bodies are partitioned by
 // the same rules, as sub-programs of the per-device program, so a loop over split values runs
 // split and a collective inside a body is one the body needs.
 //
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "cjax/collectives.h"
+#include "cjax/lax.h"
 #include "cjax/numpy.h"
 #include "jit/partition/partitioner.h"
 #include "trace/control_flow.h"
@@ -279,7 +281,29 @@ std::vector<Value> cond_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Va
   return values(bind_cond(index.local, traced.jaxprs, args), 0, out_layouts);
 }
 
+// ---- debug_print ----
+
+// Prints the global values once, as JAX's debug.print(partitioned=False) does: the operands are
+// gathered, and only the first device of the mesh prints (a cond on its coordinates).
+std::vector<Value> debug_print_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
+  std::vector<Array> whole;
+  for (Value& v : ins) whole.push_back(p.reshard(p.reduced(v), Layout::replicated(v.layout.dims.size())).local);
+  Array first;
+  for (const std::string& a : p.mesh().axis_names()) {
+    Array here = lax::axis_index(a) == Array(0);
+    first = first.defined() ? jnp::logical_and(first, here) : here;
+  }
+  FlatFn silent = [](const std::vector<Array>&) { return std::vector<Array>{}; };
+  FlatFn print = [&](const std::vector<Array>& xs) { return cjax::bind(*eqn.primitive, xs, eqn.params); };
+  TracedBranches branches = trace_branches({silent, print}, avals_of(whole));
+  std::vector<Array> args = branches.consts;
+  args.insert(args.end(), whole.begin(), whole.end());
+  bind_cond(lax::convert_element_type(first, DType::int32), branches.jaxprs, args);
+  return {};
+}
+
 const bool g_rules = [] {
+  define_sharding_rule("debug_print", debug_print_rule);
   define_sharding_rule("scan", scan_rule);
   define_sharding_rule("while", while_rule);
   define_sharding_rule("cond", cond_rule);
