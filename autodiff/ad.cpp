@@ -7,6 +7,7 @@
 #include "autodiff/partial_eval.h"
 #include "cjax/lax.h"
 #include "core/lax/rule_support.h"
+#include "trace/phase.h"
 #include "trace/source_info.h"
 
 namespace cjax {
@@ -244,6 +245,7 @@ std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> cons
 
 std::vector<Array> backward_pass(const Jaxpr& jaxpr, std::span<const Array> consts, std::span<const Array> args,
                                  std::span<const Array> cts_out) {
+  BackwardPassScope backward_phase;  // equations traced from here on are the backward pass's
   std::unordered_map<const void*, Array> env;  // values of non-linear variables
   std::unordered_map<const void*, Array> ct;   // accumulated cotangents of linear variables
   std::unordered_map<const void*, bool> linear;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "cjax/profiler.h"
@@ -23,6 +24,7 @@
 #include "core/spmd/collectives.h"
 #include "jit/passes/passes.h"
 #include "jit/profile_internal.h"
+#include "trace/phase.h"
 #include "trace/shard_map.h"
 
 namespace cjax {
@@ -188,6 +190,7 @@ void Executable::lower_to_program() {
       in.def = e.primitive;
       in.cpu_kernel = find_implementation(*e.primitive, Platform::cpu);
       in.params = e.params;
+      in.backward = e.primitive->kind == PrimKind::Collective && is_backward(e.source_info.get());
       for (const Atom& a : e.inputs) {
         if (auto* v = std::get_if<Var>(&a)) {
           in.inputs.push_back(slot.at(v->id()));
@@ -407,6 +410,12 @@ void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::v
     // per-shard path (or its ShardingError) rather than being read from its first shard.
     bool sharded = false;
     for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
+    std::optional<SpmdScope> phase;  // a backward pass's collective in a program that is not one
+    if (const SpmdContext* ctx = current_spmd(); instr.backward && ctx && !ctx->backward) {
+      SpmdContext backward = *ctx;
+      backward.backward = true;
+      phase.emplace(backward);
+    }
     std::vector<Array> outs = instr.cpu_kernel && !sharded ? (*instr.cpu_kernel)(in, instr.out_avals, instr.params)
                                                            : cjax::bind(*instr.def, in, instr.params);
     for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
@@ -586,7 +595,8 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const
     bool profiling = profiler::enabled();
     ProfileScope timing(profiling);
     std::vector<std::vector<Array>> outs =
-        run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true, backward);
+        run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
+                                      backward || instr.backward);
     if (profiling) timing.record(instr.def->name, name_);
     for (size_t d = 0; d < n; ++d) {
       for (size_t k = 0; k < outs[d].size(); ++k) slots[d][size_t(instr.outputs[k])] = std::move(outs[d][k]);

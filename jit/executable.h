@@ -88,6 +88,7 @@ class Executable {
     std::vector<int> outputs;  // slot per output (-1: unused)
     std::vector<int> release;  // slots dead after this instruction
     Params params;
+    bool backward = false;  // a collective of a backward pass (trace/phase.h): recorded as such
   };
   void lower_to_program();
   void bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "cjax/collective_recorder.h"
@@ -55,6 +56,17 @@ std::string moving(const std::vector<debug::CollectiveRecord>& rs) {
   return fmt::format("{}", fmt::join(out, "; "));
 }
 const char* const kNoneRunWhole = "for lack of a sharding rule (their split operands gathered): 0\n";
+
+// The same with each collective's phase: "fwd ..." or "bwd ..." (trace/phase.h).
+std::string phased(const std::vector<debug::CollectiveRecord>& rs) {
+  std::vector<std::string> out;
+  for (const auto& r : rs)
+    if (r.communicates)
+      out.push_back(fmt::format("{} {} {} {}->{}", r.phase == debug::Phase::Backward ? "bwd" : "fwd", r.kind,
+                                fmt::join(r.axes, ","), shape_str(r.in_shape), shape_str(r.out_shape)));
+  std::sort(out.begin(), out.end());
+  return fmt::format("{}", fmt::join(out, "; "));
+}
 
 // A layout's text with trailing unsplit dimensions dropped (P('x', None) is P('x',)).
 std::string trimmed(const PartitionSpec& p) {
@@ -144,6 +156,18 @@ TEST_CASE("two-layer MLP: sharded jit inserts exactly the collectives of each la
     check_all_close(g.w1, want_grad.w1, 1e-5);
     check_all_close(g.w2, want_grad.w2, 1e-5);
     CHECK(moving(rec.records()) == sorted(l.grad));
+    // Spec §3.1's fwd/bwd split: weights are gathered in the forward pass (and reused), gradients
+    // reduced in the backward pass.
+    std::map<std::string, std::string> phases{
+        {"DP", "bwd psum data (32, 8)->(32, 8); bwd psum data (8, 32)->(8, 32)"},
+        {"FSDP",
+         "bwd reduce_scatter fsdp (32, 8)->(32, 2); bwd reduce_scatter fsdp (8, 32)->(2, 32); "
+         "fwd all_gather fsdp (2, 32)->(8, 32); fwd all_gather fsdp (32, 2)->(32, 8)"},
+        {"TP", "fwd psum tensor (16, 8)->(16, 8)"},
+        {"FSDP+TP",
+         "bwd reduce_scatter fsdp (16, 8)->(16, 4); bwd reduce_scatter fsdp (8, 16)->(4, 16); "
+         "fwd all_gather fsdp (16, 4)->(16, 8); fwd all_gather fsdp (4, 16)->(8, 16); fwd psum tensor (8, 8)->(8, 8)"}};
+    CHECK(phased(rec.records()) == phases.at(l.name));
     CHECK(layout_of(g.w1) == trimmed(l.w1));
     CHECK(layout_of(g.w2) == trimmed(l.w2));
 

@@ -415,17 +415,23 @@ TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (
     auto recs = records(block_config(tf::Layout::DP));
     for (Shape w : {Shape{3, 32, 4, 8}, Shape{4, 8, 32}, Shape{32, 128}, Shape{128, 32}})
       CHECK(count_of(recs, "psum", "data", w, w) == 1);
-    for (auto& r : recs) CHECK(r.kind == "psum");  // no gather, no scatter
+    for (auto& r : recs) {
+      CHECK(r.kind == "psum");  // no gather, no scatter
+      CHECK(r.phase == debug::Phase::Backward);
+    }
   }
   SUBCASE("TP (the fsdp_tp layout over fsdp=1 x tensor=4): 2 all-reduces forward, 2 backward, none on weights") {
     tf::Config c = block_config(tf::Layout::FSDP_TP);
     c.tensor = 4;
     auto recs = records(c);
     CHECK(count_of(recs, "psum", "tensor", {8, 16, 32}, {8, 16, 32}) == 4);
+    int backward = 0;
     for (auto& r : recs) {
       INFO(r.str());
       CHECK((r.axes == std::vector<std::string>{"tensor"} && r.in_shape == Shape({8, 16, 32})));
+      backward += r.phase == debug::Phase::Backward;
     }
+    CHECK(backward == 2);  // the MLP input's and the block input's cotangents
   }
   SUBCASE("FSDP: each weight gathered, each gradient reduce-scattered, no gradient all-reduce") {
     auto recs = records(block_config(tf::Layout::FSDP));
@@ -434,7 +440,11 @@ TEST_CASE("auto sharding: the collectives the partitioner inserts in one block (
       CHECK(count_of(recs, "all_gather", "fsdp", w.local, w.full) == 1);  // the backward pass reuses it
       CHECK(count_of(recs, "reduce_scatter", "fsdp", w.full, w.local) == 1);
     }
-    for (auto& r : recs) CHECK((r.kind != "psum" || r.in_shape == Shape{}));
+    for (auto& r : recs) {
+      CHECK((r.kind != "psum" || r.in_shape == Shape{}));
+      if (r.kind == "all_gather") CHECK(r.phase == debug::Phase::Forward);
+      if (r.kind == "reduce_scatter") CHECK(r.phase == debug::Phase::Backward);
+    }
   }
   SUBCASE("FSDP+TP: fsdp gathers and scatters on tensor-split weights, 2+2 all-reduces over tensor") {
     auto recs = records(block_config(tf::Layout::FSDP_TP));

@@ -11,6 +11,7 @@
 #include "core/array/util.h"
 #include "core/spmd/collectives.h"
 #include "trace/eval_jaxpr.h"
+#include "trace/phase.h"
 
 namespace cjax {
 
@@ -180,6 +181,7 @@ std::vector<Array> JaxprTrace::stage(const PrimitiveDef& def, std::span<const Ar
   }
   eqn.params = params;
   eqn.source_info = SourceInfo::capture();
+  if (in_backward_pass()) mark_backward(eqn.source_info);
   for (Array& o : outs) static_cast<JaxprTracer*>(o.impl())->source = eqn.source_info;
   state_->eqns.push_back(std::move(eqn));
   return outs;

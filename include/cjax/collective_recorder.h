@@ -8,8 +8,11 @@
 //   // backward psum_invariant over ('batch',) f32[784,128] -> f32[784,128] (401408 bytes)
 //
 // The phase of a collective is Backward when it belongs to the transpose of a shard_map (the
-// backward pass of grad/vjp), Forward otherwise. pvary and axis_index move no data
-// (communicates == false); they are listed so that the varying-axes casts are visible.
+// backward pass of grad/vjp) or, in a sharded jit, when the partitioner inserted it for an
+// equation of the backward pass (a weight gradient's reduce-scatter); Forward otherwise. The
+// latter needs source info (on by default, config::set_capture_source_info). pvary and
+// axis_index move no data (communicates == false); they are listed so that the varying-axes
+// casts are visible.
 #pragma once
 #include <string>
 #include <vector>

@@ -160,6 +160,16 @@ void Partitioner::remember_broadcast(const Array& result, const Value& operand, 
   keep_alive_.push_back(result);
 }
 
+void Partitioner::remember_source(const Array& value, std::shared_ptr<const SourceInfo> source) {
+  if (!source) return;
+  sources_[value.impl()] = std::move(source);
+  keep_alive_.push_back(value);
+}
+std::shared_ptr<const SourceInfo> Partitioner::source_of(const Array& value) const {
+  auto it = sources_.find(value.impl());
+  return it == sources_.end() ? nullptr : it->second;
+}
+
 Value Partitioner::reduced(const Value& v) {
   if (v.layout.unreduced.empty()) return v;
   auto it = reduced_to_.find(v.local.impl());
@@ -350,6 +360,7 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
                                 eqn.primitive->name, outs[k].local.aval().str(), g.str(), outs[k].layout.str(),
                                 shape_str(want)));
       env[eqn.outputs[k].id()] = outs[k];
+      p.remember_source(outs[k].local, eqn.source_info);
       el.global.push_back(g);
       el.layouts.push_back(outs[k].layout);
     }
@@ -392,6 +403,8 @@ Partitioned partition(const ClosedJaxpr& jaxpr, const Mesh& mesh, const std::vec
           for (size_t k = 0; k < outs.size(); ++k) {
             Value v = outs[k];
             p.context = fmt::format("output {} ({})", k, jaxpr->out_avals()[k].str());
+            std::optional<SourceInfoOverride> source;  // e.g. a gradient's reduce-scatter: backward
+            if (auto producer = p.source_of(v.local)) source.emplace(std::move(producer));
             if (k >= out_specs.size() || !out_specs[k]) v = p.reduced(v);
             if (k < out_specs.size() && out_specs[k]) {
               size_t rank = size_t(v.local.ndim());

@@ -107,6 +107,9 @@ class Partitioner {
   std::vector<InsertedCollective> inserted;
   std::vector<EquationLayout> layouts;
   std::vector<std::string> run_whole;  // equations without a rule that gathered split operands (where())
+  // The source info of the equation that produced a value (its output reshards are attributed to it).
+  void remember_source(const Array& value, std::shared_ptr<const SourceInfo> source);
+  std::shared_ptr<const SourceInfo> source_of(const Array& value) const;
 
  private:
   struct Broadcast {
@@ -117,6 +120,7 @@ class Partitioner {
   std::map<std::pair<const void*, std::string>, Value> memo_;
   std::map<const void*, Broadcast> broadcasts_;
   std::map<const void*, Layout> reduced_to_;
+  std::map<const void*, std::shared_ptr<const SourceInfo>> sources_;
   std::vector<Array> keep_alive_;
 };
 
