@@ -411,11 +411,12 @@ void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::v
     bool sharded = false;
     for (const Array& x : in) sharded = sharded || concrete(x)->buffers.size() > 1;
     std::optional<SpmdScope> phase;  // a backward pass's collective in a program that is not one
-    if (const SpmdContext* ctx = current_spmd(); instr.backward && ctx && !ctx->backward) {
-      SpmdContext backward = *ctx;
-      backward.backward = true;
-      phase.emplace(backward);
-    }
+    if (instr.backward)
+      if (const SpmdContext* ctx = current_spmd(); ctx && !ctx->backward) {
+        SpmdContext backward = *ctx;
+        backward.backward = true;
+        phase.emplace(backward);
+      }
     std::vector<Array> outs = instr.cpu_kernel && !sharded ? (*instr.cpu_kernel)(in, instr.out_avals, instr.params)
                                                            : cjax::bind(*instr.def, in, instr.params);
     for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);

@@ -30,8 +30,11 @@ const NamedSharding* split_of(const Array& x) {
 
 struct ProgramCache {
   std::mutex mu;
-  std::unordered_map<std::string, std::shared_ptr<const Executable>> programs;
-  std::vector<std::shared_ptr<const void>> keep_alive;  // jaxprs whose address is part of a key
+  struct Entry {
+    std::shared_ptr<const Executable> exe;
+    std::shared_ptr<const void> keep;  // a jaxpr whose address is part of the key
+  };
+  std::unordered_map<std::string, Entry> programs;
 };
 ProgramCache& cache() {
   static ProgramCache c;
@@ -43,7 +46,7 @@ ProgramCache& cache() {
 std::vector<Array> run_partitioned(const std::string& what, const std::string& key, std::span<const Array> inputs,
                                    const std::function<std::vector<Array>(const std::vector<Array>&)>& f,
                                    const std::vector<std::optional<PartitionSpec>>& out_specs,
-                                   const Mesh* mesh = nullptr) {
+                                   const Mesh* mesh = nullptr, std::shared_ptr<const void> keep = nullptr) {
   std::vector<PartitionSpec> specs(inputs.size());
   std::vector<AbstractValue> avals;
   std::string full = key;
@@ -73,7 +76,7 @@ std::vector<Array> run_partitioned(const std::string& what, const std::string& k
   std::shared_ptr<const Executable> exe;
   {
     std::lock_guard lock(cache().mu);
-    if (auto it = cache().programs.find(full); it != cache().programs.end()) exe = it->second;
+    if (auto it = cache().programs.find(full); it != cache().programs.end()) exe = it->second.exe;
   }
   if (!exe) {
     ClosedJaxpr traced;
@@ -84,11 +87,8 @@ std::vector<Array> run_partitioned(const std::string& what, const std::string& k
     Partitioned part = partition(traced, *mesh, specs, out_specs, what);
     exe = std::make_shared<const Executable>(part.program, what);
     std::lock_guard lock(cache().mu);
-    if (cache().programs.size() >= kCapacity) {
-      cache().programs.clear();
-      cache().keep_alive.clear();
-    }
-    cache().programs.emplace(full, exe);
+    if (cache().programs.size() >= kCapacity) cache().programs.clear();
+    cache().programs.emplace(full, ProgramCache::Entry{exe, std::move(keep)});
   }
   return exe->run(inputs);
 }
@@ -116,12 +116,8 @@ std::optional<std::vector<Array>> run_split(const std::shared_ptr<const Jaxpr>& 
   if (std::none_of(inputs.begin(), inputs.end(), [](const Array& x) { return split_of(x) != nullptr; }) ||
       contains_primitive(*jaxpr, "shard_map"))
     return std::nullopt;
-  {
-    std::lock_guard lock(cache().mu);
-    cache().keep_alive.push_back(jaxpr);
-  }
-  return run_partitioned(fmt::format("jit '{}' (run eagerly by a transformation)", name),
-                         fmt::format("jit@{}", (const void*)jaxpr.get()), inputs,
-                         [&](const std::vector<Array>& xs) { return eval_jaxpr(*jaxpr, {}, xs); }, {});
+  return run_partitioned(
+      fmt::format("jit '{}' (run eagerly by a transformation)", name), fmt::format("jit@{}", (const void*)jaxpr.get()),
+      inputs, [&](const std::vector<Array>& xs) { return eval_jaxpr(*jaxpr, {}, xs); }, {}, nullptr, jaxpr);
 }
 }  // namespace cjax::partition

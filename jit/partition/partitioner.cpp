@@ -201,10 +201,20 @@ bool starts_with(const std::vector<std::string>& a, const std::vector<std::strin
 }
 }  // namespace
 
+Array Partitioner::first_device(const std::vector<std::string>& axes) const {
+  Array first = make_scalar(1, DType::bool_);
+  for (const std::string& a : axes) first = jnp::logical_and(first, lax::axis_index(a) == Array(0));
+  return first;
+}
+
 Value Partitioner::reshard(const Value& v, const Layout& target) {
   if (v.layout == target) return v;
-  if (!minus(target.unreduced, v.layout.unreduced).empty())
-    throw Error(fmt::format("internal: sharded jit cannot make {} pending from {}", target.str(), v.layout.str()));
+  if (std::vector<std::string> made = minus(target.unreduced, v.layout.unreduced); !made.empty()) {
+    Layout kept = target;
+    kept.unreduced = minus(target.unreduced, made);
+    Value r = reshard(v, kept);
+    return Value{jnp::where(first_device(made), r.local, jnp::zeros_like(r.local)), target};
+  }
   auto key = std::make_pair(static_cast<const void*>(v.local.impl()), target.str());
   if (auto it = memo_.find(key); it != memo_.end()) return it->second;
 

@@ -79,7 +79,9 @@ class Partitioner {
   // `v` laid out as `target`, by the cheapest collectives: pending sums become reduce-scatters
   // onto dimensions the target splits (else one psum), axes leaving a dimension are all-gathered
   // (or moved to another dimension by all_to_all), axes joining one are local slices. Pending
-  // sums the target keeps stay pending. Results are memoized per (value, layout).
+  // sums the target keeps stay pending; a sum the target has pending and `v` has not is made
+  // without moving data (the value on the first device of those axes, zeros elsewhere: a loop
+  // carry kept pending). Results are memoized per (value, layout).
   Value reshard(const Value& v, const Layout& target);
   // `v` with no pending sum: the layout it was reduced to before, else its own split by psum.
   Value reduced(const Value& v);
@@ -94,6 +96,8 @@ class Partitioner {
   // 2^20 elements that holds zeros, such as a traced zeros_like): it may be taken as a pending sum
   // over any axes (every device's zeros add up to zeros).
   bool is_zeros(const Value& v) const;
+  // True (a bool scalar) on the device whose coordinate along each of `axes` is 0.
+  Array first_device(const std::vector<std::string>& axes) const;
   // Stages one collective (`make`) and records it for the report.
   Array emit(const std::string& kind, const std::vector<std::string>& axes, const Array& in, const std::string& why,
              const std::function<Array()>& make);

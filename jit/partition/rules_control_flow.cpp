@@ -15,16 +15,12 @@
 #include <algorithm>
 #include <utility>
 
-#include "cjax/collectives.h"
 #include "cjax/lax.h"
-#include "cjax/numpy.h"
 #include "jit/partition/partitioner.h"
 #include "trace/control_flow.h"
 
 namespace cjax::partition {
 namespace {
-
-namespace jnp = cjax::numpy;
 
 constexpr int kCarryPasses = 3;
 
@@ -53,26 +49,6 @@ struct InBody {
     p.current = eqn;
   }
 };
-
-std::vector<std::string> minus(const std::vector<std::string>& a, const std::vector<std::string>& b) {
-  std::vector<std::string> r;
-  for (const std::string& x : a)
-    if (std::find(b.begin(), b.end(), x) == b.end()) r.push_back(x);
-  return r;
-}
-
-// `v` as `l`, also where `l` keeps a sum pending that `v` does not: a whole value is a pending sum
-// whose terms are the value on the first device of those axes and zeros elsewhere (no data moves).
-Value laid_out(Partitioner& p, const Value& v, const Layout& l) {
-  if (minus(l.unreduced, v.layout.unreduced).empty()) return p.reshard(v, l);
-  Value whole = p.reshard(p.reduced(v), Layout{l.dims, {}});
-  Array first;
-  for (const std::string& a : l.unreduced) {
-    Array here = lax::axis_index(a) == Array(0);
-    first = first.defined() ? jnp::logical_and(first, here) : here;
-  }
-  return Value{jnp::where(first, whole.local, jnp::zeros_like(whole.local)), l};
-}
 
 // The first guess of a carry's layout: its initial layout, and for a floating-point carry that
 // starts at zero (an accumulator) a sum pending over the mesh axes that do not split it. If the
@@ -149,7 +125,7 @@ std::vector<Value> scan_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Va
           for (size_t k = 0; k < outs.size(); ++k) {
             if (k < ncarry) {
               produced[k] = outs[k].layout;
-              r.push_back(laid_out(p, outs[k], carry[k]).local);
+              r.push_back(p.reshard(outs[k], carry[k]).local);
             } else {
               y_layouts.push_back(outs[k].layout);
               r.push_back(outs[k].local);
@@ -165,7 +141,7 @@ std::vector<Value> scan_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Va
 
   std::vector<Array> args = body.consts;
   append_locals(args, consts);
-  for (size_t k = 0; k < ncarry; ++k) args.push_back(laid_out(p, init[k], carry[k]).local);
+  for (size_t k = 0; k < ncarry; ++k) args.push_back(p.reshard(init[k], carry[k]).local);
   append_locals(args, xs);
   ScanParams local = sp;
   local.jaxpr = body.jaxpr;
@@ -221,7 +197,7 @@ std::vector<Value> while_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<V
                     std::vector<Array> r;
                     for (size_t k = 0; k < ncarry; ++k) {
                       produced[k] = outs[k].layout;
-                      r.push_back(laid_out(p, outs[k], carry[k]).local);
+                      r.push_back(p.reshard(outs[k], carry[k]).local);
                     }
                     return r;
                   });
@@ -234,7 +210,7 @@ std::vector<Value> while_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<V
   append_locals(args, cond_consts);
   args.insert(args.end(), body.consts.begin(), body.consts.end());
   append_locals(args, body_consts);
-  for (size_t k = 0; k < ncarry; ++k) args.push_back(laid_out(p, init[k], carry[k]).local);
+  for (size_t k = 0; k < ncarry; ++k) args.push_back(p.reshard(init[k], carry[k]).local);
   std::vector<Array> outs = bind_while(WhileParams{cond.jaxpr, body.jaxpr, int64_t(cond.consts.size() + ncc),
                                                    int64_t(body.consts.size() + nbc)},
                                        args);
@@ -262,7 +238,7 @@ std::vector<Value> cond_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Va
       std::vector<Array> r;
       for (size_t k = 0; k < outs.size(); ++k) {
         if (chosen) chosen->push_back(outs[k].layout.without_pending());
-        r.push_back(wanted ? laid_out(p, outs[k], (*wanted)[k]).local : p.reduced(outs[k]).local);
+        r.push_back(wanted ? p.reshard(outs[k], (*wanted)[k]).local : p.reduced(outs[k]).local);
       }
       return r;
     };
@@ -288,17 +264,12 @@ std::vector<Value> cond_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Va
 std::vector<Value> debug_print_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
   std::vector<Array> whole;
   for (Value& v : ins) whole.push_back(p.reshard(p.reduced(v), Layout::replicated(v.layout.dims.size())).local);
-  Array first;
-  for (const std::string& a : p.mesh().axis_names()) {
-    Array here = lax::axis_index(a) == Array(0);
-    first = first.defined() ? jnp::logical_and(first, here) : here;
-  }
   FlatFn silent = [](const std::vector<Array>&) { return std::vector<Array>{}; };
   FlatFn print = [&](const std::vector<Array>& xs) { return cjax::bind(*eqn.primitive, xs, eqn.params); };
   TracedBranches branches = trace_branches({silent, print}, avals_of(whole));
   std::vector<Array> args = branches.consts;
   args.insert(args.end(), whole.begin(), whole.end());
-  bind_cond(lax::convert_element_type(first, DType::int32), branches.jaxprs, args);
+  bind_cond(lax::convert_element_type(p.first_device(p.mesh().axis_names()), DType::int32), branches.jaxprs, args);
   return {};
 }
 
