@@ -9,6 +9,7 @@
 
 #include "core/array/spmd.h"
 #include "core/array/util.h"
+#include "core/distributed/runtime.h"
 #include "jit/executable.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
@@ -48,8 +49,12 @@ std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& bod
   for (ManualAxis& a : run_axes) a.check_vma = false;
   // Lockstep combines collectives on the host; device memory (virtual GPU devices) goes through
   // the platform's buffer communicator, one thread per device.
+  // Across processes, each process runs its own devices, one thread each, and the group
+  // communicators carry the collectives between processes (outputs of the others' devices stay
+  // empty).
   bool device_memory = in_device_memory(mesh);
-  bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS") && !device_memory;
+  bool lockstep = exe->can_run_lockstep() && !env_flag("CJAX_SPMD_THREADS") && !device_memory &&
+                  !distributed::spans_processes(mesh.devices());
   count_spmd_run(lockstep);
   if (lockstep) return exe->run_lockstep(mesh, run_axes, backward, !exe->cheap(), std::move(inputs));
   std::unique_lock<std::mutex> turn;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs cjax's build dependencies from Debian packages, idempotently (nothing to do when present).
 set -euo pipefail
-packages=(cmake g++ ninja-build ccache llvm-19-dev libfmt-dev libabsl-dev doctest-dev libopenblas-dev libxsmm-dev nlohmann-json3-dev gdb python3 python3-numpy)
+packages=(cmake g++ ninja-build ccache llvm-19-dev libfmt-dev libabsl-dev doctest-dev libopenblas-dev libxsmm-dev nlohmann-json3-dev libgloo-dev gdb python3 python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,27 +16,6 @@ using namespace cjax;
 using namespace cjax::testing;
 namespace jnp = cjax::numpy;
 
-namespace {
-
-// Runs body(t) on `n` threads and rethrows the first failure on the caller.
-void on_threads(int n, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  for (int t = 0; t < n; ++t)
-    threads.emplace_back([&, t] {
-      try {
-        body(t);
-      } catch (...) {
-        errors[size_t(t)] = std::current_exception();
-      }
-    });
-  for (auto& th : threads) th.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-}  // namespace
-
 TEST_CASE("one jitted function called from four threads gives each thread its own values") {
   auto f = jit([](const Array& x, const Array& y) { return jnp::tanh(x) * y + jnp::sum(x * y); }, {.name = "shared"});
   std::atomic<int> mismatches{0};

@@ -2,11 +2,13 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <exception>
 #include <functional>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cjax/cjax.h"
@@ -92,6 +94,23 @@ inline void check_vmap_matches_stack(const std::function<Array(const std::vector
     per.push_back(f(xs));
   }
   check_all_close(got, numpy::stack(per, 0));
+}
+
+// Runs body(t) on `n` threads and rethrows the first failure on the caller.
+inline void on_threads(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        body(t);
+      } catch (...) {
+        errors[size_t(t)] = std::current_exception();
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  for (auto& error : errors)
+    if (error) std::rethrow_exception(error);
 }
 
 }  // namespace cjax::testing

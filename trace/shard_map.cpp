@@ -17,6 +17,7 @@
 #include "core/array/array_impl.h"
 #include "core/array/rules.h"
 #include "core/array/trace.h"
+#include "core/distributed/runtime.h"
 #include "core/spmd/collectives.h"
 #include "trace/eval_jaxpr.h"
 #include "trace/jaxpr_trace.h"
@@ -233,10 +234,12 @@ Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const Partiti
   size_t nbytes = size_t(shape_size(block_shape(mesh, spec, global.shape))) * itemsize(global.dtype);
   std::shared_ptr<ConcreteArray> out;
   for (size_t d = 0; d < blocks.size(); ++d) {
-    ConcreteArray& c = require_concrete(blocks[d], "shard_map output");
-    std::shared_ptr<Buffer> buf = c.buffer();
     const Device& dev = mesh.devices()[d];
-    if (buf->nbytes() != nbytes || !(buf->device() == dev)) {  // a literal or a view: give the device its copy
+    std::shared_ptr<Buffer> buf;
+    if (!blocks[d].defined()) {  // computed by the process that drives dev
+      buf = std::make_shared<Buffer>(Buffer::Remote{}, dev, nbytes);
+    } else if (buf = require_concrete(blocks[d], "shard_map output").buffer();
+               buf->nbytes() != nbytes || !(buf->device() == dev)) {  // a literal or a view: give the device its copy
       auto copy = std::make_shared<Buffer>(dev, nbytes);
       copy_buffer(*buf, *copy, nbytes);
       buf = std::move(copy);
@@ -423,7 +426,7 @@ std::vector<Array> shard_map_impl(std::span<const Array> in, std::span<const Abs
   std::vector<Array> result;
   for (size_t k = 0; k < out_avals.size(); ++k) {
     std::vector<Array> blocks;
-    for (size_t d = 0; d < n; ++d) blocks.push_back(outs[d][k]);
+    for (size_t d = 0; d < n; ++d) blocks.push_back(outs[d].empty() ? Array() : outs[d][k]);  // empty: remote
     result.push_back(assemble_blocks(std::move(blocks), info.mesh, info.out_specs[k], out_avals[k]));
   }
   return result;
@@ -515,7 +518,9 @@ std::vector<Array> shard_map(const FlatFn& f, const Mesh& mesh, const std::vecto
                              std::vector<PartitionSpec>& out_specs, const ShardMapOptions& opts) {
   std::vector<std::string> manual = manual_axes_of(mesh, opts);
   check_inputs(opts.name, mesh, args, in_specs, arg_names);
-  if (current_trace() == eval_trace() && !current_spmd())
+  // Across processes the body is staged and each process runs its own devices' part (as JAX runs
+  // every multi-process computation): no process can step through another's blocks.
+  if (current_trace() == eval_trace() && !current_spmd() && !distributed::spans_processes(mesh.devices()))
     return eager_shard_map(f, mesh, args, in_specs, out_specs, opts, manual);
 
   ShardMapInfo info;

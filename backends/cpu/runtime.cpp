@@ -1,5 +1,7 @@
 // The CPU platform: N virtual devices, each with a caching allocator and memory accounting. Their
 // kernels share the one intra-op thread pool (core/backend/parallel.cpp).
+#include "core/distributed/runtime.h"
+
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
@@ -14,6 +16,7 @@
 
 #include "backends/cpu/buffer_communicator.h"
 #include "backends/cpu/llvm_codegen.h"
+#include "backends/cpu/process_communicator.h"
 #include "cjax/collectives.h"
 #include "cjax/device.h"
 #include "cjax/errors.h"
@@ -152,14 +155,19 @@ class CpuStream final : public Stream {
   void* native_handle() const override { return nullptr; }
 };
 
+// The devices of this process: ids first_id .. first_id + n - 1 (first_id > 0 on the later processes
+// of a multi-process run, include/cjax/distributed.h).
 struct CpuRuntime {
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
   std::vector<std::unique_ptr<CpuStream>> streams;
+  int first_id = 0;
   CpuRuntime() {
-    int ndev = g_requested_devices.load() ? g_requested_devices.load() : positive_env_int("CJAX_NUM_CPU_DEVICES", 1);
+    distributed::mark_runtime_started();
+    int ndev = config::num_cpu_devices();
+    first_id = distributed::first_local_device_id(Platform::cpu);
     for (int i = 0; i < ndev; ++i) {
       allocators.push_back(std::make_unique<CachingAllocator>());
-      streams.push_back(std::make_unique<CpuStream>(Device(Platform::cpu, i)));
+      streams.push_back(std::make_unique<CpuStream>(Device(Platform::cpu, first_id + i)));
     }
     g_requested_devices = ndev;
   }
@@ -173,10 +181,9 @@ CpuRuntime& runtime() {
 
 CachingAllocator& allocator_for(const Device& d) {
   auto& rt = runtime();
-  if (d.platform() != Platform::cpu || d.id() < 0 || d.id() >= int(rt.allocators.size()))
-    throw BackendError(fmt::format("no such device {}: this process has {} CPU devices (CJAX_NUM_CPU_DEVICES)", d.str(),
-                                   rt.allocators.size()));
-  return *rt.allocators[size_t(d.id())];
+  int k = d.id() - rt.first_id;
+  if (d.platform() != Platform::cpu || k < 0 || k >= int(rt.allocators.size())) check_device(d);
+  return *rt.allocators[size_t(k)];
 }
 }  // namespace
 
@@ -187,7 +194,8 @@ class CpuBackend final : public Backend {
   Platform platform() const override { return Platform::cpu; }
   std::vector<Device> devices() override {
     std::vector<Device> out;
-    for (int i = 0; i < int(runtime().allocators.size()); ++i) out.emplace_back(Platform::cpu, i);
+    const CpuRuntime& rt = runtime();
+    for (int i = 0; i < int(rt.allocators.size()); ++i) out.emplace_back(Platform::cpu, rt.first_id + i);
     return out;
   }
   bool host_accessible() const override { return true; }
@@ -203,11 +211,13 @@ class CpuBackend final : public Backend {
   void synchronize(const Device&) override {}
   Stream& stream(const Device& d) override {
     allocator_for(d);  // validates the device
-    return *runtime().streams[size_t(d.id())];
+    return *runtime().streams[size_t(d.id() - runtime().first_id)];
   }
   KernelCompiler* kernel_compiler() override { return &llvm_kernel_compiler(); }
   std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
     auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
+    std::vector<Device> devs(group.begin(), group.end());
+    if (distributed::spans_processes(devs)) return cpu::make_process_buffer_communicator(group, timeout);
     return cpu::make_in_process_buffer_communicator(group, timeout);
   }
 };
@@ -224,6 +234,9 @@ void set_num_cpu_devices(int n) {
                     "call it before creating any array, or set CJAX_NUM_CPU_DEVICES",
                     n, g_requested_devices.load()));
   g_requested_devices = n;
+}
+int num_cpu_devices() {
+  return g_requested_devices.load() ? g_requested_devices.load() : positive_env_int("CJAX_NUM_CPU_DEVICES", 1);
 }
 }  // namespace config
 

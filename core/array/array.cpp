@@ -191,6 +191,18 @@ std::string provenance_of(const ArrayImpl& impl) {
 }
 }  // namespace
 
+void require_fully_addressable(const ConcreteArray& c, std::string_view what) {
+  int64_t remote = 0;
+  for (const auto& b : c.buffers) remote += b && !b->addressable() ? 1 : 0;
+  if (remote == 0) return;
+  throw ValueError(
+      fmt::
+          format("{}: this {} array spans processes ({} of its {} shards live on other processes), so no process holds "
+                 "its whole value; gather it with process_allgather(x), or read this process's blocks with "
+                 "x.addressable_shards()",
+                 what, c.aval.str(), remote, c.buffers.size()));
+}
+
 ConcreteArray& require_concrete(const Array& a, std::string_view what) {
   const ArrayImpl& impl = checked(a.impl_ptr());
   Array keep;
@@ -310,8 +322,9 @@ std::vector<Shard> Array::addressable_shards() const {
   AbstractValue block{ns->shard_shape(shape()), dtype(), weak_type(), {}};
   std::vector<Shard> out;
   for (size_t k = 0; k < c.buffers.size(); ++k)
-    out.push_back(
-        Shard{c.buffers[k]->device(), indices[k], Array(std::make_shared<ConcreteArray>(block, c.buffers[k]))});
+    if (c.buffers[k]->addressable())
+      out.push_back(
+          Shard{c.buffers[k]->device(), indices[k], Array(std::make_shared<ConcreteArray>(block, c.buffers[k]))});
   return out;
 }
 // Eager results are ready when returned; outputs of dispatched jit calls when their producer is

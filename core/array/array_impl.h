@@ -57,8 +57,12 @@ class ConcreteArray final : public ArrayImpl {
   // A value still being computed: no buffers until `pending` is done.
   ConcreteArray(AbstractValue a, std::shared_ptr<PendingValue> p) : ArrayImpl(std::move(a)), pending(std::move(p)) {}
   bool is_concrete() const override { return true; }
+  // The first buffer this process holds (a replicated global array's local copy; buffers[0]
+  // elsewhere).
   const std::shared_ptr<Buffer>& buffer() const {
     await();
+    for (const auto& b : buffers)
+      if (!b || b->addressable()) return b;
     return buffers[0];
   }
   Device device() const { return buffer()->device(); }
@@ -138,6 +142,9 @@ inline ConcreteArray* concrete(const Array& a) {
 }
 // The concrete impl of `a`; raises ConcretizationError naming `what` if `a` is a tracer.
 ConcreteArray& require_concrete(const Array& a, std::string_view what);
+// Raises ValueError naming `what` and process_allgather when some of c's shards live on other
+// processes (a global array of a multi-process run, include/cjax/distributed.h).
+void require_fully_addressable(const ConcreteArray& c, std::string_view what);
 // Raises ValueError: `what` used an Array deleted by donation (its buffers were released).
 [[noreturn]] void raise_deleted(std::string_view what);
 

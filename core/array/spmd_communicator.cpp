@@ -21,14 +21,20 @@
 #include "core/array/array_impl.h"
 #include "core/array/spmd.h"
 #include "core/backend/device_worker.h"
+#include "core/distributed/runtime.h"
 
 namespace cjax {
 
 struct Communicator::State {
   explicit State(std::vector<Device> d)
-      : devices(std::move(d)), n(int64_t(devices.size())), whats(size_t(n)), done(size_t(n), false) {}
+      : devices(std::move(d)), n(int64_t(devices.size())), whats(size_t(n)), done(size_t(n), false) {
+    for (const Device& dev : devices) n_local += distributed::is_local(dev) ? 1 : 0;
+  }
   std::vector<Device> devices;
   int64_t n;
+  // The devices this process runs: the rendezvous waits for them; the devices of other processes
+  // meet them inside the group communicators (backends/cpu/process_communicator.cpp).
+  int64_t n_local = 0;
   std::mutex m;
   std::condition_variable cv;
   std::vector<std::string> whats;  // the collective each waiting device arrived at
@@ -64,11 +70,17 @@ void Communicator::arrive(int64_t device, const std::string& what) {
                       d, device, what));
   s.whats[size_t(device)] = what;
   uint64_t gen = s.generation;
-  if (++s.arrived == s.n) {
-    for (int64_t d = 1; d < s.n; ++d)
-      if (s.whats[size_t(d)] != s.whats[0]) {
+  if (++s.arrived == s.n_local) {
+    const std::string* first = nullptr;
+    for (int64_t d = 0; d < s.n; ++d)
+      if (!s.whats[size_t(d)].empty() && (!first || s.whats[size_t(d)] != *first)) {
+        if (!first) {
+          first = &s.whats[size_t(d)];
+          continue;
+        }
         std::vector<std::string> lines;
-        for (int64_t k = 0; k < s.n; ++k) lines.push_back(fmt::format("  device {}: {}", k, s.whats[size_t(k)]));
+        for (int64_t k = 0; k < s.n; ++k)
+          if (!s.whats[size_t(k)].empty()) lines.push_back(fmt::format("  device {}: {}", k, s.whats[size_t(k)]));
         s.fail_locked(
             fmt::format("the devices of a shard_map arrived at different collectives:\n{}\nEvery device must "
                         "run the same collectives in the same order",
@@ -85,7 +97,7 @@ void Communicator::arrive(int64_t device, const std::string& what) {
     s.fail_locked(
         fmt::format("timed out after {} s waiting at {}: {} of {} devices arrived (raise the limit with "
                     "config::set_collective_timeout_seconds or CJAX_COLLECTIVE_TIMEOUT_S)",
-                    config::collective_timeout_seconds(), what, s.arrived, s.n));
+                    config::collective_timeout_seconds(), what, s.arrived, s.n_local));
   if (s.failed) throw CollectiveError(s.failure);
 }
 
@@ -135,7 +147,8 @@ void run_on_device_workers(const Mesh& mesh, Communicator& comm, bool backward,
   std::atomic<int64_t> first_failure{-1};  // its error is raised: the others only saw it fail
   std::vector<std::future<void>> done;
   done.reserve(n);
-  for (size_t d = 0; d < n; ++d)
+  for (size_t d = 0; d < n; ++d) {
+    if (!distributed::is_local(mesh.devices()[d])) continue;  // another process runs it
     done.push_back(submit_to_device(mesh.devices()[d], [&, d] {
       std::string what;
       try {
@@ -154,6 +167,7 @@ void run_on_device_workers(const Mesh& mesh, Communicator& comm, bool backward,
       first_failure.compare_exchange_strong(none, int64_t(d));
       comm.device_failed(int64_t(d), what);
     }));
+  }
   for (auto& f : done) f.get();
   if (int64_t k = first_failure.load(); k >= 0) std::rethrow_exception(errors[size_t(k)]);
 }

@@ -3,13 +3,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
+#include "cjax/distributed.h"
 #include "cjax/errors.h"
 #include "core/backend/buffer.h"
+#include "core/distributed/runtime.h"
 
 namespace cjax {
 namespace {
@@ -62,7 +65,13 @@ void Backend::copy_between_devices(const Device& from, const void* src, const De
 void check_device(const Device& d) {
   Backend& b = backend_for(d.platform());
   std::vector<Device> devs = b.devices();
-  if (d.id() >= 0 && d.id() < int(devs.size())) return;
+  if (std::find(devs.begin(), devs.end(), d) != devs.end()) return;
+  if (int p = process_index_of(d); p != process_index())
+    throw BackendError(
+        fmt::
+            format("device {} belongs to process {}: process {} holds data only on its own devices ({} to {}); build a "
+                   "global array with make_array_from_process_local_data or make_array_from_callback",
+                   d.str(), p, process_index(), devs.front().str(), devs.back().str()));
   std::string reason = b.unavailable_reason();
   if (devs.empty())
     throw BackendError(fmt::format("no such device {}: the {} platform has no devices here ({})", d.str(),
@@ -120,18 +129,29 @@ void set_default_platform(std::string_view platform) {
 std::string default_platform() { return std::string(platform_name(default_platform_value())); }
 }  // namespace config
 
-std::vector<Device> devices(std::string_view platform) {
-  Platform p = platform.empty() ? default_platform_value() : parse_platform(platform, "devices");
+std::vector<Device> local_devices(std::string_view platform) {
+  Platform p = platform.empty() ? default_platform_value() : parse_platform(platform, "local_devices");
   if (p == Platform::cpu) return backend_for(Platform::cpu).devices();
   Backend* b = find_backend(p);
   return b ? b->devices() : std::vector<Device>{};
 }
+int local_device_count() { return int(local_devices().size()); }
+std::vector<Device> devices(std::string_view platform) {
+  Platform p = platform.empty() ? default_platform_value() : parse_platform(platform, "devices");
+  const std::vector<int>& counts = distributed::device_counts(p);
+  if (counts.empty()) return local_devices(platform_name(p));
+  std::vector<Device> out;
+  int id = 0;
+  for (int n : counts)
+    for (int k = 0; k < n; ++k) out.emplace_back(p, id++);
+  return out;
+}
 int device_count() { return int(devices().size()); }
+Device host_device() { return Device(Platform::cpu, distributed::first_local_device_id(Platform::cpu)); }
 Device default_device() {
   Platform p = default_platform_value();
-  return p == Platform::cpu ? Device(Platform::cpu, 0) : require_devices(p, "default_device")[0];
+  return p == Platform::cpu ? host_device() : require_devices(p, "default_device")[0];
 }
-Device host_device() { return Device(Platform::cpu, 0); }
 
 MemoryStats memory_stats(const Device& d) { return backend_for(d.platform()).memory_stats(d); }
 void reset_peak_memory(const Device& d) { backend_for(d.platform()).reset_peak_memory(d); }

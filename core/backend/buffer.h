@@ -15,17 +15,26 @@ void device_deallocate(const Device& d, void* p, size_t nbytes);
 class Buffer {
  public:
   Buffer(Device device, size_t nbytes) : device_(device), nbytes_(nbytes), data_(device_allocate(device, nbytes)) {}
-  ~Buffer() { device_deallocate(device_, data_, nbytes_); }
+  // The shard of a device of another process (a multi-process run): a size and a device, no data
+  // here. Readers check addressable() first (core/distributed/global_arrays.cpp raises for them).
+  struct Remote {};
+  Buffer(Remote, Device device, size_t nbytes)
+      : device_(device), nbytes_(nbytes), data_(nullptr), addressable_(false) {}
+  ~Buffer() {
+    if (addressable_) device_deallocate(device_, data_, nbytes_);
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
+  bool addressable() const { return addressable_; }
 
  private:
   Device device_;
   size_t nbytes_;
   void* data_;
+  bool addressable_ = true;
 };
 
 }  // namespace cjax

@@ -23,9 +23,10 @@ void RendezvousCommunicator::abort(const std::string& why) {
 }
 
 void RendezvousCommunicator::check_pairs(std::span<const std::pair<int, int>> pairs) const {
+  int n = size();  // the group's size (more than the members met here when the group spans processes)
   for (const auto& [src, dst] : pairs)
-    if (src < 0 || src >= n_ || dst < 0 || dst >= n_)
-      throw ValueError(fmt::format("permute: pair ({}, {}) names a rank outside [0, {})", src, dst, n_));
+    if (src < 0 || src >= n || dst < 0 || dst >= n)
+      throw ValueError(fmt::format("permute: pair ({}, {}) names a rank outside [0, {})", src, dst, n));
 }
 
 const void* RendezvousCommunicator::permute_source(int rank, std::span<const std::pair<int, int>> pairs) const {

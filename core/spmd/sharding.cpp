@@ -16,6 +16,7 @@
 
 #include "core/array/array_impl.h"
 #include "core/backend/backend.h"
+#include "core/distributed/runtime.h"
 #include "core/spmd/reshard_hook.h"
 
 namespace cjax {
@@ -280,6 +281,7 @@ std::byte* host_bytes(const Buffer& b, std::vector<std::byte>& staging) {
 // The global value of a sharded concrete array, assembled into one buffer on `device` (through
 // host memory where the shards or the target are device memory).
 Array assemble(const ConcreteArray& c, const NamedSharding& s, Device device) {
+  require_fully_addressable(c, "reading its value");
   bool on_host = host_accessible(device);
   Array out = make_uninitialized(c.aval, on_host ? device : host_device());
   Shape block = s.shard_shape(c.aval.shape);
@@ -416,23 +418,26 @@ Array device_put(const Array& x, const Sharding& sharding) {
   Array global = src ? assemble(c, *src, host_device()) : x;
   auto* g = static_cast<std::byte*>(concrete(global)->buffer()->data());
   size_t isz = itemsize(x.dtype());
-  std::shared_ptr<ConcreteArray> out;
+  std::vector<std::shared_ptr<Buffer>> buffers;
   const auto& mesh_devices = dst->mesh().devices();
   std::vector<std::byte> staging;  // a block bound for device memory
   for (int64_t k = 0; k < dst->mesh().size(); ++k) {
     const Device& d = mesh_devices[size_t(k)];
     size_t nbytes = size_t(shape_size(block)) * isz;
+    if (!distributed::is_local(d)) {  // the process that drives d places its own block
+      buffers.push_back(std::make_shared<Buffer>(Buffer::Remote{}, d, nbytes));
+      continue;
+    }
     auto buf = std::make_shared<Buffer>(d, nbytes);
     bool direct = host_accessible(d);
     if (!direct) staging.resize(nbytes);
     auto* to = direct ? static_cast<std::byte*>(buf->data()) : staging.data();
     copy_block(g, x.shape(), to, block, block_start(*dst, x.shape(), block, k), isz, true);
     if (!direct && nbytes > 0) backend_for(d.platform()).copy_from_host(d, buf->data(), to, nbytes);
-    if (!out)
-      out = std::make_shared<ConcreteArray>(x.aval(), std::move(buf));
-    else
-      out->buffers.push_back(std::move(buf));
+    buffers.push_back(std::move(buf));
   }
+  auto out = std::make_shared<ConcreteArray>(x.aval(), buffers[0]);
+  out->buffers = std::move(buffers);
   out->aval.vma.clear();
   out->sharding = std::make_shared<NamedSharding>(*dst);
   out->committed = true;

@@ -8,6 +8,7 @@
 #include "cjax/custom_derivatives.h"
 #include "cjax/debug_print.h"
 #include "cjax/device.h"
+#include "cjax/distributed.h"
 #include "cjax/dtype.h"
 #include "cjax/errors.h"
 #include "cjax/eval_shape.h"

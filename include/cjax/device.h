@@ -26,7 +26,8 @@ class Device {
   int id_ = 0;
 };
 
-// The devices of `platform` ("cpu", "cuda" or its alias "gpu"; "" = the default platform).
+// The devices of `platform` ("cpu", "cuda" or its alias "gpu"; "" = the default platform): in a
+// multi-process run (cjax/distributed.h) those of every process, local_devices() this process's.
 std::vector<Device> devices(std::string_view platform = "");
 int device_count();  // of the default platform
 // The first device of the default platform: where creation functions (jnp::zeros, jnp::array,
@@ -49,6 +50,9 @@ namespace config {
 // Must be called before the runtime starts (before the first array is created). Throws
 // BackendError afterwards, naming the count in force.
 void set_num_cpu_devices(int n);
+// This process's CPU device count: the one in force, else the one requested (set_num_cpu_devices,
+// CJAX_NUM_CPU_DEVICES, default 1).
+int num_cpu_devices();
 // Number of intra-op threads (default: hardware cores). Same timing rule as above.
 void set_num_threads(int n);
 // The default platform ("cpu" or "cuda"), as JAX's default backend: CJAX_PLATFORM=cuda or this
