@@ -312,7 +312,10 @@ std::vector<Row> read_csv(const std::string& path, int64_t before_step) {
 }
 
 void print_sample(const tf::Config& cfg, const tf::Params& params, const std::string& prompt, const Options& o) {
-  std::string text = tf::generate(cfg, params, prompt, o.sample_len, o.temperature, cfg.seed);
+  // Every process takes part in gathering the parameters; process 0 samples and prints.
+  tf::Params gathered = tree::map([](const Array& a) { return process_allgather(a); }, params);
+  if (process_index() != 0) return;
+  std::string text = tf::generate(cfg, gathered, prompt, o.sample_len, o.temperature, cfg.seed);
   std::cout << std::defaultfloat << std::setprecision(6) << "\n---- sample (temperature " << o.temperature << ") ----\n"
             << prompt << text << "\n----\n";
 }
@@ -320,7 +323,11 @@ void print_sample(const tf::Config& cfg, const tf::Params& params, const std::st
 int run(const Options& o) {
   namespace fs = std::filesystem;
   const tf::Config& cfg = o.cfg;
-  fs::path dir = o.out, ckpt = dir / "ckpt.safetensors", csv = dir / "log.csv", svg = dir / "loss.svg";
+  // Across processes (scripts/launch.sh) process 0 writes the checkpoint and the others keep their
+  // logs in a folder of their own.
+  fs::path dir =
+      process_index() == 0 ? fs::path(o.out) : fs::path(o.out) / ("process" + std::to_string(process_index()));
+  fs::path ckpt = fs::path(o.out) / "ckpt.safetensors", csv = dir / "log.csv", svg = dir / "loss.svg";
   if (o.generate) {
     tf::Checkpoint ck = tf::load_checkpoint(ckpt, cfg);
     std::cout << "loaded " << ckpt.string() << " (step " << ck.step << ")\n";
@@ -477,6 +484,9 @@ int main(int argc, char** argv) {
   if (o.cfg.layout != transformer::Layout::Single)  // read when the cuda platform starts
     setenv("CJAX_NUM_CUDA_VIRTUAL_DEVICES", std::to_string(std::max<int64_t>(o.cfg.devices, 1)).c_str(), 0);
   try {
+    // Started by scripts/launch.sh (or with the variables set by hand): one run over every process's devices.
+    bool multi_process = std::getenv("CJAX_COORDINATOR_ADDRESS") != nullptr;
+    if (multi_process) distributed::initialize();
     if (!o.platform.empty()) config::set_default_platform(o.platform);
     // Sharded layouts on virtual GPU devices run, but on the H200 their losses differed from the
     // CPU mesh's and from run to run (docs/cuda.md, "Meshes of virtual GPU devices"): refused
@@ -487,7 +497,9 @@ int main(int argc, char** argv) {
                        ": the sharded step on virtual GPU devices is not yet deterministic (its losses differ from "
                        "the CPU mesh's); use --layout single on a GPU, or --platform cpu for the sharded layouts "
                        "(CJAX_UNVERIFIED_CUDA_MESH=1 runs it anyway, to debug)");
-    return run(o);
+    int rc = run(o);
+    if (multi_process) distributed::shutdown();
+    return rc;
   } catch (const Error& e) {
     std::cerr << "\ntrain_transformer: " << e.what() << "\n";
     return 1;

@@ -281,7 +281,8 @@ std::byte* host_bytes(const Buffer& b, std::vector<std::byte>& staging) {
 // The global value of a sharded concrete array, assembled into one buffer on `device` (through
 // host memory where the shards or the target are device memory).
 Array assemble(const ConcreteArray& c, const NamedSharding& s, Device device) {
-  require_fully_addressable(c, "reading its value");
+  // As in JAX, a fully replicated array reads from this process's copy; any other needs all blocks here.
+  if (!s.is_fully_replicated()) require_fully_addressable(c, "reading its value");
   bool on_host = host_accessible(device);
   Array out = make_uninitialized(c.aval, on_host ? device : host_device());
   Shape block = s.shard_shape(c.aval.shape);
@@ -289,6 +290,7 @@ Array assemble(const ConcreteArray& c, const NamedSharding& s, Device device) {
   std::set<std::vector<int64_t>> done;
   std::vector<std::byte> staging;
   for (int64_t k = 0; k < s.mesh().size(); ++k) {
+    if (!c.buffers[size_t(k)]->addressable()) continue;                  // another process's replica
     if (!done.insert(s.block_coords(c.aval.shape, k)).second) continue;  // a replica of a copied block
     copy_block(static_cast<std::byte*>(raw_ptr(out)), c.aval.shape, host_bytes(*c.buffers[size_t(k)], staging), block,
                block_start(s, c.aval.shape, block, k), isz, false);

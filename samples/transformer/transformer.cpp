@@ -508,14 +508,15 @@ uint64_t splitmix64(uint64_t x) {
 }
 }  // namespace
 
-std::vector<int32_t> host_batch(const Corpus& corpus, const Config& c, int64_t index) {
+std::vector<int32_t> host_batch(const Corpus& corpus, const Config& c, int64_t index, int64_t first_row, int64_t rows) {
+  if (rows < 0) rows = c.batch - first_row;
   int64_t len = c.seq_len + 1;
   uint64_t range = uint64_t(int64_t(corpus.bytes.size()) - len + 1);
-  std::vector<int32_t> out(size_t(c.batch * len));
-  for (int64_t b = 0; b < c.batch; ++b) {
+  std::vector<int32_t> out(size_t(rows * len));
+  for (int64_t b = first_row; b < first_row + rows; ++b) {
     uint64_t r = splitmix64(splitmix64(c.seed * 0x100000001B3ull + uint64_t(index)) + uint64_t(b));
     uint64_t off = r % range;
-    for (int64_t s = 0; s < len; ++s) out[size_t(b * len + s)] = corpus.bytes[size_t(off) + size_t(s)];
+    for (int64_t s = 0; s < len; ++s) out[size_t((b - first_row) * len + s)] = corpus.bytes[size_t(off) + size_t(s)];
   }
   return out;
 }
@@ -527,6 +528,14 @@ Loader::Loader(const Corpus& corpus, Config c, int64_t first_index, int depth)
       next_index_(first_index),
       produce_index_(first_index),
       depth_(depth) {
+  // The rows of the batch that this process's devices hold (all of them on one process).
+  std::vector<std::vector<Slice>> index = sharding_.devices_indices({cfg_.batch, cfg_.seq_len + 1});
+  local_rows_ = {cfg_.batch, 0};
+  for (size_t k = 0; k < index.size(); ++k)
+    if (process_index_of(sharding_.mesh().devices()[k]) == process_index()) {
+      local_rows_.first = std::min(local_rows_.first, index[k][0].start.value_or(0));
+      local_rows_.second = std::max(local_rows_.second, index[k][0].stop.value_or(cfg_.batch));
+    }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -549,9 +558,15 @@ void Loader::run() {
         if (stop_) return;
         idx = produce_index_++;
       }
-      std::vector<int32_t> host = host_batch(corpus_, cfg_, idx);
-      Array a = jnp::array(host, {cfg_.batch, cfg_.seq_len + 1});
-      if (cfg_.layout != Layout::Single) a = device_put(a, sharding_);
+      Array a;
+      if (process_count() > 1) {  // this process's rows only
+        auto [lo, hi] = local_rows_;
+        a = make_array_from_process_local_data(sharding_, jnp::array(host_batch(corpus_, cfg_, idx, lo, hi - lo),
+                                                                     {hi - lo, cfg_.seq_len + 1}));
+      } else {
+        a = jnp::array(host_batch(corpus_, cfg_, idx), {cfg_.batch, cfg_.seq_len + 1});
+        if (cfg_.layout != Layout::Single) a = device_put(a, sharding_);
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         ready_.emplace_back(idx, std::move(a));
@@ -583,8 +598,11 @@ Array Loader::next() {
 void save_checkpoint(const std::filesystem::path& path, const TrainState& state, int64_t step, int64_t data_position,
                      const Config& c) {
   io::remove_stale_temporaries(path);  // left by runs killed while saving
-  SingleDeviceSharding one(devices()[0]);
-  TrainState local = tree::map([&](const Array& a) { return device_put(a, one); }, state);
+  // Across processes every leaf is gathered, and process 0 writes the one file that any number of
+  // processes can load (each places its own blocks).
+  SingleDeviceSharding one(local_devices()[0]);
+  TrainState local = tree::map([&](const Array& a) { return device_put(process_allgather(a), one); }, state);
+  if (process_index() != 0) return;
   io::save_safetensors(path, local,
                        {{"step", std::to_string(step)},
                         {"data_position", std::to_string(data_position)},
@@ -647,8 +665,8 @@ std::string generate(const Config& c0, const Params& params, const std::string& 
                      uint64_t seed) {
   Config c = c0;
   c.layout = Layout::Single;
-  SingleDeviceSharding one(devices()[0]);
-  Params p = tree::map([&](const Array& a) { return device_put(a, one); }, params);
+  SingleDeviceSharding one(local_devices()[0]);
+  Params p = tree::map([&](const Array& a) { return device_put(process_allgather(a), one); }, params);
   auto logits = jit([c](const Params& pp, const Array& ids) { return logits_fn(c, pp, ids); }, {.name = "logits"});
   std::vector<int32_t> toks;
   for (unsigned char ch : prompt) toks.push_back(ch);

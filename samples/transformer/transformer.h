@@ -130,7 +130,10 @@ struct Corpus {
 // IoError naming the file if it is missing, a directory ("is a directory; pass a text file"), not a
 // regular file (a FIFO is refused at once, not waited on), unreadable or too small.
 Corpus load_corpus(const std::filesystem::path& path);
-std::vector<int32_t> host_batch(const Corpus& corpus, const Config& c, int64_t index);
+// Rows [first_row, first_row + rows) of batch `index` (rows < 0: to the end); each row is a function
+// of (seed, index, row), so a process can load only its own rows.
+std::vector<int32_t> host_batch(const Corpus& corpus, const Config& c, int64_t index, int64_t first_row = 0,
+                                int64_t rows = -1);
 
 // Prefetches batches on a background thread and places them on the devices sharded over the batch
 // axis (device_put is asynchronous with respect to the training thread), `depth` batches ahead.
@@ -148,6 +151,7 @@ class Loader {
   const Corpus& corpus_;
   Config cfg_;
   NamedSharding sharding_;
+  std::pair<int64_t, int64_t> local_rows_;  // [first, end) of the rows this process loads
   int64_t next_index_, produce_index_;
   int depth_;
   std::mutex mu_;
