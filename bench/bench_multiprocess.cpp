@@ -18,14 +18,12 @@
 using namespace cjax;
 
 namespace {
-// Median seconds of `run` over enough repetitions (at least 5, about 0.3 s in all).
+// Median seconds of `reps` runs of `run` after a warm-up (every process must run the same count).
 template <class F>
-double median_seconds(F&& run) {
+double median_seconds(int reps, F&& run) {
   run();  // warm-up (connections, pages)
   std::vector<double> times;
-  auto start = std::chrono::steady_clock::now();
-  while (times.size() < 5 ||
-         (times.size() < 200 && std::chrono::steady_clock::now() - start < std::chrono::milliseconds(300))) {
+  for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     run();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -41,20 +39,21 @@ void measure(BufferCommunicator& comm, const std::vector<int>& ranks, bool print
     size_t count = bytes / 4;
     std::vector<std::vector<float>> send(ranks.size(), std::vector<float>(count * size_t(n), 1.0f)),
         recv(ranks.size(), std::vector<float>(count * size_t(n)));
+    int reps = bytes <= (256u << 10) ? 200 : bytes <= (4u << 20) ? 40 : 8;
     auto each_rank = [&](auto op) {
       std::vector<std::future<void>> done;
       for (size_t i = 1; i < ranks.size(); ++i) done.push_back(std::async(std::launch::async, [&, i] { op(i); }));
       op(0);
       for (auto& f : done) f.get();
     };
-    double all_reduce = median_seconds([&] {
+    double all_reduce = median_seconds(reps, [&] {
       each_rank(
           [&](size_t i) { comm.all_reduce(ranks[i], send[i].data(), recv[i].data(), count, f32, ReduceOp::Sum); });
     });
-    double all_gather = median_seconds([&] {
+    double all_gather = median_seconds(reps, [&] {
       each_rank([&](size_t i) { comm.all_gather(ranks[i], send[i].data(), recv[i].data(), bytes / size_t(n)); });
     });
-    double reduce_scatter = median_seconds([&] {
+    double reduce_scatter = median_seconds(reps, [&] {
       each_rank([&](size_t i) {
         comm.reduce_scatter(ranks[i], send[i].data(), recv[i].data(), count / size_t(n), f32, ReduceOp::Sum);
       });

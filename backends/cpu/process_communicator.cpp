@@ -84,6 +84,10 @@ struct Connections {
   struct Entry {
     std::once_flag made;
     std::shared_ptr<gloo::rendezvous::Context> context;
+    // Held while an operation runs on the context (two SPMD runs over one group take turns), and
+    // the staging buffers those operations reuse (fresh large buffers cost page faults each time).
+    std::mutex busy;
+    std::vector<char> out, in, reduced;
   };
   std::map<std::vector<int>, std::shared_ptr<Entry>> contexts;
 };
@@ -133,6 +137,10 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
       process_ranks_[size_t(q)].push_back(r);
     }
     me_ = int(std::find(processes_.begin(), processes_.end(), process_index()) - processes_.begin());
+    int next = 0;
+    ranks_in_process_order_ = true;
+    for (const auto& ranks : process_ranks_)
+      for (int r : ranks) ranks_in_process_order_ = ranks_in_process_order_ && r == next++;
   }
   int size() const override { return int(group_.size()); }
 
@@ -140,15 +148,20 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     run(rank, send, recv, "all_reduce", {count, size_t(dtype), size_t(op)}, [&] {
       size_t isz = itemsize(dtype), P = processes_.size(), per = (count + P - 1) / P;
       auto range = [&](size_t q) { return std::pair{std::min(count, q * per), std::min(count, (q + 1) * per)}; };
-      Packets packets(P);
+      Packets packets(P, *entry_);
+      if (local_.size() == 1) packets.direct = static_cast<const char*>(sends()[0]);  // already in process order
       for (size_t q = 0; q < P; ++q) {
         auto [lo, hi] = range(q);
-        for (const void* s : sends()) packets.append(q, static_cast<const char*>(s) + lo * isz, (hi - lo) * isz);
+        if (packets.direct)
+          packets.out_counts[q] = int64_t((hi - lo) * isz);
+        else
+          for (const void* s : sends()) packets.append(q, static_cast<const char*>(s) + lo * isz, (hi - lo) * isz);
         packets.expect(q, process_ranks_[q].size() * (range(size_t(me_)).second - range(size_t(me_)).first) * isz);
       }
       alltoallv(packets);
       auto [lo, hi] = range(size_t(me_));
-      std::vector<char> reduced((hi - lo) * isz);
+      std::vector<char>& reduced = entry_->reduced;
+      reduced.resize((hi - lo) * isz);
       std::vector<const char*> by_rank(group_.size());
       for (size_t r = 0; r < group_.size(); ++r)
         by_rank[r] = packets.received(size_t(process_of_[r])) + size_t(position_[r]) * (hi - lo) * isz;
@@ -175,18 +188,26 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
   void all_gather(int rank, const void* send, void* recv, size_t bytes) override {
     run(rank, send, recv, "all_gather", {bytes, 0, 0}, [&] {
       std::vector<char> mine;
-      for (const void* s : sends())
-        mine.insert(mine.end(), static_cast<const char*>(s), static_cast<const char*>(s) + bytes);
+      const char* input = static_cast<const char*>(sends()[0]);
+      if (local_.size() > 1) {
+        for (const void* s : sends())
+          mine.insert(mine.end(), static_cast<const char*>(s), static_cast<const char*>(s) + bytes);
+        input = mine.data();
+      }
       std::vector<size_t> counts;
       for (const auto& ranks : process_ranks_) counts.push_back(ranks.size() * bytes);
-      std::vector<char> all(group_.size() * bytes);
-      allgatherv(mine.data(), all.data(), counts);
-      size_t offset = 0;
-      for (const auto& ranks : process_ranks_)
-        for (int r : ranks) {
-          std::memcpy(static_cast<char*>(recvs()[0]) + size_t(r) * bytes, all.data() + offset, bytes);
-          offset += bytes;
-        }
+      if (ranks_in_process_order_) {  // the gathered blocks land in rank order as they are
+        allgatherv(input, static_cast<char*>(recvs()[0]), counts);
+      } else {
+        std::vector<char> all(group_.size() * bytes);
+        allgatherv(input, all.data(), counts);
+        size_t offset = 0;
+        for (const auto& ranks : process_ranks_)
+          for (int r : ranks) {
+            std::memcpy(static_cast<char*>(recvs()[0]) + size_t(r) * bytes, all.data() + offset, bytes);
+            offset += bytes;
+          }
+      }
       copy_to_other_members(group_.size() * bytes);
     });
   }
@@ -207,13 +228,14 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     for (auto [s, d] : pairs) pairs_hash = pairs_hash * 1000003u + uint64_t(s) * 4099u + uint64_t(d);
     run(rank, send, recv, "permute", {bytes, pairs.size(), pairs_hash}, [&] {
       size_t P = processes_.size();
-      Packets packets(P);
+      Packets packets(P, *entry_);
       std::vector<size_t> incoming(P, 0);
-      for (auto [s, d] : pairs) {
-        size_t from = size_t(process_of_[size_t(s)]), to = size_t(process_of_[size_t(d)]);
-        if (from == size_t(me_)) packets.append(to, sends()[size_t(position_[size_t(s)])], bytes);
-        if (to == size_t(me_)) incoming[from] += bytes;
-      }
+      for (size_t q = 0; q < P; ++q)
+        for (auto [s, d] : pairs)
+          if (size_t(process_of_[size_t(s)]) == size_t(me_) && size_t(process_of_[size_t(d)]) == q)
+            packets.append(q, sends()[size_t(position_[size_t(s)])], bytes);
+      for (auto [s, d] : pairs)
+        if (size_t(process_of_[size_t(d)]) == size_t(me_)) incoming[size_t(process_of_[size_t(s)])] += bytes;
       for (size_t q = 0; q < P; ++q) packets.expect(q, incoming[q]);
       alltoallv(packets);
       std::vector<size_t> read(P, 0);
@@ -241,16 +263,22 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
 
  private:
   // Bytes bound for each process, packed contiguously, and room for what each sends back.
+  // Bytes bound for each process, packed contiguously in process order (append in that order),
+  // and room for what each process sends back.
+  // Bytes bound for each process, packed contiguously in process order (append in that order),
+  // and room for what each process sends back; the buffers are the group's staging buffers.
   struct Packets {
-    explicit Packets(size_t P) : out(P), in_counts(P, 0) {}
+    Packets(size_t P, Connections::Entry& e) : out(e.out), in(e.in), out_counts(P, 0), in_counts(P, 0) { out.clear(); }
     void append(size_t q, const void* p, size_t n) {
-      out[q].insert(out[q].end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+      out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+      out_counts[q] += int64_t(n);
     }
-    void expect(size_t q, size_t n) { in_counts[q] = n; }
+    void expect(size_t q, size_t n) { in_counts[q] = int64_t(n); }
     const char* received(size_t q) const { return in.data() + in_offsets[q]; }
-    std::vector<std::vector<char>> out;
-    std::vector<size_t> in_counts, in_offsets;
-    std::vector<char> in;
+    std::vector<char>&out, &in;
+    const char* direct = nullptr;  // instead of `out`: a buffer laid out as out would be
+    std::vector<int64_t> out_counts, in_counts;
+    std::vector<size_t> in_offsets;
   };
 
   // The local member `rank` (its index among this process's members) takes part in operation
@@ -264,6 +292,8 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     RendezvousCommunicator::exchange(local_rank, send, recv, op, [&] {
       if (local_rank != 0) return;
       try {
+        context();
+        std::lock_guard turn(entry_->busy);
         check_signature(op, sizes);
         exchange();
       } catch (const gloo::Exception& e) {
@@ -304,7 +334,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
   // Every member's send is `group size` blocks of `block` bytes, block t meant for rank t: each
   // process receives the blocks meant for its members, from every rank.
   Packets exchange_blocks(size_t block) {
-    Packets packets(processes_.size());
+    Packets packets(processes_.size(), *entry_);
     for (size_t q = 0; q < processes_.size(); ++q) {
       for (const void* s : sends())
         for (int t : process_ranks_[q]) packets.append(q, static_cast<const char*>(s) + size_t(t) * block, block);
@@ -319,27 +349,15 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
   }
 
   void alltoallv(Packets& p) {
-    size_t P = processes_.size();
-    std::vector<char> in;
-    std::vector<int64_t> in_counts, out_counts;
-    for (size_t q = 0; q < P; ++q) {
-      in.insert(in.end(), p.out[q].begin(), p.out[q].end());
-      in_counts.push_back(int64_t(p.out[q].size()));
-    }
     size_t total = 0;
-    for (size_t q = 0; q < P; ++q) {
+    for (int64_t n : p.in_counts) {
       p.in_offsets.push_back(total);
-      total += p.in_counts[q];
-      out_counts.push_back(int64_t(p.in_counts[q]));
+      total += size_t(n);
     }
     p.in.resize(total);
-    if (P == 1) {
-      std::memcpy(p.in.data(), in.data(), total);
-      return;
-    }
     gloo::AlltoallvOptions opts(context());
-    opts.setInput(in.data(), in_counts);
-    opts.setOutput(p.in.data(), out_counts);
+    opts.setInput(const_cast<char*>(p.direct ? p.direct : p.out.data()), p.out_counts);
+    opts.setOutput(p.in.data(), p.in_counts);
     opts.setTimeout(timeout_);
     gloo::alltoallv(opts);
   }
@@ -352,16 +370,25 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     gloo::allgatherv(opts);
   }
 
-  // out[i] = op over ranks r (in rank order) of by_rank[r][i].
+  // out[i] = op over ranks r (in rank order) of by_rank[r][i]: rank by rank over the whole slice
+  // (the same order per element, and loops the compiler vectorizes), the op fixed per loop.
   static void reduce_in_rank_order(const std::vector<const char*>& by_rank, char* out, size_t count, DType dtype,
                                    ReduceOp op) {
     visit_dtype(dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      for (size_t i = 0; i < count; ++i) {
-        T acc = reinterpret_cast<const T*>(by_rank[0])[i];
-        for (size_t r = 1; r < by_rank.size(); ++r)
-          acc = scalar::reduce_combine(acc, reinterpret_cast<const T*>(by_rank[r])[i], op);
-        reinterpret_cast<T*>(out)[i] = acc;
+      T* o = reinterpret_cast<T*>(out);
+      std::memcpy(o, by_rank[0], count * sizeof(T));
+      auto accumulate = [&](auto combine) {
+        for (size_t r = 1; r < by_rank.size(); ++r) {
+          const T* in = reinterpret_cast<const T*>(by_rank[r]);
+          for (size_t i = 0; i < count; ++i) o[i] = combine(o[i], in[i]);
+        }
+      };
+      switch (op) {
+        case ReduceOp::Sum: return accumulate([](T a, T b) { return scalar::reduce_combine(a, b, ReduceOp::Sum); });
+        case ReduceOp::Prod: return accumulate([](T a, T b) { return scalar::reduce_combine(a, b, ReduceOp::Prod); });
+        case ReduceOp::Max: return accumulate([](T a, T b) { return scalar::reduce_combine(a, b, ReduceOp::Max); });
+        case ReduceOp::Min: return accumulate([](T a, T b) { return scalar::reduce_combine(a, b, ReduceOp::Min); });
       }
     });
   }
@@ -397,6 +424,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
       entry->context = std::move(ctx);
     });
     context_ = entry->context;
+    entry_ = entry;
     return context_;
   }
 
@@ -464,9 +492,11 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
   std::vector<std::vector<int>> process_ranks_;  // each process's ranks, in rank order
   std::vector<int> process_of_, position_;       // per rank: index into processes_, index among its ranks
   int me_ = 0;
+  bool ranks_in_process_order_ = false;  // ranks 0.. on the first process, then the next, ...
   std::chrono::milliseconds timeout_;
   uint64_t sequence_ = 0;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::shared_ptr<Connections::Entry> entry_;  // set with context_
 };
 
 }  // namespace

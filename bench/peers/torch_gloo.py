@@ -6,10 +6,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def median_seconds(run):
+def median_seconds(reps, run):
     run()
-    times, start = [], time.perf_counter()
-    while len(times) < 5 or (len(times) < 200 and time.perf_counter() - start < 0.3):
+    times = []
+    for _ in range(reps):  # the same count on both processes (as bench_multiprocess)
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
@@ -24,16 +24,17 @@ def worker(rank, world, port):
     size = 4 << 10
     while size <= 64 << 20:
         count = size // 4
+        reps = 200 if size <= 256 << 10 else 40 if size <= 4 << 20 else 8
         x = torch.ones(count)
         parts = [torch.empty(count // world) for _ in range(world)]
         out = torch.empty(count // world)
-        ar = median_seconds(lambda: dist.all_reduce(x))
-        ag = median_seconds(lambda: dist.all_gather(parts, x[: count // world]))
+        ar = median_seconds(reps, lambda: dist.all_reduce(x))
+        ag = median_seconds(reps, lambda: dist.all_gather(parts, x[: count // world]))
         # Gloo has no reduce_scatter in torch 1.13: the peer is all_reduce + the rank's slice.
         def rs():
             dist.all_reduce(x)
             out.copy_(x[rank * (count // world):(rank + 1) * (count // world)])
-        rsc = median_seconds(rs)
+        rsc = median_seconds(reps, rs)
         if rank == 0:
             print(f"all_reduce {size} {ar:.9f}\nall_gather {size} {ag:.9f}\nreduce_scatter {size} {rsc:.9f}", flush=True)
         size *= 4
