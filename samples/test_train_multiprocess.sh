@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest: train_transformer as 4 processes x 2 CPU devices (one 8-device mesh, Gloo between the
 # processes) logs the losses of one process with 8 virtual devices, for the fsdp and fsdp_tp
-# layouts; its checkpoint (written by process 0) resumes on 2 processes x 4 devices with the
+# layouts as the sample's shard_maps and fsdp as sharded jit (--mode auto); its checkpoint (written by process 0) resumes on 2 processes x 4 devices with the
 # losses of the single-process run resumed from its own checkpoint.
 #   samples/test_train_multiprocess.sh <train_transformer binary> <cjax_launch binary>
 set -euo pipefail
@@ -25,21 +25,25 @@ print(f"{len(a)} steps, largest relative difference {worst:.2e}")
 sys.exit(0 if worst <= 1e-5 else 1)
 PY
 }
-for layout in fsdp fsdp_tp; do
-  CJAX_NUM_CPU_DEVICES=8 "$bin" "${flags[@]}" --layout "$layout" --steps 50 --out "$dir/one_$layout" \
-    > "$dir/one_$layout.log" 2>&1 || { echo "FAIL: the one-process run failed:"; cat "$dir/one_$layout.log"; exit 1; }
-  "$launch" -n 4 --devices-per-process 2 --timeout 600 -- "$bin" "${flags[@]}" --layout "$layout" --steps 50 \
-    --out "$dir/four_$layout" > "$dir/four_$layout.log" 2>&1 ||
-    { echo "FAIL: the 4-process run failed:"; cat "$dir/four_$layout.log"; exit 1; }
-  echo -n "$layout, 4 processes x 2 devices vs 1 x 8: "
-  same_losses "$dir/one_$layout/log.csv" "$dir/four_$layout/log.csv" || { echo "FAIL: losses differ"; exit 1; }
+for run in fsdp fsdp_tp fsdp:auto; do
+  layout=${run%%:*}
+  mode=shard_map
+  [ "$run" != "$layout" ] && mode=auto
+  name=${layout}_$mode
+  CJAX_NUM_CPU_DEVICES=8 "$bin" "${flags[@]}" --layout "$layout" --mode "$mode" --steps 50 --out "$dir/one_$name" \
+    > "$dir/one_$name.log" 2>&1 || { echo "FAIL: the one-process run failed:"; cat "$dir/one_$name.log"; exit 1; }
+  "$launch" -n 4 --devices-per-process 2 --timeout 600 -- "$bin" "${flags[@]}" --layout "$layout" --mode "$mode" \
+    --steps 50 --out "$dir/four_$name" > "$dir/four_$name.log" 2>&1 ||
+    { echo "FAIL: the 4-process run failed:"; cat "$dir/four_$name.log"; exit 1; }
+  echo -n "$layout ($mode), 4 processes x 2 devices vs 1 x 8: "
+  same_losses "$dir/one_$name/log.csv" "$dir/four_$name/log.csv" || { echo "FAIL: losses differ"; exit 1; }
 done
 # Resume the 4-process fsdp checkpoint on 2 processes x 4 devices; the one-process run resumes too.
-CJAX_NUM_CPU_DEVICES=8 "$bin" "${flags[@]}" --layout fsdp --steps 60 --resume --out "$dir/one_fsdp" \
+CJAX_NUM_CPU_DEVICES=8 "$bin" "${flags[@]}" --layout fsdp --steps 60 --resume --out "$dir/one_fsdp_shard_map" \
   > "$dir/one_resume.log" 2>&1 || { echo "FAIL:"; cat "$dir/one_resume.log"; exit 1; }
 "$launch" -n 2 --devices-per-process 4 --timeout 600 -- "$bin" "${flags[@]}" --layout fsdp --steps 60 --resume \
-  --out "$dir/four_fsdp" > "$dir/two_resume.log" 2>&1 || { echo "FAIL:"; cat "$dir/two_resume.log"; exit 1; }
+  --out "$dir/four_fsdp_shard_map" > "$dir/two_resume.log" 2>&1 || { echo "FAIL:"; cat "$dir/two_resume.log"; exit 1; }
 grep -m1 "resumed" "$dir/two_resume.log"
 echo -n "fsdp resumed on 2 processes x 4 devices vs 1 x 8: "
-same_losses "$dir/one_fsdp/log.csv" "$dir/four_fsdp/log.csv" || { echo "FAIL: resumed losses differ"; exit 1; }
+same_losses "$dir/one_fsdp_shard_map/log.csv" "$dir/four_fsdp_shard_map/log.csv" || { echo "FAIL: resumed losses differ"; exit 1; }
 echo PASS
