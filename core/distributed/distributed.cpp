@@ -128,13 +128,18 @@ void initialize(const Options& options) {
     gethostname(name, sizeof(name) - 1);
     return std::string(name);
   }();
-  if (st->process_id == 0)
-    st->server = std::make_unique<KvStoreServer>(is_loopback(host) ? host : "0.0.0.0", port, st->num_processes);
-  st->client = std::make_unique<KvStoreClient>(address, st->process_id, st->num_processes, st->timeout);
   int generation = g_generation.load() + 1;
   std::string prefix = fmt::format("init{}/", generation);
-  st->client->set(fmt::format("{}cpu_devices/{}", prefix, st->process_id), int_bytes(config::num_cpu_devices()));
-  st->client->barrier(prefix + "join", st->timeout);
+  try {
+    if (st->process_id == 0)
+      st->server = std::make_unique<KvStoreServer>(is_loopback(host) ? host : "0.0.0.0", port, st->num_processes);
+    st->client = std::make_unique<KvStoreClient>(address, st->process_id, st->num_processes, st->timeout);
+    st->client->set(fmt::format("{}cpu_devices/{}", prefix, st->process_id), int_bytes(config::num_cpu_devices()));
+    st->client->barrier(prefix + "join", st->timeout);
+  } catch (const CollectiveError& e) {  // say which run and which step failed
+    throw CollectiveError(fmt::format("distributed::initialize (process {} of {}, coordinator {}): {}", st->process_id,
+                                      st->num_processes, address, e.what()));
+  }
   int first = 0;
   for (int p = 0; p < st->num_processes; ++p) {
     std::vector<char> v = st->client->get(fmt::format("{}cpu_devices/{}", prefix, p), st->timeout);
