@@ -458,7 +458,9 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
       try {
         std::string key = fmt::format("stuck{}/{}/{}/", distributed::generation(), group_ids(), sequence_);
         kv->set(key + std::to_string(process_index()), {});
-        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        // The others time out as long after their own arrival: allow for arrivals some seconds apart.
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2) +
+                        std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
         do {
           missing.clear();
           for (int p : processes_)
