@@ -100,6 +100,12 @@ const bool g_close_hook = [] {
   return true;
 }();
 
+// memcpy, for sizes that may be 0 with null pointers (an empty block or an empty slice of a small
+// all_reduce), which memcpy itself must not be given.
+void copy_bytes(void* to, const void* from, size_t n) {
+  if (n > 0) std::memcpy(to, from, n);
+}
+
 // What every process must agree on before an operation moves data.
 struct Signature {
   char op[16] = {};
@@ -204,7 +210,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
         size_t offset = 0;
         for (const auto& ranks : process_ranks_)
           for (int r : ranks) {
-            std::memcpy(static_cast<char*>(recvs()[0]) + size_t(r) * bytes, all.data() + offset, bytes);
+            copy_bytes(static_cast<char*>(recvs()[0]) + size_t(r) * bytes, all.data() + offset, bytes);
             offset += bytes;
           }
       }
@@ -217,7 +223,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
       Packets packets = exchange_blocks(bytes);
       for (size_t r = 0; r < group_.size(); ++r)  // recv_i block r = send_r block (local i)
         for (size_t i = 0; i < local_.size(); ++i)
-          std::memcpy(static_cast<char*>(recvs()[i]) + r * bytes, block_from(packets, r, i, bytes), bytes);
+          copy_bytes(static_cast<char*>(recvs()[i]) + r * bytes, block_from(packets, r, i, bytes), bytes);
     });
   }
 
@@ -244,12 +250,12 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
         size_t from = size_t(process_of_[size_t(s)]);
         if (size_t(process_of_[size_t(d)]) != size_t(me_)) continue;
         size_t i = size_t(position_[size_t(d)]);
-        std::memcpy(recvs()[i], packets.received(from) + read[from], bytes);
+        copy_bytes(recvs()[i], packets.received(from) + read[from], bytes);
         read[from] += bytes;
         written[i] = true;
       }
       for (size_t i = 0; i < local_.size(); ++i)
-        if (!written[i]) std::memset(recvs()[i], 0, bytes);
+        if (!written[i] && bytes > 0) std::memset(recvs()[i], 0, bytes);
     });
   }
 
@@ -377,7 +383,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     visit_dtype(dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* o = reinterpret_cast<T*>(out);
-      std::memcpy(o, by_rank[0], count * sizeof(T));
+      copy_bytes(o, by_rank[0], count * sizeof(T));
       auto accumulate = [&](auto combine) {
         for (size_t r = 1; r < by_rank.size(); ++r) {
           const T* in = reinterpret_cast<const T*>(by_rank[r]);
@@ -394,7 +400,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
   }
 
   void copy_to_other_members(size_t bytes) {
-    for (size_t i = 1; i < local_.size(); ++i) std::memcpy(recvs()[i], recvs()[0], bytes);
+    for (size_t i = 1; i < local_.size(); ++i) copy_bytes(recvs()[i], recvs()[0], bytes);
   }
 
   std::shared_ptr<gloo::rendezvous::Context> context() {
