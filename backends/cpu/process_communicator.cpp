@@ -125,15 +125,9 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
         group_(std::move(group)),
         local_(std::move(local_ranks)),
         timeout_(timeout) {
-    for (const Device& d : group_) {
-      int p = process_index_of(d);
-      auto it = std::find(processes_.begin(), processes_.end(), p);
-      if (it == processes_.end()) {
-        processes_.push_back(p);
-        process_ranks_.emplace_back();
-      }
-    }
+    for (const Device& d : group_) processes_.push_back(process_index_of(d));
     std::sort(processes_.begin(), processes_.end());
+    processes_.erase(std::unique(processes_.begin(), processes_.end()), processes_.end());
     process_ranks_.assign(processes_.size(), {});
     for (int r = 0; r < int(group_.size()); ++r) {
       int q = int(std::find(processes_.begin(), processes_.end(), process_index_of(group_[size_t(r)])) -

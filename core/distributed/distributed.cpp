@@ -69,19 +69,6 @@ double timeout_seconds(const Options& o) {
   return s;
 }
 
-// "host:port" → (host, port); ValueError naming the address otherwise.
-std::pair<std::string, int> split_address(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    throw ValueError(fmt::format("coordinator address '{}' is not host:port (e.g. 127.0.0.1:1234)", address));
-  std::string port = address.substr(colon + 1);
-  char* end = nullptr;
-  long p = std::strtol(port.c_str(), &end, 10);
-  if (*end || p <= 0 || p > 65535)
-    throw ValueError(fmt::format("coordinator address '{}': '{}' is not a port number", address, port));
-  return {address.substr(0, colon), int(p)};
-}
-
 bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
 std::vector<char> int_bytes(int v) {
@@ -121,7 +108,7 @@ void initialize(const Options& options) {
         fmt::format("distributed::initialize: process id {} is not in [0, {}); pass Options::process_id or set "
                     "CJAX_PROCESS_ID",
                     st->process_id, st->num_processes));
-  auto [host, port] = split_address(address);
+  auto [host, port] = parse_coordinator_address(address);
   st->timeout = std::chrono::milliseconds(int64_t(timeout_seconds(options) * 1000));
   st->hostname = is_loopback(host) ? "127.0.0.1" : [] {
     char name[256] = {};

@@ -274,32 +274,6 @@ std::string process_list_text(const std::vector<int>& ids) {
   return text;
 }
 
-struct HostPort {
-  std::string host;
-  int port = 0;
-};
-
-// "host:port" → its parts; ValueError naming the address when it is not that.
-HostPort parse_address(const std::string& address) {
-  auto malformed = [&](std::string_view why) {
-    return ValueError(
-        fmt::format("malformed coordinator address '{}': {}; expected HOST:PORT such as 127.0.0.1:1234 (check "
-                    "CJAX_COORDINATOR_ADDRESS)",
-                    address, why));
-  };
-  size_t colon = address.find(':');
-  if (colon == std::string::npos) throw malformed("no ':PORT'");
-  if (address.find(':', colon + 1) != std::string::npos) throw malformed("more than one ':'");
-  HostPort parsed{address.substr(0, colon), 0};
-  std::string_view port_text = std::string_view(address).substr(colon + 1);
-  if (parsed.host.empty()) throw malformed("no host before ':'");
-  auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), parsed.port);
-  if (port_text.empty() || error != std::errc() || end != port_text.data() + port_text.size() || parsed.port < 1 ||
-      parsed.port > 65535)
-    throw malformed(fmt::format("port '{}' is not a number in [1, 65535]", port_text));
-  return parsed;
-}
-
 // The IPv4 addresses of `host` (any address when empty and passive), or the resolver's reason.
 struct Resolved {
   std::vector<sockaddr_in> addresses;
@@ -774,7 +748,7 @@ std::vector<int> read_ids(PayloadReader& reader) {
 KvStoreClient::KvStoreClient(const std::string& address, int process_id, int num_processes,
                              milliseconds connect_timeout)
     : impl_(std::make_unique<Impl>()) {
-  HostPort target = parse_address(address);
+  HostPort target = parse_coordinator_address(address);
   if (num_processes < 1)
     throw ValueError(fmt::format("KvStoreClient: num_processes is {}; it must be at least 1 (check CJAX_NUM_PROCESSES)",
                                  num_processes));
@@ -876,5 +850,26 @@ std::vector<int> KvStoreClient::joined_processes() {
 }
 
 int KvStoreClient::process_id() const { return impl_->process_id; }
+
+// "host:port" → its parts; ValueError naming the address when it is not that.
+HostPort parse_coordinator_address(const std::string& address) {
+  auto malformed = [&](std::string_view why) {
+    return ValueError(
+        fmt::format("malformed coordinator address '{}': {}; expected host:port such as 127.0.0.1:1234 (check "
+                    "CJAX_COORDINATOR_ADDRESS)",
+                    address, why));
+  };
+  size_t colon = address.find(':');
+  if (colon == std::string::npos) throw malformed("no ':PORT'");
+  if (address.find(':', colon + 1) != std::string::npos) throw malformed("more than one ':'");
+  HostPort parsed{address.substr(0, colon), 0};
+  std::string_view port_text = std::string_view(address).substr(colon + 1);
+  if (parsed.host.empty()) throw malformed("no host before ':'");
+  auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), parsed.port);
+  if (port_text.empty() || error != std::errc() || end != port_text.data() + port_text.size() || parsed.port < 1 ||
+      parsed.port > 65535)
+    throw malformed(fmt::format("port '{}' is not a number in [1, 65535]", port_text));
+  return parsed;
+}
 
 }  // namespace cjax::distributed

@@ -14,6 +14,14 @@
 
 namespace cjax::distributed {
 
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+// "host:port" (the host may be a name); ValueError naming the address and CJAX_COORDINATOR_ADDRESS
+// otherwise.
+HostPort parse_coordinator_address(const std::string& address);
+
 // Runs on process 0. Binds host:port (port 0: any free port; host "127.0.0.1", "0.0.0.0" or a
 // name) and serves every client on its own thread until destroyed.
 class KvStoreServer {
