@@ -9,11 +9,11 @@ cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD"
 build=build-gpu
 cmake -S . -B "$build" -G Ninja -DCJAX_MARCH=x86-64-v3 -DCJAX_STATIC_LLVM=ON -DCJAX_BUILD_SAMPLES=ON -DCJAX_BUILD_BENCH=ON -DCJAX_BUILD_TESTS=ON >/dev/null
-targets=(test_cuda_offline test_cuda_device test_cuda_kernels test_cuda_jit test_cuda_mesh bench_cuda test_core test_jit train_transformer)
+targets=(test_cuda_offline test_cuda_device test_cuda_kernels test_cuda_jit test_cuda_mesh test_cuda_nccl bench_cuda test_core test_jit test_examples_shard_map train_transformer)
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib"
-cp "$build"/tests/test_cuda_offline "$build"/tests/test_cuda_device "$build"/tests/test_cuda_kernels "$build"/tests/test_cuda_jit "$build"/tests/test_cuda_mesh "$build"/tests/test_core "$build"/tests/test_jit \
+cp "$build"/tests/test_cuda_offline "$build"/tests/test_cuda_device "$build"/tests/test_cuda_kernels "$build"/tests/test_cuda_jit "$build"/tests/test_cuda_mesh "$build"/tests/test_cuda_nccl "$build"/tests/test_core "$build"/tests/test_jit "$build"/tests/test_examples_shard_map \
    "$build"/bench/bench_cuda "$build"/samples/train_transformer "$stage/bin/"
 cp -L "$build"/libcjax.so.0 "$stage/lib/"
 # Every shared library the binaries need except the C runtime that every Linux host has.

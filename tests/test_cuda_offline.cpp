@@ -5,6 +5,10 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <regex>
 #include <set>
 
@@ -14,10 +18,13 @@
 #include "backends/cuda/kernels/codegen.h"
 #include "backends/cuda/kernels/elementwise.h"
 #include "backends/cuda/kernels/fused.h"
+#include "backends/cuda/nccl.h"
 #include "core/array/kernel_table.h"
 #include "core/backend/backend.h"
+#include "core/distributed/kv_store.h"
 #include "cuda_jit_corpus.h"
 #include "jit/executable.h"
+#include "test_util.h"
 #include "trace/jaxpr.h"
 #include "transformer/transformer.h"
 
@@ -89,6 +96,35 @@ TEST_CASE("NVRTC is found and reports its version") {
   const cuda::Nvrtc& rtc = cuda::nvrtc();
   CHECK(rtc.major >= 12);
   MESSAGE("NVRTC " << rtc.major << "." << rtc.minor << " from " << rtc.path);
+}
+
+TEST_CASE("NCCL loads, its unique id passes through the coordinator's store, and joining stops at the driver") {
+  using namespace std::chrono_literals;
+  bool installed = std::filesystem::exists("/usr/local/cuda/lib64/libnccl.so.2") || cuda::nccl_available();
+  if (!installed) {  // the loader's error names what it tried
+    CHECK_THROWS_WITH_AS(cuda::nccl(), doctest::Contains("libnccl.so.2"), BackendError);
+    return;
+  }
+  REQUIRE(cuda::nccl_available());
+  CHECK(cuda::nccl().version >= 21800);
+  MESSAGE("NCCL version code " << cuda::nccl().version << " from " << cuda::nccl().path);
+  // Two processes' clients (threads here): the root makes the id, the other reads it from the store.
+  distributed::KvStoreServer server("127.0.0.1", 0, 2);
+  std::string address = "127.0.0.1:" + std::to_string(server.port());
+  ncclUniqueId ids[2] = {};
+  cjax::testing::on_threads(2, [&](int p) {
+    distributed::KvStoreClient client(address, p, 2, 5s);
+    ids[p] = cuda::share_unique_id(p == 0, &client, "nccl1/0,1", 5s);
+    client.barrier("done", 5s);
+  });
+  CHECK(std::memcmp(ids[0].internal, ids[1].internal, sizeof(ids[0].internal)) == 0);
+  CHECK(std::any_of(std::begin(ids[0].internal), std::end(ids[0].internal), [](char c) { return c != 0; }));
+  // A non-root process with no coordinator has nowhere to read the id from.
+  CHECK_THROWS_AS(cuda::share_unique_id(false, nullptr, "nccl1/0,1", 1s), Error);
+  if (!cuda::driver()) {  // without a GPU, joining fails at NCCL's first CUDA call, with NCCL's reason
+    CHECK_THROWS_WITH_AS(cuda::init_rank(ids[0], 1, 0), doctest::Contains("ncclCommInitRank (rank 0 of 1)"),
+                         BackendError);
+  }
 }
 
 TEST_CASE("elementwise source follows the CPU semantics in its text") {

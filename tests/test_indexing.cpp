@@ -376,3 +376,35 @@ TEST_CASE("a traced mask raises ConcretizationError pointing at jnp::where") {
   Array tracer(std::make_shared<LiveTracer>(AbstractValue{{3}, bool_, false, {}}, &t));
   CHECK_THROWS_WITH_AS(x[tracer], doctest::Contains("jnp::where"), ConcretizationError);
 }
+
+TEST_CASE("a block index (a slice per dimension) indexes and updates like its slices") {
+  Array x = arange24();  // [2, 3, 4]
+  Index block = std::vector<Slice>{Slice(0, 1), Slice(1, 3)};
+  CHECK(x[block].shape() == Shape{1, 2, 4});
+  CHECK(vals(x[block]) == std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(vals(x[{block, 2}]) == std::vector<int32_t>{6, 10});
+  CHECK(block.block().size() == 2);
+  CHECK_THROWS_AS((void)Index(3).block(), ValueError);
+  Array y = x.at(block).set(0);
+  CHECK(jnp::sum(y).item<int32_t>() == 276 - (4 + 5 + 6 + 7 + 8 + 9 + 10 + 11));
+  // A shard's index reads its block from the global value.
+  Mesh mesh(devices(), {8}, {"x"});
+  Array g = device_put(jnp::arange(32).reshape({8, 4}), NamedSharding(mesh, P("x")));
+  for (const Shard& s : g.addressable_shards()) CHECK(vals(g[Index(s.index)]) == vals(s.data));
+}
+
+TEST_CASE("make_array_from_callback takes a callback of an Index, as the JAX idiom data[idx]") {
+  Mesh mesh(devices(), {4, 2}, {"i", "j"});
+  Array data = jnp::arange(8 * 6).reshape({8, 6});
+  int calls = 0;
+  Array a = make_array_from_callback({8, 6}, NamedSharding(mesh, P("i", "j")), [&](const Index& idx) {
+    ++calls;
+    return data[idx];
+  });
+  CHECK(calls == 8);
+  CHECK(vals(a) == vals(data));
+  Array b = make_array_from_callback({8, 6}, NamedSharding(mesh, P("i")), [&](const std::vector<Slice>& idx) {
+    return lax::slice(data, {*idx[0].start, 0}, {*idx[0].stop, 6});
+  });
+  CHECK(vals(b) == vals(data));
+}

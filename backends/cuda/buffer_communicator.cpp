@@ -6,7 +6,7 @@
 // writes it into every member's output. Everything is queued on the GPU's compute stream, which
 // all virtual devices share, so a member's reads come after the kernels that wrote its inputs
 // (queued before it arrived) and before anything that is queued after the second rendezvous.
-// Devices of different GPUs, and other processes, are NCCL's work (the multi-process issue).
+// Devices of different GPUs, and other processes, go through NCCL (nccl.h).
 #include "backends/cuda/buffer_communicator.h"
 
 #include <fmt/format.h>
@@ -144,8 +144,8 @@ std::shared_ptr<BufferCommunicator> make_buffer_communicator(std::span<const Dev
       if (group[j] == group[i]) throw ValueError(fmt::format("a communicator's group names {} twice", group[i].str()));
     if (gpu(group[i]).device != gpu(group[0]).device)
       throw BackendError(
-          fmt::format("collectives between {} and {}: they are different GPUs, which need NCCL (not built yet); "
-                      "run the mesh on virtual devices of one GPU (CJAX_NUM_CUDA_VIRTUAL_DEVICES=N) instead",
+          fmt::format("collectives between {} and {}: they are different GPUs, which need NCCL, and "
+                      "CJAX_CUDA_COLLECTIVES=local turned it off; unset it",
                       group[0].str(), group[i].str()));
   }
   return std::make_shared<CudaBufferCommunicator>(std::vector<Device>(group.begin(), group.end()), timeout);

@@ -71,23 +71,8 @@ struct NvrtcState {
 
 NvrtcState load_nvrtc() {
   NvrtcState s;
-  std::vector<std::string> candidates = {"libnvrtc.so.13"};
-  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* v = std::getenv(env)) candidates.push_back(std::string(v) + "/lib64/libnvrtc.so.13");
-#ifdef CJAX_CUDA_LIBRARY_DIR
-  candidates.push_back(CJAX_CUDA_LIBRARY_DIR "/libnvrtc.so.13");
-#endif
-  candidates.push_back("/usr/local/cuda/lib64/libnvrtc.so.13");
   std::string tried;
-  void* lib = nullptr;
-  for (const std::string& c : candidates) {
-    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib) {
-      s.api.path = c;
-      break;
-    }
-    tried += (tried.empty() ? "" : ", ") + c;
-  }
+  void* lib = open_first_library(toolkit_library_candidates("libnvrtc.so.13"), &s.api.path, &tried);
   if (!lib) {
     s.reason =
         fmt::format("NVRTC (libnvrtc.so.13) not found; tried {}. Install the CUDA 13 toolkit or set CUDA_HOME", tried);
@@ -111,6 +96,28 @@ NvrtcState& nvrtc_state() {
   return s;
 }
 }  // namespace
+
+std::vector<std::string> toolkit_library_candidates(const std::string& soname) {
+  std::vector<std::string> c = {soname};
+  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char* v = std::getenv(env)) c.push_back(std::string(v) + "/lib64/" + soname);
+#ifdef CJAX_CUDA_LIBRARY_DIR
+  c.push_back(CJAX_CUDA_LIBRARY_DIR "/" + soname);
+#endif
+  c.push_back("/usr/local/cuda/lib64/" + soname);
+  return c;
+}
+
+void* open_first_library(const std::vector<std::string>& candidates, std::string* loaded, std::string* tried) {
+  for (const std::string& c : candidates) {
+    if (void* lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *loaded = c;
+      return lib;
+    }
+    *tried += (tried->empty() ? "" : ", ") + c;
+  }
+  return nullptr;
+}
 
 const Driver* driver() { return driver_state().ok ? &driver_state().api : nullptr; }
 std::string driver_unavailable_reason() { return driver_state().ok ? "" : driver_state().reason; }

@@ -5,6 +5,7 @@
 #include <nvrtc.h>
 
 #include <string>
+#include <vector>
 
 namespace cjax::cuda {
 
@@ -74,6 +75,12 @@ std::string driver_unavailable_reason();
 const Nvrtc& nvrtc();
 bool nvrtc_available();
 
+// Where a CUDA library other than the driver is looked for, in order: `soname` on the loader's
+// path, $CUDA_HOME/lib64, $CUDA_PATH/lib64, the toolkit found at build time, /usr/local/cuda/lib64.
+std::vector<std::string> toolkit_library_candidates(const std::string& soname);
+// dlopens the first candidate that opens; null if none does. `loaded` gets its path, `tried` the
+// others, comma-separated.
+void* open_first_library(const std::vector<std::string>& candidates, std::string* loaded, std::string* tried);
 // Raises BackendError "<what>: CUDA_ERROR_... (description)" unless r is CUDA_SUCCESS.
 void check(CUresult r, const char* what);
 void check_nvrtc(nvrtcResult r, const char* what);

@@ -20,6 +20,7 @@
 
 #include "backends/cuda/buffer_communicator.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/nccl.h"
 #include "cjax/collectives.h"
 #include "cjax/errors.h"
 #include "core/backend/backend.h"
@@ -119,6 +120,7 @@ class CudaBackend final : public Backend {
   KernelCompiler* kernel_compiler() override { return &fused_kernel_compiler(); }
   std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
     auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
+    if (collectives_use_nccl(group)) return nccl_communicator(group, timeout);
     return make_buffer_communicator(group, timeout);
   }
 

@@ -30,6 +30,11 @@ namespace cjax {
 
 Index::Index(const Array& a) : v_(std::make_shared<Array>(a)) {}
 
+const std::vector<Slice>& Index::block() const {
+  if (const auto* b = std::get_if<std::vector<Slice>>(&v_)) return *b;
+  throw ValueError("Index::block(): this index entry is not a block index (a slice per dimension)");
+}
+
 namespace {
 
 using lax::GatherScatterMode;
@@ -93,7 +98,21 @@ std::vector<Array> mask_nonzero(const Array& mask, DType idt) {
   return out;
 }
 
-Prepared prepare(const Shape& xs, const std::vector<Index>& idx, std::string_view fn) {
+// Block indices (a slice per dimension) become their slices.
+std::vector<Index> expand_blocks(const std::vector<Index>& idx) {
+  std::vector<Index> out;
+  out.reserve(idx.size());
+  for (const Index& i : idx) {
+    if (const auto* block = std::get_if<std::vector<Slice>>(&i.value()))
+      out.insert(out.end(), block->begin(), block->end());
+    else
+      out.push_back(i);
+  }
+  return out;
+}
+
+Prepared prepare(const Shape& xs, const std::vector<Index>& given, std::string_view fn) {
+  std::vector<Index> idx = expand_blocks(given);
   int64_t ndim = int64_t(xs.size());
   DType idt = index_dtype_for(xs);
   std::vector<Ent> raw;
@@ -116,6 +135,8 @@ Prepared prepare(const Shape& xs, const std::vector<Index>& idx, std::string_vie
           } else if constexpr (std::is_same_v<V, EllipsisT>) {
             e.k = EK::Ell;
             ++n_ell;
+          } else if constexpr (std::is_same_v<V, std::vector<Slice>>) {
+            throw Error("internal: a block index left unexpanded");
           } else {
             if (!v || !v->defined())
               throw ValueError(fmt::format("{}: index position {} is an empty Array handle", fn, p));

@@ -62,7 +62,9 @@ struct Shard;
 class AtProxy;
 
 // One entry of an indexing expression: an integer, a Slice, NewAxis, Ellipsis or an integer Array
-// (gather semantics) or a boolean Array of concrete value (mask, eager only).
+// (gather semantics) or a boolean Array of concrete value (mask, eager only); or a block index, a
+// slice per leading dimension (Shard::index, the index make_array_from_callback passes), which
+// x[idx] expands in place as JAX's x[tuple_of_slices].
 class Index {
  public:
   Index(int i) : v_(int64_t(i)) {}
@@ -71,10 +73,13 @@ class Index {
   Index(NewAxisT) : v_(NewAxisT{}) {}
   Index(EllipsisT) : v_(EllipsisT{}) {}
   Index(const Array& a);
+  Index(std::vector<Slice> block) : v_(std::move(block)) {}
   const auto& value() const { return v_; }
+  // The slices of a block index; ValueError for any other entry.
+  const std::vector<Slice>& block() const;
 
  private:
-  std::variant<int64_t, Slice, NewAxisT, EllipsisT, std::shared_ptr<Array>> v_;
+  std::variant<int64_t, Slice, NewAxisT, EllipsisT, std::shared_ptr<Array>, std::vector<Slice>> v_;
 };
 
 class Array {

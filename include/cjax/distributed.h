@@ -64,7 +64,8 @@ int process_index_of(const Device& d);
 // make_array_from_process_local_data). On one process it is device_put(local, sharding).
 Array make_array_from_process_local_data(const Sharding& sharding, const Array& local);
 // A global array of `shape` and `dtype` whose blocks come from cb(index) for each of this
-// process's devices, `index` the block's slice of the global array (as Shard::index).
+// process's devices, `index` the block's slice of the global array (as Shard::index). A callback
+// may take `const Index&` instead (it converts): [&](const Index& idx) { return data[idx]; }.
 Array make_array_from_callback(const Shape& shape, const Sharding& sharding,
                                const std::function<Array(const std::vector<Slice>& index)>& cb);
 // Whether every block of x is held by this process (a value computed by one process always is).

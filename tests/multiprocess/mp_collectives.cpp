@@ -53,6 +53,8 @@ TEST_CASE("global arrays: device_put, process-local data, callbacks, addressable
     return lax::slice(whole, {*index[0].start, 0}, {*index[0].stop, 3});
   });
   CHECK(values(c) == host(whole));
+  Array d = make_array_from_callback({16, 3}, s, [&](const Index& idx) { return whole[idx]; });  // API.md's form
+  CHECK(values(d) == host(whole));
 }
 
 TEST_CASE("psum, pmax, pmin, all_gather, psum_scatter, all_to_all, ppermute, axis_index under jit") {

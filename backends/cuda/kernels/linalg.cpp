@@ -51,16 +51,8 @@ struct CublasLt {
 
 const CublasLt& cublaslt() {
   static const CublasLt api = [] {
-    std::vector<std::string> candidates = {"libcublasLt.so.13"};
-    for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
-      if (const char* v = std::getenv(env)) candidates.push_back(std::string(v) + "/lib64/libcublasLt.so.13");
-    candidates.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
-    void* lib = nullptr;
-    std::string tried;
-    for (const std::string& c : candidates) {
-      if ((lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-      tried += (tried.empty() ? "" : ", ") + c;
-    }
+    std::string loaded, tried;
+    void* lib = open_first_library(toolkit_library_candidates("libcublasLt.so.13"), &loaded, &tried);
     if (!lib) throw BackendError(fmt::format("cuBLASLt (libcublasLt.so.13) not found; tried {}", tried));
     CublasLt a;
 #define CJAX_X(f)                                                 \
@@ -85,11 +77,14 @@ struct PerDevice {
   absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;  // heuristic choice per problem
 };
 
-// Per GPU (virtual devices share their GPU's handle and workspace: their GEMMs run in order on
-// its one stream). Entries stay where they are while other GPUs' are added.
+// Per cjax device, virtual devices included: one cublasLtMatmul may launch several kernels that
+// pass partial results through the workspace (split-K), and the host threads of virtual devices
+// on one GPU call it concurrently, so their launches interleave on the shared stream. A workspace
+// shared between them let one device's reduction kernel read another's partials (wrong, run-to-run
+// varying GEMMs in sharded training steps). Entries stay where they are while others are added.
 std::mutex g_mu;
-absl::flat_hash_map<CUdevice, std::unique_ptr<PerDevice>>& per_device() {
-  static absl::flat_hash_map<CUdevice, std::unique_ptr<PerDevice>> m;
+absl::flat_hash_map<int, std::unique_ptr<PerDevice>>& per_device() {
+  static absl::flat_hash_map<int, std::unique_ptr<PerDevice>> m;
   return m;
 }
 
@@ -142,7 +137,7 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
   cublasComputeType_t compute = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
   cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
   std::unique_lock lock(g_mu);
-  std::unique_ptr<PerDevice>& slot = per_device()[gpu(dev).device];
+  std::unique_ptr<PerDevice>& slot = per_device()[dev.id()];
   if (!slot) slot = std::make_unique<PerDevice>();
   PerDevice& pd = *slot;
   if (!pd.handle) {
