@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctest: train_transformer as 4 processes x 2 CPU devices (one 8-device mesh, Gloo between the
 # processes) logs the losses of one process with 8 virtual devices, for the fsdp and fsdp_tp
-# layouts as the sample's shard_maps and fsdp as sharded jit (--mode auto); its checkpoint (written by process 0) resumes on 2 processes x 4 devices with the
-# losses of the single-process run resumed from its own checkpoint.
+# layouts as the sample's shard_maps and fsdp as sharded jit (--mode auto); its checkpoint (each
+# process writes its own blocks) resumes on 2 processes x 4 devices with the losses of the
+# single-process run resumed from its own checkpoint.
 #   samples/test_train_multiprocess.sh <train_transformer binary> <cjax_launch binary>
 set -euo pipefail
 bin=$1
@@ -38,6 +39,12 @@ for run in fsdp fsdp_tp fsdp:auto; do
   echo -n "$layout ($mode), 4 processes x 2 devices vs 1 x 8: "
   same_losses "$dir/one_$name/log.csv" "$dir/four_$name/log.csv" || { echo "FAIL: losses differ"; exit 1; }
 done
+# The 4-process runs wrote sharded checkpoints: one file of blocks per process, and the index.
+for k in 0 1 2 3; do
+  [ -f "$dir/four_fsdp_shard_map/ckpt/process$k.0.safetensors" ] || { echo "FAIL: no checkpoint file of process $k"; ls -R "$dir/four_fsdp_shard_map"; exit 1; }
+done
+[ -f "$dir/four_fsdp_shard_map/ckpt/index.json" ] || { echo "FAIL: no checkpoint index"; exit 1; }
+[ ! -e "$dir/four_fsdp_shard_map/ckpt.safetensors" ] || { echo "FAIL: a gathered checkpoint was written"; exit 1; }
 # Resume the 4-process fsdp checkpoint on 2 processes x 4 devices; the one-process run resumes too.
 CJAX_NUM_CPU_DEVICES=8 "$bin" "${flags[@]}" --layout fsdp --steps 60 --resume --out "$dir/one_fsdp_shard_map" \
   > "$dir/one_resume.log" 2>&1 || { echo "FAIL:"; cat "$dir/one_resume.log"; exit 1; }

@@ -58,9 +58,8 @@ Layout and devices:
   --devices N         virtual CPU devices for the sharded layouts (default 8; CJAX_NUM_CPU_DEVICES
                       overrides the number created)
   --tensor T          size of the tensor axis for fsdp_tp (default 2)
-  --platform P        cpu | cuda (default: CJAX_PLATFORM, else cpu). cuda trains on one GPU and
-                      needs --layout single (the sharded layouts on virtual GPU devices are not
-                      deterministic yet; CJAX_UNVERIFIED_CUDA_MESH=1 runs them anyway)
+  --platform P        cpu | cuda (default: CJAX_PLATFORM, else cpu). cuda trains on one GPU; the
+                      sharded layouts run on --devices virtual devices of it
   --no-regather       FSDP: keep gathered weights for the backward pass instead of re-gathering
   --mode M            shard_map (default: the layouts' explicit collectives) | auto (the one-device
                       program under plain jit over the layout's sharded state and batch: the
@@ -323,8 +322,9 @@ void print_sample(const tf::Config& cfg, const tf::Params& params, const std::st
 int run(const Options& o) {
   namespace fs = std::filesystem;
   const tf::Config& cfg = o.cfg;
-  // Across processes (scripts/launch.sh) process 0 writes the checkpoint and the others keep their
-  // logs in a folder of their own.
+  // Across processes (scripts/launch.sh) every process writes its blocks of the checkpoint to
+  // OUT/ckpt/ (tf::save_checkpoint), and processes other than 0 keep their logs in a folder of their
+  // own.
   fs::path dir =
       process_index() == 0 ? fs::path(o.out) : fs::path(o.out) / ("process" + std::to_string(process_index()));
   fs::path ckpt = fs::path(o.out) / "ckpt.safetensors", csv = dir / "log.csv", svg = dir / "loss.svg";
@@ -471,7 +471,8 @@ int run(const Options& o) {
   std::string title = "byte transformer, " + tf::layout_name(cfg.layout) + ", final loss " +
                       std::to_string(rows.back().loss).substr(0, 5);
   write_svg(svg.string(), rows, title);
-  std::cout << "wrote " << csv.string() << ", " << svg.string() << ", " << ckpt.string() << "\n";
+  std::cout << "wrote " << csv.string() << ", " << svg.string() << ", "
+            << (process_count() > 1 ? (fs::path(o.out) / "ckpt").string() + "/" : ckpt.string()) << "\n";
   print_sample(cfg, state.params, o.prompt, o);
   return 0;
 }
@@ -488,15 +489,6 @@ int main(int argc, char** argv) {
     bool multi_process = std::getenv("CJAX_COORDINATOR_ADDRESS") != nullptr;
     if (multi_process) distributed::initialize();
     if (!o.platform.empty()) config::set_default_platform(o.platform);
-    // Sharded layouts on virtual GPU devices run, but on the H200 their losses differed from the
-    // CPU mesh's and from run to run (docs/cuda.md, "Meshes of virtual GPU devices"): refused
-    // until that is fixed, rather than training on wrong numbers.
-    if (config::default_platform() != "cpu" && o.cfg.layout != transformer::Layout::Single &&
-        !std::getenv("CJAX_UNVERIFIED_CUDA_MESH"))
-      throw ValueError("--layout " + transformer::layout_name(o.cfg.layout) + " on " + config::default_platform() +
-                       ": the sharded step on virtual GPU devices is not yet deterministic (its losses differ from "
-                       "the CPU mesh's); use --layout single on a GPU, or --platform cpu for the sharded layouts "
-                       "(CJAX_UNVERIFIED_CUDA_MESH=1 runs it anyway, to debug)");
     int rc = run(o);
     if (multi_process) distributed::shutdown();
     return rc;

@@ -74,7 +74,6 @@ train train_cpu "$steps" --layout single --platform cpu
 losses train_cuda train_cpu
 # The sharded layouts on 8 virtual devices of the GPU: losses as the CPU mesh's (to the GEMMs'
 # rounding) and bitwise equal between two GPU runs; then the tutorial's MLP strategies on them.
-export CJAX_UNVERIFIED_CUDA_MESH=1
 mesh_steps=${GPU_CHECK_MESH_STEPS:-100}
 for layout in ${GPU_CHECK_MESH_LAYOUTS:-dp fsdp fsdp_tp fsdp:auto}; do
   flags=(--layout "${layout%%:*}" --devices 8)

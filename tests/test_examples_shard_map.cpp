@@ -13,9 +13,11 @@ TEST_CASE("§1 matmul_basic and matmul_reduce_scatter") {
   CHECK(m.b_block == Shape{8, 32});
   std::vector<float> want = jnp::dot(m.a, m.b).to_vector<float>();
   CHECK(m.c.to_vector<float>() == want);
-  CHECK(debug::visualize_array_sharding(m.c) ==
-        "┌─────────┐\n│ CPU 0,1 │\n├─────────┤\n│ CPU 2,3 │\n├─────────┤\n│ CPU 4,5 │\n├─────────┤\n│ CPU 6,7 │\n"
-        "└─────────┘\n");
+  // The device kind follows the default platform (CJAX_PLATFORM=cuda runs this suite on GPU devices).
+  std::string kind = config::default_platform() == "cuda" ? "GPU" : "CPU";
+  CHECK(debug::visualize_array_sharding(m.c) == "┌─────────┐\n│ " + kind + " 0,1 │\n├─────────┤\n│ " + kind +
+                                                    " 2,3 │\n├─────────┤\n│ " + kind + " 4,5 │\n├─────────┤\n│ " +
+                                                    kind + " 6,7 │\n└─────────┘\n");
   Array rs = matmul_reduce_scatter(m.a, m.b);
   CHECK(rs.to_vector<float>() == want);
   CHECK(rs.sharding().str() == "NamedSharding(mesh=Mesh('i': 4, 'j': 2), spec=P('i', 'j'), memory_kind=device)");

@@ -646,3 +646,61 @@ TEST_CASE("temporaries: named .<name>.cjax-tmp.<pid>.<n>; those of dead processe
     CHECK(tmp.count() == 4);  // live, own, other, unlike: nothing new
   }
 }
+
+TEST_CASE("sharded checkpoint: distinct blocks stored once, read onto other shardings, earlier saves removed") {
+  TmpDir t;
+  fs::path dir = t / "ckpt";
+  Mesh x8 = make_mesh({8}, {"x"});
+  Mesh grid = make_mesh({2, 4}, {"i", "j"});
+  Array whole = jnp::arange(16 * 6).astype(DType::float32).reshape({16, 6});
+  Array rows = device_put(whole, NamedSharding(x8, P("x")));  // 8 blocks
+  Array replicated = device_put(whole.astype(DType::bfloat16), NamedSharding(grid, P(None, None)));
+  Array on_one = jnp::arange(5).astype(DType::int32);
+  Array scalar = Array(int32_t(7)).astype(DType::int32);
+  std::vector<std::pair<std::string, Array>> leaves = {{"rows", rows},
+                                                       {"cols",
+                                                        device_put(whole * 2.0f, NamedSharding(grid, P("i", None)))},
+                                                       {"replicated", replicated},
+                                                       {"on_one", on_one},
+                                                       {"scalar", scalar}};
+  io::save_sharded_entries(dir, leaves, {{"step", "3"}});
+  CHECK(fs::exists(dir / "index.json"));
+  CHECK(fs::exists(dir / "process0.0.safetensors"));
+  // Replicated leaves are stored once: 8 + 2 + 1 + 1 + 1 tensors.
+  CHECK(io::load_safetensors_entries(dir / "process0.0.safetensors").size() == 13);
+  CHECK(io::load_sharded_metadata(dir).at("step") == "3");
+  std::vector<std::pair<std::string, AbstractValue>> index = io::load_sharded_index(dir);
+  REQUIRE(index.size() == 5);
+  CHECK(index[2].first == "replicated");
+  CHECK(index[2].second.dtype == DType::bfloat16);
+  CHECK(index[2].second.shape == Shape{16, 6});
+
+  auto same = [](const Array& a, const Array& b) {
+    return a.astype(DType::float32).to_vector<float>() == b.astype(DType::float32).to_vector<float>();
+  };
+  // Onto other layouts: each block assembled from the stored blocks that overlap it.
+  Array r1 = io::load_sharded(dir, "rows", NamedSharding(grid, P("j", "i")));
+  CHECK(r1.sharding().str() == NamedSharding(grid, P("j", "i")).str());
+  CHECK(same(r1, whole));
+  CHECK(same(io::load_sharded(dir, "rows", NamedSharding(grid, P())), whole));
+  CHECK(same(io::load_sharded(dir, "cols", NamedSharding(x8, P("x"))), whole * 2.0f));
+  CHECK(same(io::load_sharded(dir, "replicated", SingleDeviceSharding(devices()[3])), whole));
+  CHECK(io::load_sharded(dir, "replicated", NamedSharding(x8, P("x"))).dtype() == DType::bfloat16);
+  CHECK(same(io::load_sharded(dir, "on_one", NamedSharding(x8, P())), on_one));
+  CHECK(io::load_sharded(dir, "scalar", SingleDeviceSharding(devices()[0])).item<int32_t>() == 7);
+  CHECK_THROWS_WITH_AS(io::load_sharded(dir, "nope", NamedSharding(x8, P())), doctest::Contains("has no leaf 'nope'"),
+                       IoError);
+
+  // A second save into the directory replaces the first one's files once its index is written.
+  io::save_sharded_entries(dir, {{"rows", rows}}, {});
+  CHECK(fs::exists(dir / "process0.1.safetensors"));
+  CHECK_FALSE(fs::exists(dir / "process0.0.safetensors"));
+  CHECK(io::load_sharded_index(dir).size() == 1);
+  // A flipped bit in a stored block is an IoError naming the tensor (the per-tensor checksums).
+  std::string bytes_on_disk = read_all(dir / "process0.1.safetensors");
+  bytes_on_disk[bytes_on_disk.size() - 3] ^= 0x10;
+  write_all(dir / "process0.1.safetensors", bytes_on_disk);
+  CHECK_THROWS_WITH_AS(io::load_sharded(dir, "rows", NamedSharding(x8, P())), doctest::Contains("checksum mismatch"),
+                       IoError);
+  CHECK_THROWS_WITH_AS(io::load_sharded_index(t / "empty"), doctest::Contains("no index.json"), IoError);
+}

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -170,12 +169,6 @@ class CudaBackend final : public Backend {
         }
         // Virtual devices: cuda:1.. share GPU 0 (its context, pool and stream), each with its own
         // memory accounting.
-        if (n == 1 && virtual_devices > 1)
-          std::fprintf(stderr,
-                       "cjax: CJAX_NUM_CUDA_VIRTUAL_DEVICES=%d: virtual GPU devices are experimental; the "
-                       "collective suites match the CPU mesh, but larger sharded programs gave "
-                       "nondeterministic results on the last GPU run (docs/cuda.md)\n",
-                       virtual_devices);
         for (int i = 1; n == 1 && i < virtual_devices; ++i) {
           auto g = std::make_unique<Gpu>();
           g->info = gpus_[0]->info;

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "core/array/array_impl.h"
+#include "core/lib/io_internal.h"
 
 static_assert(std::endian::native == std::endian::little, "cjax::io assumes a little-endian host");
 
@@ -468,6 +469,21 @@ std::vector<std::pair<std::string, Array>> load_safetensors_entries(const fs::pa
   out.reserve(st.entries.size());
   for (const auto& e : st.entries) out.emplace_back(e.name, read_entry(fn, path, f, st, e));
   return out;
+}
+
+Array load_safetensors_tensor(const fs::path& path, std::string_view name) {
+  constexpr std::string_view fn = "io::load_safetensors_tensor";
+  InFile f(fn, path);
+  StFile st = parse_safetensors(fn, path, f);
+  for (const auto& e : st.entries)
+    if (e.name == name) return read_entry(fn, path, f, st, e);
+  fail(fn, path, fmt::format("has no tensor '{}'", name));
+}
+
+void write_file_atomically(std::string_view fn, const fs::path& path, std::string_view bytes) {
+  AtomicWriter w(fn, path);
+  w.write(bytes.data(), bytes.size());
+  w.commit();
 }
 
 Metadata load_safetensors_metadata(const fs::path& path) {

@@ -61,6 +61,38 @@ std::vector<std::pair<std::string, Array>> load_safetensors_entries(const std::f
 Dict load_safetensors(const std::filesystem::path& path);
 Metadata load_safetensors_metadata(const std::filesystem::path& path);
 
+// One tensor of a safetensors file, reading only its bytes; IoError if the file has no `name`.
+Array load_safetensors_tensor(const std::filesystem::path& path, std::string_view name);
+
+// Sharded checkpoints: a directory that every process of a run writes its own blocks to, read onto
+// any sharding by any number of processes (also arrays of one process: blocks of a NamedSharding,
+// or one block).
+// * save_sharded(dir, tree, metadata) is collective: every process calls it with the same tree
+//   (same leaves, shapes and shardings). Process k writes DIR/process<k>.<n>.safetensors with the
+//   blocks its devices hold, each distinct block once (of the devices holding copies of a block,
+//   the first in the sharding's device order writes it, so replicated leaves are stored once);
+//   then process 0 writes DIR/index.json (every leaf's shape, dtype and blocks: file, tensor,
+//   start and stop per dimension; the metadata) atomically and removes the files of earlier saves.
+//   n counts the saves into DIR: a save that dies midway leaves the previous checkpoint whole.
+// * load_sharded(dir, name, sharding): leaf `name` laid out by `sharding` (a NamedSharding over any
+//   mesh and process count, or one device); each process reads, for each block its devices hold,
+//   only the stored blocks that overlap it.
+// * load_sharded_index(dir): every leaf's name, shape and dtype; load_sharded_metadata(dir).
+// IoError for a directory without index.json (not a sharded checkpoint, or its first save did not
+// finish) and for a leaf it does not have.
+void save_sharded_entries(const std::filesystem::path& dir, const std::vector<std::pair<std::string, Array>>& entries,
+                          const Metadata& metadata = {});
+template <class T>
+void save_sharded(const std::filesystem::path& dir, const T& tree, const Metadata& metadata = {}) {
+  static_assert(is_tree_v<T>, "io::save_sharded: the argument is not a tree of Arrays (see cjax/tree.h)");
+  std::vector<std::pair<std::string, Array>> entries;
+  for (auto& [p, a] : tree::leaves_with_path(tree)) entries.emplace_back(p.dotted(), std::move(a));
+  save_sharded_entries(dir, entries, metadata);
+}
+std::vector<std::pair<std::string, AbstractValue>> load_sharded_index(const std::filesystem::path& dir);
+Metadata load_sharded_metadata(const std::filesystem::path& dir);
+Array load_sharded(const std::filesystem::path& dir, const std::string& name, const Sharding& sharding);
+
 void save_npy(const std::filesystem::path& path, const Array& a);
 Array load_npy(const std::filesystem::path& path);
 

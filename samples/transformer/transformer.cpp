@@ -595,27 +595,51 @@ Array Loader::next() {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints
 
+namespace {
+// Across processes the checkpoint is a directory beside the file's name (OUT/ckpt/): every process
+// writes its own blocks (io::save_sharded).
+std::filesystem::path sharded_dir(const std::filesystem::path& path) { return path.parent_path() / path.stem(); }
+}  // namespace
+
 void save_checkpoint(const std::filesystem::path& path, const TrainState& state, int64_t step, int64_t data_position,
                      const Config& c) {
+  io::Metadata meta = {{"step", std::to_string(step)},
+                       {"data_position", std::to_string(data_position)},
+                       {"model", "cjax byte transformer"},
+                       {"config", c.str()}};
+  if (process_count() > 1) {
+    io::save_sharded(sharded_dir(path), state, meta);
+    return;
+  }
   io::remove_stale_temporaries(path);  // left by runs killed while saving
-  // Across processes every leaf is gathered, and process 0 writes the one file that any number of
-  // processes can load (each places its own blocks).
   SingleDeviceSharding one(local_devices()[0]);
-  TrainState local = tree::map([&](const Array& a) { return device_put(process_allgather(a), one); }, state);
-  if (process_index() != 0) return;
-  io::save_safetensors(path, local,
-                       {{"step", std::to_string(step)},
-                        {"data_position", std::to_string(data_position)},
-                        {"model", "cjax byte transformer"},
-                        {"config", c.str()}});
+  TrainState local = tree::map([&](const Array& a) { return device_put(a, one); }, state);
+  io::save_safetensors(path, local, meta);
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path, const Config& c) {
-  auto fail = [&](const std::string& what) { throw IoError("checkpoint '" + path.string() + "': " + what); };
-  io::remove_stale_temporaries(path);  // left by runs killed while saving
-  std::vector<std::pair<std::string, Array>> entries = io::load_safetensors_entries(path);
-  io::Metadata meta = io::load_safetensors_metadata(path);
-  std::map<std::string, Array> by_name(entries.begin(), entries.end());
+  namespace fs = std::filesystem;
+  // The newer of the two forms: the file (one process) or the directory (several processes).
+  fs::path dir = sharded_dir(path), index = dir / "index.json";
+  std::error_code ec;
+  bool sharded_ckpt = fs::exists(index, ec) &&
+                      (!fs::exists(path, ec) || fs::last_write_time(index, ec) > fs::last_write_time(path, ec));
+  std::string where = sharded_ckpt ? dir.string() : path.string();
+  auto fail = [&](const std::string& what) { throw IoError("checkpoint '" + where + "': " + what); };
+  std::map<std::string, AbstractValue> stored;
+  std::map<std::string, Array> by_name;
+  io::Metadata meta;
+  if (sharded_ckpt) {
+    for (auto& [name, aval] : io::load_sharded_index(dir)) stored.emplace(name, aval);
+    meta = io::load_sharded_metadata(dir);
+  } else {
+    io::remove_stale_temporaries(path);  // left by runs killed while saving
+    for (auto& [name, a] : io::load_safetensors_entries(path)) {
+      stored.emplace(name, a.aval());
+      by_name.emplace(name, a);
+    }
+    meta = io::load_safetensors_metadata(path);
+  }
   TrainState skel = skeleton_state(c);
   auto paths = tree::leaves_with_path(skel);
   // Expected shapes/dtypes, in leaf order: params, mu, nu (same as params), count.
@@ -626,16 +650,22 @@ Checkpoint load_checkpoint(const std::filesystem::path& path, const Config& c) {
   std::vector<Array> leaves;
   for (size_t i = 0; i < paths.size(); ++i) {
     std::string name = paths[i].first.dotted();
-    auto it = by_name.find(name);
-    if (it == by_name.end()) fail("missing tensor '" + name + "' (was it written for another model config?)");
-    Array a = it->second;
+    auto it = stored.find(name);
+    if (it == stored.end()) fail("missing tensor '" + name + "' (was it written for another model config?)");
     bool is_count = i + 1 == paths.size();
     Shape want = is_count ? Shape{} : leaf_shape(c, kinds[i % kinds.size()]);
     DType want_dtype = is_count ? DType::int32 : c.param_dtype;
-    if (a.shape() != want || a.dtype() != want_dtype)
-      fail("tensor '" + name + "' is " + a.aval().str() + " but the model needs " +
+    if (it->second.shape != want || it->second.dtype != want_dtype)
+      fail("tensor '" + name + "' is " + it->second.str() + " but the model needs " +
            AbstractValue{want, want_dtype, false, {}}.str());
-    if (sharded) a = device_put(a, NamedSharding(mesh, is_count ? P() : specs[i % kinds.size()]));
+    std::optional<NamedSharding> target;
+    if (sharded) target = NamedSharding(mesh, is_count ? P() : specs[i % kinds.size()]);
+    Array a;
+    if (sharded_ckpt)  // each process reads the stored blocks its devices' blocks overlap
+      a = target ? io::load_sharded(dir, name, *target)
+                 : io::load_sharded(dir, name, SingleDeviceSharding(local_devices()[0]));
+    else
+      a = target ? device_put(by_name.at(name), *target) : by_name.at(name);
     leaves.push_back(a);
   }
   Checkpoint ck;

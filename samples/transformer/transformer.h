@@ -172,11 +172,14 @@ struct NonFiniteLossError : Error {
 void check_loss(int64_t step, double loss);
 
 // ---- checkpoints ----
-// safetensors with every leaf of the TrainState gathered to one device ("params.layers.0.mlp_in",
-// "mu....", "nu....", "count"), plus metadata step, data_position and the config; written atomically
-// (io's per-tensor checksums included: a corrupted tensor is an IoError naming it on load). Saving and
-// loading first delete the checkpoint's temporaries left by runs killed mid-save
-// (io::remove_stale_temporaries).
+// On one process: safetensors at `path` with every leaf of the TrainState gathered to one device
+// ("params.layers.0.mlp_in", "mu....", "nu....", "count"), plus metadata step, data_position and the
+// config; written atomically (io's per-tensor checksums included: a corrupted tensor is an IoError
+// naming it on load). Saving and loading first delete the checkpoint's temporaries left by runs
+// killed mid-save (io::remove_stale_temporaries). Across processes: a sharded checkpoint in the
+// directory beside it (path without ".safetensors": OUT/ckpt/), each process writing its own blocks
+// (io::save_sharded). Loading reads the newer of the two onto the layout's shardings, with any
+// number of processes.
 void save_checkpoint(const std::filesystem::path& path, const TrainState& state, int64_t step, int64_t data_position,
                      const Config& c);
 struct Checkpoint {

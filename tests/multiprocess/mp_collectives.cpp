@@ -3,6 +3,9 @@
 // what one process computes from the whole value.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "cjax/cjax.h"
@@ -127,4 +130,29 @@ TEST_CASE("sharded jit inserts the collectives between processes") {
   Array x = device_put(whole, NamedSharding(m, P("x")));
   Array total = jit([](const Array& v) { return jnp::sum(v * v, {0}); })(x);
   CHECK(values(total) == host(jnp::sum(whole * whole, {0})));
+}
+
+TEST_CASE("sharded checkpoints: each process writes its own blocks, another layout reads them") {
+  namespace fs = std::filesystem;
+  std::string address = std::getenv("CJAX_COORDINATOR_ADDRESS");
+  fs::path dir = fs::temp_directory_path() / ("cjax_mp_ckpt_" + address.substr(address.rfind(':') + 1));
+  Mesh m = mesh_x();
+  Array whole = rows(16);
+  Array a = device_put(whole, NamedSharding(m, P("x")));
+  Array r = device_put(whole * 2.0f, NamedSharding(m, P()));  // replicated: one block, written by process 0
+  io::save_sharded_entries(dir, {{"a", a}, {"r", r}}, {{"step", "7"}});
+  std::string mine = "process" + std::to_string(process_index()) + ".0.safetensors";
+  REQUIRE(fs::exists(dir / mine));
+  CHECK(io::load_safetensors_entries(dir / mine).size() == size_t(local_device_count() + (process_index() == 0)));
+  CHECK(io::load_sharded_metadata(dir).at("step") == "7");
+  Mesh grid = make_mesh({2, 4}, {"i", "j"});
+  CHECK(values(io::load_sharded(dir, "a", NamedSharding(grid, P("j")))) == host(whole));
+  CHECK(values(io::load_sharded(dir, "a", NamedSharding(grid, P()))) == host(whole));
+  CHECK(values(io::load_sharded(dir, "r", NamedSharding(m, P("x")))) == host(whole * 2.0f));
+  io::save_sharded_entries(dir, {{"a", a}}, {});  // the second save replaces the first one's files
+  CHECK(fs::exists(dir / ("process" + std::to_string(process_index()) + ".1.safetensors")));
+  CHECK_FALSE(fs::exists(dir / mine));
+  CHECK(values(io::load_sharded(dir, "a", NamedSharding(m, P()))) == host(whole));
+  (void)process_allgather(a);  // every process is done reading
+  if (process_index() == 0) fs::remove_all(dir);
 }

@@ -1,0 +1,273 @@
+// Sharded checkpoints (cjax/io.h: save_sharded, load_sharded): a directory that every process of
+// a run writes its own blocks to, and that any number of processes read onto any sharding.
+//
+//   DIR/process<k>.<n>.safetensors  the blocks process k's devices hold, each distinct block once,
+//                                   as tensors "<leaf>@<block>"; n counts the saves into DIR
+//   DIR/index.json                  written last, by process 0, atomically: for every leaf its
+//                                   shape, dtype and blocks (file, tensor, start, stop), plus the
+//                                   metadata and n
+//
+// Which process writes a block is decided from the sharding alone (the first device in the
+// sharding's device order that holds it), so process 0 writes the index without hearing from the
+// others. Two barriers through the coordinator's store bracket the index: every file is written
+// before the index names it, and no process starts the next save (reading n) before the index is
+// in place. Files of earlier saves are removed only after the new index is; a save that dies
+// midway leaves the previous checkpoint whole.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include "cjax/collectives.h"
+#include "cjax/distributed.h"
+#include "cjax/errors.h"
+#include "cjax/io.h"
+#include "cjax/lax.h"
+#include "cjax/numpy.h"
+#include "cjax/sharding.h"
+#include "core/array/array_impl.h"
+#include "core/distributed/kv_store.h"
+#include "core/distributed/runtime.h"
+#include "core/lib/io_internal.h"
+
+namespace cjax::io {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kIndex = "index.json";
+constexpr const char* kFormat = "cjax-sharded-checkpoint";
+
+[[noreturn]] void fail(std::string_view fn, const fs::path& dir, const std::string& problem) {
+  throw IoError(fmt::format("{}: '{}': {}", fn, dir.string(), problem));
+}
+
+// A block of the global array: [start, stop) per dimension.
+struct Block {
+  std::vector<int64_t> start, stop;
+  bool operator==(const Block&) const = default;
+  bool operator<(const Block& o) const { return std::tie(start, stop) < std::tie(o.start, o.stop); }
+};
+
+Block block_of(const std::vector<Slice>& index, const Shape& shape) {
+  Block b;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    bool given = d < index.size();
+    b.start.push_back(given && index[d].start ? *index[d].start : 0);
+    b.stop.push_back(given && index[d].stop ? *index[d].stop : shape[d]);
+  }
+  return b;
+}
+
+// Every device holding a piece of `a`, with the block it holds, in the sharding's device order.
+std::vector<std::pair<Device, Block>> placement(const Array& a) {
+  const Sharding& s = a.sharding();
+  if (const auto* named = dynamic_cast<const NamedSharding*>(&s)) {
+    std::vector<std::vector<Slice>> indices = named->devices_indices(a.shape());
+    std::vector<std::pair<Device, Block>> out;
+    for (size_t k = 0; k < indices.size(); ++k)
+      out.emplace_back(named->mesh().devices()[k], block_of(indices[k], a.shape()));
+    return out;
+  }
+  return {{s.device_set().at(0), block_of({}, a.shape())}};
+}
+
+std::string file_name(int process, int64_t sequence) {
+  return fmt::format("process{}.{}.safetensors", process, sequence);
+}
+
+std::optional<json> read_index(std::string_view fn, const fs::path& dir) {
+  fs::path p = dir / kIndex;
+  if (!fs::exists(p)) return std::nullopt;
+  std::ifstream in(p);
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::exception& e) {
+    fail(fn, dir, fmt::format("index.json is not valid JSON ({})", e.what()));
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("arrays") || !j["arrays"].is_array())
+    fail(fn, dir, "index.json is not a cjax sharded checkpoint index");
+  return j;
+}
+
+json require_index(std::string_view fn, const fs::path& dir) {
+  std::optional<json> j = read_index(fn, dir);
+  if (!j) fail(fn, dir, "no index.json: not a sharded checkpoint (io::save_sharded), or its first save did not finish");
+  return *j;
+}
+
+// Processes meet at `phase` of save number `save` (nothing to do on one process).
+void barrier(const std::string& phase, int64_t save) {
+  distributed::KvStoreClient* store = distributed::store();
+  if (!store) return;
+  auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
+  store->barrier(fmt::format("ckpt{}/{}/{}", distributed::generation(), save, phase), timeout);
+}
+
+}  // namespace
+
+void save_sharded_entries(const fs::path& dir, const std::vector<std::pair<std::string, Array>>& entries,
+                          const Metadata& metadata) {
+  constexpr std::string_view fn = "io::save_sharded";
+  static std::atomic<int64_t> saves{0};  // every process saves in the same order
+  int64_t save = saves.fetch_add(1);
+  std::map<std::string, const Array*> by_name;
+  for (const auto& [name, a] : entries) {
+    if (name.empty() || name.find('@') != std::string::npos)
+      throw ValueError(fmt::format("{}: leaf name '{}' must be non-empty and free of '@'", fn, name));
+    if (!by_name.emplace(name, &a).second) throw ValueError(fmt::format("{}: two leaves are named '{}'", fn, name));
+    if (!concrete(a))
+      throw ConcretizationError(
+          fmt::format("{}: leaf '{}' is a tracer ({}); save concrete arrays, outside jit", fn, name, a.aval().str()));
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail(fn, dir, fmt::format("cannot create the directory: {}", ec.message()));
+  std::optional<json> previous = read_index(fn, dir);
+  int64_t sequence = previous ? previous->value("sequence", int64_t(0)) + 1 : 0;
+
+  // This process's blocks, and (on process 0) the index.
+  int me = process_index();
+  std::vector<std::pair<std::string, Array>> mine;
+  json arrays = json::array();
+  for (const auto& [name, a] : entries) {
+    std::vector<std::pair<Device, Block>> where = placement(a);
+    std::map<Block, Device> writer;
+    for (const auto& [d, b] : where) writer.emplace(b, d);  // the first holder of each block
+    std::vector<Shard> local;
+    if (std::any_of(where.begin(), where.end(), [&](const auto& w) { return process_index_of(w.first) == me; }))
+      local = a.addressable_shards();
+    auto data_on = [&](const Device& d) {
+      for (const Shard& s : local)
+        if (s.device == d) return s.data;
+      throw Error(fmt::format("internal: io::save_sharded found no shard of '{}' on {}", name, d.str()));
+    };
+    json blocks = json::array();
+    int64_t number = 0;
+    for (const auto& [d, b] : where) {
+      if (writer.at(b) != d) continue;  // a copy of a block written by an earlier device
+      std::string tensor = fmt::format("{}@{}", name, number++);
+      int owner = process_index_of(d);
+      if (owner == me) mine.emplace_back(tensor, data_on(d));
+      blocks.push_back(
+          {{"file", file_name(owner, sequence)}, {"tensor", tensor}, {"start", b.start}, {"stop", b.stop}});
+    }
+    arrays.push_back(
+        {{"name", name}, {"shape", a.shape()}, {"dtype", std::string(dtype_name(a.dtype()))}, {"blocks", blocks}});
+  }
+  save_safetensors_entries(dir / file_name(me, sequence), mine);
+  barrier("written", save);
+  if (me == 0) {
+    json index = {{"format", kFormat},    {"version", 1},    {"sequence", sequence}, {"processes", process_count()},
+                  {"metadata", metadata}, {"arrays", arrays}};
+    write_file_atomically(fn, dir / kIndex, index.dump(1));
+    // Files of earlier saves: only now that the index names the new ones.
+    std::regex pattern(R"(process\d+\.(\d+)\.safetensors)");
+    for (const fs::directory_entry& f : fs::directory_iterator(dir, ec)) {
+      std::smatch m;
+      std::string leaf = f.path().filename().string();
+      if (std::regex_match(leaf, m, pattern) && std::stoll(m[1].str()) != sequence) fs::remove(f.path(), ec);
+    }
+  }
+  barrier("indexed", save);
+}
+
+std::vector<std::pair<std::string, AbstractValue>> load_sharded_index(const fs::path& dir) {
+  constexpr std::string_view fn = "io::load_sharded_index";
+  json index = require_index(fn, dir);
+  std::vector<std::pair<std::string, AbstractValue>> out;
+  for (const json& a : index["arrays"]) {
+    std::optional<DType> d = dtype_from_name(a.at("dtype").get<std::string>());
+    if (!d) fail(fn, dir, fmt::format("leaf '{}' has an unknown dtype", a.at("name").get<std::string>()));
+    out.emplace_back(a.at("name").get<std::string>(), AbstractValue{a.at("shape").get<Shape>(), *d, false, {}});
+  }
+  return out;
+}
+
+Metadata load_sharded_metadata(const fs::path& dir) {
+  json index = require_index("io::load_sharded_metadata", dir);
+  return index.value("metadata", json::object()).get<Metadata>();
+}
+
+Array load_sharded(const fs::path& dir, const std::string& name, const Sharding& sharding) {
+  constexpr std::string_view fn = "io::load_sharded";
+  json index = require_index(fn, dir);
+  const json* entry = nullptr;
+  std::vector<std::string> names;
+  for (const json& a : index["arrays"]) {
+    names.push_back(a.at("name").get<std::string>());
+    if (names.back() == name) entry = &a;
+  }
+  if (!entry)
+    fail(fn, dir,
+         fmt::format("has no leaf '{}' (it has {})", name,
+                     names.size() > 8 ? fmt::format("{} leaves", names.size())
+                                      : fmt::format("{}", fmt::join(names, ", "))));
+  Shape shape = entry->at("shape").get<Shape>();
+  std::optional<DType> dtype = dtype_from_name(entry->at("dtype").get<std::string>());
+  if (!dtype) fail(fn, dir, fmt::format("leaf '{}' has an unknown dtype", name));
+  struct Stored {
+    Block block;
+    std::string file, tensor;
+  };
+  std::vector<Stored> stored;
+  for (const json& b : entry->at("blocks"))
+    stored.push_back({{b.at("start").get<std::vector<int64_t>>(), b.at("stop").get<std::vector<int64_t>>()},
+                      b.at("file").get<std::string>(),
+                      b.at("tensor").get<std::string>()});
+  std::map<std::string, Array> read;  // stored blocks read so far, by tensor
+  std::map<Block, Array> assembled;   // blocks made so far (replicas ask for the same one)
+  auto make_block = [&](const std::vector<Slice>& index) -> Array {
+    Block want = block_of(index, shape);
+    if (auto it = assembled.find(want); it != assembled.end()) return it->second;
+    Shape extent;
+    for (size_t d = 0; d < shape.size(); ++d) extent.push_back(want.stop[d] - want.start[d]);
+    Array out = numpy::zeros(extent, *dtype);
+    int64_t covered = 0;
+    for (const Stored& s : stored) {
+      std::vector<int64_t> lo, hi, piece_lo, piece_hi, at;
+      bool overlaps = true;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        lo.push_back(std::max(want.start[d], s.block.start[d]));
+        hi.push_back(std::min(want.stop[d], s.block.stop[d]));
+        overlaps = overlaps && lo[d] < hi[d];
+        piece_lo.push_back(lo[d] - s.block.start[d]);
+        piece_hi.push_back(hi[d] - s.block.start[d]);
+        at.push_back(lo[d] - want.start[d]);
+      }
+      if (!overlaps && !shape.empty()) continue;
+      auto it = read.find(s.tensor);
+      if (it == read.end()) it = read.emplace(s.tensor, load_safetensors_tensor(dir / s.file, s.tensor)).first;
+      Array piece = shape.empty() ? it->second : lax::slice(it->second, piece_lo, piece_hi);
+      std::vector<Array> starts;
+      for (int64_t v : at) starts.push_back(Array(v));
+      out = shape.empty() ? piece : lax::dynamic_update_slice(out, piece, starts);
+      int64_t n = 1;
+      for (size_t d = 0; d < shape.size(); ++d) n *= hi[d] - lo[d];
+      covered += n;
+    }
+    if (covered != shape_size(extent))
+      fail(fn, dir,
+           fmt::format("the stored blocks of '{}' cover {} of the {} elements of a block", name, covered,
+                       shape_size(extent)));
+    assembled.emplace(want, out);
+    return out;
+  };
+  if (const auto* named = dynamic_cast<const NamedSharding*>(&sharding))
+    return make_array_from_callback(shape, *named, make_block);
+  Device d = sharding.device_set().at(0);
+  return device_put(make_block({}), SingleDeviceSharding(d));
+}
+
+}  // namespace cjax::io
