@@ -148,23 +148,34 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     run(rank, send, recv, "all_reduce", {count, size_t(dtype), size_t(op)}, [&] {
       size_t isz = itemsize(dtype), P = processes_.size(), per = (count + P - 1) / P;
       auto range = [&](size_t q) { return std::pair{std::min(count, q * per), std::min(count, (q + 1) * per)}; };
+      auto [lo, hi] = range(size_t(me_));
+      size_t mine = (hi - lo) * isz;
+      // This process's own slices are read where they are, never sent to itself through the
+      // transport. The send buffer of a single member is the alltoallv's input as it stands
+      // (slices in process order) where the own slice is at one end, so it can be left out.
       Packets packets(P, *entry_);
-      if (local_.size() == 1) packets.direct = static_cast<const char*>(sends()[0]);  // already in process order
+      bool direct = local_.size() == 1 && (me_ == 0 || size_t(me_) + 1 == P);
+      if (direct) packets.direct = static_cast<const char*>(sends()[0]) + (me_ == 0 && mine > 0 ? mine : 0);
       for (size_t q = 0; q < P; ++q) {
-        auto [lo, hi] = range(q);
-        if (packets.direct)
-          packets.out_counts[q] = int64_t((hi - lo) * isz);
+        if (q == size_t(me_)) continue;
+        auto [qlo, qhi] = range(q);
+        if (direct)
+          packets.out_counts[q] = int64_t((qhi - qlo) * isz);
         else
-          for (const void* s : sends()) packets.append(q, static_cast<const char*>(s) + lo * isz, (hi - lo) * isz);
-        packets.expect(q, process_ranks_[q].size() * (range(size_t(me_)).second - range(size_t(me_)).first) * isz);
+          for (const void* s : sends()) packets.append(q, static_cast<const char*>(s) + qlo * isz, (qhi - qlo) * isz);
+        packets.expect(q, process_ranks_[q].size() * mine);
       }
       alltoallv(packets);
-      auto [lo, hi] = range(size_t(me_));
       std::vector<char>& reduced = entry_->reduced;
-      reduced.resize((hi - lo) * isz);
+      reduced.resize(mine);
       std::vector<const char*> by_rank(group_.size());
-      for (size_t r = 0; r < group_.size(); ++r)
-        by_rank[r] = packets.received(size_t(process_of_[r])) + size_t(position_[r]) * (hi - lo) * isz;
+      for (size_t r = 0; r < group_.size(); ++r) {
+        if (process_of_[r] == me_) {
+          by_rank[r] = static_cast<const char*>(sends()[size_t(position_[r])]) + lo * isz;
+        } else {
+          by_rank[r] = packets.received(size_t(process_of_[r])) + size_t(position_[r]) * mine;
+        }
+      }
       reduce_in_rank_order(by_rank, reduced.data(), hi - lo, dtype, op);
       std::vector<size_t> counts;
       for (size_t q = 0; q < P; ++q) counts.push_back((range(q).second - range(q).first) * isz);
@@ -172,7 +183,6 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
       copy_to_other_members(count * isz);
     });
   }
-
   void reduce_scatter(int rank, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
     run(rank, send, recv, "reduce_scatter", {count, size_t(dtype), size_t(op)}, [&] {
       size_t block = count * itemsize(dtype);
@@ -377,9 +387,11 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     visit_dtype(dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* o = reinterpret_cast<T*>(out);
-      copy_bytes(o, by_rank[0], count * sizeof(T));
+      if (by_rank.size() == 1) return copy_bytes(o, by_rank[0], count * sizeof(T));
       auto accumulate = [&](auto combine) {
-        for (size_t r = 1; r < by_rank.size(); ++r) {
+        const T *first = reinterpret_cast<const T*>(by_rank[0]), *second = reinterpret_cast<const T*>(by_rank[1]);
+        for (size_t i = 0; i < count; ++i) o[i] = combine(first[i], second[i]);  // one pass for the first two
+        for (size_t r = 2; r < by_rank.size(); ++r) {
           const T* in = reinterpret_cast<const T*>(by_rank[r]);
           for (size_t i = 0; i < count; ++i) o[i] = combine(o[i], in[i]);
         }
