@@ -106,7 +106,7 @@ TEST_CASE("the group's NCCL communicator is made once, its id passed through the
   CHECK(a->size() == 1);
   // A psum ran above: its communicator's id is in the store under the run's generation.
   REQUIRE(distributed::store() != nullptr);
-  CHECK(distributed::store()->check(fmt::format("nccl{}/{}", distributed::generation(), d.id())));
+  CHECK(distributed::store()->check(fmt::format("nccl{}/{}/0", distributed::generation(), d.id())));
   // In place (recv == send), as the interface allows, then a barrier.
   Array x = device_put(jnp::arange(1000).astype(DType::float32), SingleDeviceSharding(d));
   a->all_reduce(0, raw_ptr(x), raw_ptr(x), 1000, DType::float32, ReduceOp::Sum);

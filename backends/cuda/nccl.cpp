@@ -137,8 +137,17 @@ class NcclCommunicator final : public BufferCommunicator {
   NcclCommunicator(std::vector<Device> group, std::string key, std::chrono::milliseconds timeout)
       : group_(std::move(group)), key_(std::move(key)), timeout_(timeout), comms_(group_.size(), nullptr) {}
   ~NcclCommunicator() override {
+    // After a failure, operations may wait for a rank that will not come: abort rather than
+    // destroy (which waits for them).
+    bool failed = !failure_.empty();
     for (ncclComm_t c : comms_)
-      if (c) nccl().ncclCommDestroy(c);
+      if (c) failed ? nccl().ncclCommAbort(c) : nccl().ncclCommDestroy(c);
+    for (size_t r = 0; r < scratch_.size(); ++r)
+      if (scratch_[r] && driver()) driver()->cuMemFreeAsync(scratch_[r], compute_stream(group_[r]));
+  }
+  bool failed() {
+    std::lock_guard lk(mu_);
+    return !failure_.empty();
   }
 
   int size() const override { return int(group_.size()); }
@@ -185,19 +194,19 @@ class NcclCommunicator final : public BufferCommunicator {
     const Device& d = group_[size_t(rank)];
     bool received = false;
     run(rank, "permute", [&](const Nccl& api, ncclComm_t c, CUstream s) {
-      ncclResult_t r = api.ncclGroupStart();
-      for (const auto& [from, to] : pairs) {
-        if (r != ncclSuccess) break;
-        if (from == rank && to == rank) {  // to itself: a copy, not a message
+      for (const auto& [from, to] : pairs)  // to itself: a copy, not a message (before the group opens)
+        if (from == rank && to == rank)
           check(activate(d).cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(recv), reinterpret_cast<CUdeviceptr>(send),
                                               bytes, s),
                 "cuMemcpyDtoDAsync (permute)");
-        } else if (from == rank) {
-          r = api.ncclSend(send, bytes, ncclUint8, to, c, s);
-        } else if (to == rank) {
-          r = api.ncclRecv(recv, bytes, ncclUint8, from, c, s);
-        }
+      ncclResult_t r = api.ncclGroupStart();
+      for (const auto& [from, to] : pairs) {
         received = received || to == rank;
+        if (r != ncclSuccess || from == to) continue;
+        if (from == rank)
+          r = api.ncclSend(send, bytes, ncclUint8, to, c, s);
+        else if (to == rank)
+          r = api.ncclRecv(recv, bytes, ncclUint8, from, c, s);
       }
       ncclResult_t end = api.ncclGroupEnd();
       return r != ncclSuccess ? r : end;
@@ -281,6 +290,7 @@ class NcclCommunicator final : public BufferCommunicator {
 struct Cache {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<NcclCommunicator>> by_key;
+  std::map<std::string, int> made;  // communicators made per group: a part of their ids' keys
 };
 Cache& cache() {
   static Cache* c = [] {
@@ -348,7 +358,12 @@ std::shared_ptr<BufferCommunicator> nccl_communicator(std::span<const Device> gr
   Cache& c = cache();
   std::lock_guard lk(c.mu);
   std::shared_ptr<NcclCommunicator>& slot = c.by_key[key];
-  if (!slot) slot = std::make_shared<NcclCommunicator>(std::vector<Device>(group.begin(), group.end()), key, timeout);
+  // A run that failed aborted its communicator (abort() is what the SPMD runtime calls when a
+  // device fails): the next run of the group gets new NCCL communicators under a new id.
+  if (slot && slot->failed()) slot.reset();
+  if (!slot)
+    slot = std::make_shared<NcclCommunicator>(std::vector<Device>(group.begin(), group.end()),
+                                              fmt::format("{}/{}", key, c.made[key]++), timeout);
   return slot;
 }
 

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -107,12 +108,27 @@ json require_index(std::string_view fn, const fs::path& dir) {
   return *j;
 }
 
+std::chrono::milliseconds collective_timeout() {
+  return std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
+}
+
 // Processes meet at `phase` of save number `save` (nothing to do on one process).
 void barrier(const std::string& phase, int64_t save) {
-  distributed::KvStoreClient* store = distributed::store();
-  if (!store) return;
-  auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
-  store->barrier(fmt::format("ckpt{}/{}/{}", distributed::generation(), save, phase), timeout);
+  if (distributed::KvStoreClient* store = distributed::store())
+    store->barrier(fmt::format("ckpt{}/{}/{}", distributed::generation(), save, phase), collective_timeout());
+}
+
+// Saves are numbered from 0 in every distributed run (every process saves in the same order).
+int64_t next_save_number() {
+  static std::mutex mu;
+  static int generation = -1;
+  static int64_t next = 0;
+  std::lock_guard lk(mu);
+  if (generation != distributed::generation()) {
+    generation = distributed::generation();
+    next = 0;
+  }
+  return next++;
 }
 
 }  // namespace
@@ -120,8 +136,7 @@ void barrier(const std::string& phase, int64_t save) {
 void save_sharded_entries(const fs::path& dir, const std::vector<std::pair<std::string, Array>>& entries,
                           const Metadata& metadata) {
   constexpr std::string_view fn = "io::save_sharded";
-  static std::atomic<int64_t> saves{0};  // every process saves in the same order
-  int64_t save = saves.fetch_add(1);
+  int64_t save = next_save_number();
   std::map<std::string, const Array*> by_name;
   for (const auto& [name, a] : entries) {
     if (name.empty() || name.find('@') != std::string::npos)
@@ -134,8 +149,22 @@ void save_sharded_entries(const fs::path& dir, const std::vector<std::pair<std::
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(fn, dir, fmt::format("cannot create the directory: {}", ec.message()));
-  std::optional<json> previous = read_index(fn, dir);
-  int64_t sequence = previous ? previous->value("sequence", int64_t(0)) + 1 : 0;
+  // Process 0 numbers the save and tells the others (a file system's caches could show another
+  // process an older index, and a wrong number would overwrite files the live index names).
+  int64_t sequence = 0;
+  distributed::KvStoreClient* store = distributed::store();
+  std::string sequence_key = fmt::format("ckpt{}/{}/sequence", distributed::generation(), save);
+  if (process_index() == 0) {
+    std::optional<json> previous = read_index(fn, dir);
+    sequence = previous ? previous->value("sequence", int64_t(0)) + 1 : 0;
+    if (store) {
+      std::string text = std::to_string(sequence);
+      store->set(sequence_key, std::vector<char>(text.begin(), text.end()));
+    }
+  } else {
+    std::vector<char> v = store->get(sequence_key, collective_timeout());
+    sequence = std::stoll(std::string(v.begin(), v.end()));
+  }
 
   // This process's blocks, and (on process 0) the index.
   int me = process_index();
@@ -172,13 +201,19 @@ void save_sharded_entries(const fs::path& dir, const std::vector<std::pair<std::
     json index = {{"format", kFormat},    {"version", 1},    {"sequence", sequence}, {"processes", process_count()},
                   {"metadata", metadata}, {"arrays", arrays}};
     write_file_atomically(fn, dir / kIndex, index.dump(1));
-    // Files of earlier saves: only now that the index names the new ones.
-    std::regex pattern(R"(process\d+\.(\d+)\.safetensors)");
-    for (const fs::directory_entry& f : fs::directory_iterator(dir, ec)) {
+    // Files the index does not name (earlier saves; a save of this number by more processes that
+    // died midway), only now that the index names the new ones. Best effort: the checkpoint is
+    // complete whatever is left.
+    std::regex pattern(R"(process(\d{1,9})\.(\d+)\.safetensors)");
+    std::vector<fs::path> stale;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       std::smatch m;
-      std::string leaf = f.path().filename().string();
-      if (std::regex_match(leaf, m, pattern) && std::stoll(m[1].str()) != sequence) fs::remove(f.path(), ec);
+      std::string leaf = it->path().filename().string();
+      if (!std::regex_match(leaf, m, pattern)) continue;
+      if (m[2].str() != std::to_string(sequence) || std::stoll(m[1].str()) >= process_count())
+        stale.push_back(it->path());
     }
+    for (const fs::path& f : stale) fs::remove(f, ec);
   }
   barrier("indexed", save);
 }
@@ -222,10 +257,18 @@ Array load_sharded(const fs::path& dir, const std::string& name, const Sharding&
     std::string file, tensor;
   };
   std::vector<Stored> stored;
-  for (const json& b : entry->at("blocks"))
-    stored.push_back({{b.at("start").get<std::vector<int64_t>>(), b.at("stop").get<std::vector<int64_t>>()},
-                      b.at("file").get<std::string>(),
-                      b.at("tensor").get<std::string>()});
+  for (const json& b : entry->at("blocks")) {
+    Stored s{{b.at("start").get<std::vector<int64_t>>(), b.at("stop").get<std::vector<int64_t>>()},
+             b.at("file").get<std::string>(),
+             b.at("tensor").get<std::string>()};
+    bool valid = s.block.start.size() == shape.size() && s.block.stop.size() == shape.size() &&
+                 s.file.find('/') == std::string::npos;
+    for (size_t d = 0; valid && d < shape.size(); ++d)
+      valid = 0 <= s.block.start[d] && s.block.start[d] <= s.block.stop[d] && s.block.stop[d] <= shape[d];
+    if (!valid)
+      fail(fn, dir, fmt::format("index.json: a block of '{}' does not fit its shape {}", name, shape_str(shape)));
+    stored.push_back(std::move(s));
+  }
   std::map<std::string, Array> read;  // stored blocks read so far, by tensor
   std::map<Block, Array> assembled;   // blocks made so far (replicas ask for the same one)
   auto make_block = [&](const std::vector<Slice>& index) -> Array {
@@ -248,7 +291,16 @@ Array load_sharded(const fs::path& dir, const std::string& name, const Sharding&
       }
       if (!overlaps && !shape.empty()) continue;
       auto it = read.find(s.tensor);
-      if (it == read.end()) it = read.emplace(s.tensor, load_safetensors_tensor(dir / s.file, s.tensor)).first;
+      if (it == read.end()) {
+        Array t = load_safetensors_tensor(dir / s.file, s.tensor);
+        Shape stored_extent;
+        for (size_t d = 0; d < shape.size(); ++d) stored_extent.push_back(s.block.stop[d] - s.block.start[d]);
+        if (t.shape() != stored_extent || t.dtype() != *dtype)
+          fail(fn, dir,
+               fmt::format("tensor '{}' of {} is {}, but the index says {}", s.tensor, s.file, t.aval().str(),
+                           AbstractValue{stored_extent, *dtype, false, {}}.str()));
+        it = read.emplace(s.tensor, t).first;
+      }
       Array piece = shape.empty() ? it->second : lax::slice(it->second, piece_lo, piece_hi);
       std::vector<Array> starts;
       for (int64_t v : at) starts.push_back(Array(v));
