@@ -121,7 +121,10 @@ struct Signature {
 class ProcessBufferCommunicator final : public RendezvousCommunicator {
  public:
   ProcessBufferCommunicator(std::vector<Device> group, std::vector<int> local_ranks, std::chrono::milliseconds timeout)
-      : RendezvousCommunicator(int(local_ranks.size()), timeout),
+      // This process's other members wait while member 0 runs up to three Gloo operations, each
+      // allowed `timeout`: their wait must outlast those, or a slow peer would make them report
+      // member 0 missing.
+      : RendezvousCommunicator(int(local_ranks.size()), 4 * timeout),
         group_(std::move(group)),
         local_(std::move(local_ranks)),
         timeout_(timeout) {
