@@ -23,7 +23,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <sstream>
 
 #include "cjax/collectives.h"
@@ -83,6 +82,24 @@ std::vector<std::pair<Device, Block>> placement(const Array& a) {
 
 std::string file_name(int process, int64_t sequence) {
   return fmt::format("process{}.{}.safetensors", process, sequence);
+}
+
+// (process, save number) of a file named as file_name() names them; nullopt for any other name.
+std::optional<std::pair<int64_t, int64_t>> parse_file_name(const std::string& leaf) {
+  auto number = [](std::string_view digits) -> std::optional<int64_t> {
+    if (digits.empty() || digits.size() > 15 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return std::nullopt;
+    return std::stoll(std::string(digits));
+  };
+  std::string_view v = leaf, prefix = "process", suffix = ".safetensors";
+  if (v.size() <= prefix.size() + suffix.size() || !v.starts_with(prefix) || !v.ends_with(suffix)) return std::nullopt;
+  v = v.substr(prefix.size(), v.size() - prefix.size() - suffix.size());
+  size_t dot = v.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  std::optional<int64_t> process = number(v.substr(0, dot)), save = number(v.substr(dot + 1));
+  if (!process || !save) return std::nullopt;
+  return std::pair{*process, *save};
 }
 
 std::optional<json> read_index(std::string_view fn, const fs::path& dir) {
@@ -204,14 +221,10 @@ void save_sharded_entries(const fs::path& dir, const std::vector<std::pair<std::
     // Files the index does not name (earlier saves; a save of this number by more processes that
     // died midway), only now that the index names the new ones. Best effort: the checkpoint is
     // complete whatever is left.
-    std::regex pattern(R"(process(\d{1,9})\.(\d+)\.safetensors)");
     std::vector<fs::path> stale;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      std::smatch m;
-      std::string leaf = it->path().filename().string();
-      if (!std::regex_match(leaf, m, pattern)) continue;
-      if (m[2].str() != std::to_string(sequence) || std::stoll(m[1].str()) >= process_count())
-        stale.push_back(it->path());
+      std::optional<std::pair<int64_t, int64_t>> named = parse_file_name(it->path().filename().string());
+      if (named && (named->second != sequence || named->first >= process_count())) stale.push_back(it->path());
     }
     for (const fs::path& f : stale) fs::remove(f, ec);
   }
