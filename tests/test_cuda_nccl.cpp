@@ -19,6 +19,16 @@
 #include "core/distributed/kv_store.h"
 #include "core/distributed/runtime.h"
 
+#if !CJAX_HAVE_NCCL
+namespace {
+const bool g_skip = [] {
+  std::printf("skipped: this build found no nccl.h\n");
+  std::fflush(stdout);
+  std::_Exit(77);
+  return true;
+}();
+}  // namespace
+#else
 using namespace cjax;
 namespace jnp = cjax::numpy;
 
@@ -61,7 +71,7 @@ std::vector<float> fv(const Array& a) {
 
 TEST_CASE("every collective over an NCCL communicator of one rank equals the CPU mesh, eager and under jit") {
   using Body = std::function<Array(const Array&)>;
-  std::vector<std::pair<std::string, Body>> bodies = {
+  std::vector<std::pair<std::string, Body> > bodies = {
       {"psum", [](const Array& b) { return lax::psum(b, "x"); }},
       {"pmax", [](const Array& b) { return lax::pmax(b, "x"); }},
       {"pmin", [](const Array& b) { return lax::pmin(b, "x"); }},
@@ -148,3 +158,5 @@ TEST_CASE("grad through psum and all_gather over NCCL equals the CPU mesh") {
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-4));
 }
+
+#endif  // CJAX_HAVE_NCCL

@@ -35,6 +35,15 @@
 
 namespace cjax::cuda {
 namespace {
+std::string group_name(std::span<const Device> group) {
+  std::vector<std::string> names;
+  for (const Device& d : group) names.push_back(d.str());
+  return fmt::format("[{}]", fmt::join(names, ", "));
+}
+}  // namespace
+
+#if CJAX_HAVE_NCCL
+namespace {
 
 constexpr int kMinVersion = 21800;  // 2.18
 
@@ -124,12 +133,6 @@ std::pair<ncclDataType_t, ncclRedOp_t> nccl_reduction(DType dtype, ReduceOp op) 
                       "collective",
                       dtype_name(dtype)));
   }
-}
-
-std::string group_name(std::span<const Device> group) {
-  std::vector<std::string> names;
-  for (const Device& d : group) names.push_back(d.str());
-  return fmt::format("[{}]", fmt::join(names, ", "));
 }
 
 class NcclCommunicator final : public BufferCommunicator {
@@ -312,6 +315,8 @@ const Nccl& nccl() {
 }
 bool nccl_available() { return nccl_state().ok; }
 
+#endif  // CJAX_HAVE_NCCL
+
 bool collectives_use_nccl(std::span<const Device> group) {
   const char* v = std::getenv("CJAX_CUDA_COLLECTIVES");
   std::string mode = v ? v : "";
@@ -349,6 +354,7 @@ bool collectives_use_nccl(std::span<const Device> group) {
   return !one_gpu || other_process;
 }
 
+#if CJAX_HAVE_NCCL
 std::shared_ptr<BufferCommunicator> nccl_communicator(std::span<const Device> group,
                                                       std::chrono::milliseconds timeout) {
   nccl();  // BackendError naming the paths tried, before any rank waits for the others
@@ -394,5 +400,17 @@ ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank) {
     throw BackendError(fmt::format("ncclCommInitRank (rank {} of {}): {}", rank, nranks, nccl_error(r, nullptr)));
   return c;
 }
+
+#else
+bool nccl_available() { return false; }
+
+std::shared_ptr<BufferCommunicator> nccl_communicator(std::span<const Device> group, std::chrono::milliseconds) {
+  throw BackendError(
+      fmt::format("collectives over {} need NCCL, and this build of cjax found no nccl.h beside the CUDA toolkit's "
+                  "headers; "
+                  "install NCCL's headers (libnccl-dev) and rebuild",
+                  group_name(group)));
+}
+#endif  // CJAX_HAVE_NCCL
 
 }  // namespace cjax::cuda

@@ -11,7 +11,12 @@
 //                    rank per GPU).
 //   "local":         never NCCL (a group over two GPUs raises BackendError).
 #pragma once
+#if __has_include(<nccl.h>)  // NCCL's headers come with some CUDA toolkits, as libnccl-dev with others
 #include <nccl.h>
+#define CJAX_HAVE_NCCL 1
+#else
+#define CJAX_HAVE_NCCL 0
+#endif
 
 #include <chrono>
 #include <memory>
@@ -26,6 +31,7 @@ class KvStoreClient;
 
 namespace cjax::cuda {
 
+#if CJAX_HAVE_NCCL
 #define CJAX_NCCL_FUNCTIONS(X) \
   X(ncclGetVersion)            \
   X(ncclGetUniqueId)           \
@@ -53,6 +59,7 @@ struct Nccl {
 // NCCL (>= 2.18), loaded once: CJAX_NCCL_LIBRARY (a file), then libnccl.so.2 on the loader's path,
 // the toolkit's lib64, and Python's nvidia-nccl wheels. Raises BackendError naming what was tried.
 const Nccl& nccl();
+#endif
 bool nccl_available();
 
 // Whether a cuda group's collectives go through NCCL (see above); BackendError for a setting that
@@ -62,11 +69,14 @@ bool collectives_use_nccl(std::span<const Device> group);
 // process: each member's rank joins on its first collective, from the thread that drives it.
 std::shared_ptr<BufferCommunicator> nccl_communicator(std::span<const Device> group, std::chrono::milliseconds timeout);
 
+#if CJAX_HAVE_NCCL
 // The unique id of a communicator: made by the process that holds its rank 0 (`root`) and passed to
 // the others through the coordinator's store under `key` (store may be null on one process).
 ncclUniqueId share_unique_id(bool root, distributed::KvStoreClient* store, const std::string& key,
                              std::chrono::milliseconds timeout);
 // ncclCommInitRank on the calling thread's current device; BackendError with NCCL's reason.
 ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank);
+
+#endif
 
 }  // namespace cjax::cuda
