@@ -9,9 +9,6 @@
 
 #include "cjax/errors.h"
 
-#define CJAX_STR2(x) #x
-#define CJAX_STR(x) CJAX_STR2(x)
-
 namespace cjax::cuda {
 namespace {
 
@@ -30,11 +27,11 @@ DriverState load_driver() {
     return s;
   }
   // The symbol string is the macro-expanded name (cuMemAlloc -> "cuMemAlloc_v2").
-#define CJAX_X(f)                                                                               \
-  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f)));                       \
-  if (!s.api.f) {                                                                               \
-    s.reason = fmt::format("the NVIDIA driver lacks {} (too old for this build)", CJAX_STR(f)); \
-    return s;                                                                                   \
+#define CJAX_X(f)                                                                                    \
+  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_CUDA_STR(f)));                       \
+  if (!s.api.f) {                                                                                    \
+    s.reason = fmt::format("the NVIDIA driver lacks {} (too old for this build)", CJAX_CUDA_STR(f)); \
+    return s;                                                                                        \
   }
   CJAX_CUDA_DRIVER_FUNCTIONS(CJAX_X)
 #undef CJAX_X
@@ -78,12 +75,7 @@ NvrtcState load_nvrtc() {
         fmt::format("NVRTC (libnvrtc.so.13) not found; tried {}. Install the CUDA 13 toolkit or set CUDA_HOME", tried);
     return s;
   }
-#define CJAX_X(f)                                                         \
-  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f))); \
-  if (!s.api.f) {                                                         \
-    s.reason = fmt::format("{} lacks {}", s.api.path, CJAX_STR(f));       \
-    return s;                                                             \
-  }
+#define CJAX_X(f) CJAX_CUDA_LOAD_OR_RETURN(s, lib, f)
   CJAX_NVRTC_FUNCTIONS(CJAX_X)
 #undef CJAX_X
   s.api.nvrtcVersion(&s.api.major, &s.api.minor);

@@ -81,6 +81,16 @@ std::vector<std::string> toolkit_library_candidates(const std::string& soname);
 // dlopens the first candidate that opens; null if none does. `loaded` gets its path, `tried` the
 // others, comma-separated.
 void* open_first_library(const std::vector<std::string>& candidates, std::string* loaded, std::string* tried);
+// Inside a loader that returns its state `s` (with s.api, s.api.path and s.reason): looks function
+// `f` up in `lib` under its macro-expanded name, or returns s with the reason "<path> lacks <f>".
+#define CJAX_CUDA_STR2(x) #x
+#define CJAX_CUDA_STR(x) CJAX_CUDA_STR2(x)
+#define CJAX_CUDA_LOAD_OR_RETURN(s, lib, f)                                    \
+  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_CUDA_STR(f))); \
+  if (!s.api.f) {                                                              \
+    s.reason = fmt::format("{} lacks {}", s.api.path, CJAX_CUDA_STR(f));       \
+    return s;                                                                  \
+  }
 // Raises BackendError "<what>: CUDA_ERROR_... (description)" unless r is CUDA_SUCCESS.
 void check(CUresult r, const char* what);
 void check_nvrtc(nvrtcResult r, const char* what);

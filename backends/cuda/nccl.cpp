@@ -30,9 +30,6 @@
 #include "core/distributed/kv_store.h"
 #include "core/distributed/runtime.h"
 
-#define CJAX_STR2(x) #x
-#define CJAX_STR(x) CJAX_STR2(x)
-
 namespace cjax::cuda {
 namespace {
 std::string group_name(std::span<const Device> group) {
@@ -80,12 +77,7 @@ NcclState load_nccl() {
         tried);
     return s;
   }
-#define CJAX_X(f)                                                         \
-  s.api.f = reinterpret_cast<decltype(s.api.f)>(dlsym(lib, CJAX_STR(f))); \
-  if (!s.api.f) {                                                         \
-    s.reason = fmt::format("{} lacks {}", s.api.path, CJAX_STR(f));       \
-    return s;                                                             \
-  }
+#define CJAX_X(f) CJAX_CUDA_LOAD_OR_RETURN(s, lib, f)
   CJAX_NCCL_FUNCTIONS(CJAX_X)
 #undef CJAX_X
   s.api.ncclGetVersion(&s.api.version);
@@ -322,36 +314,32 @@ bool collectives_use_nccl(std::span<const Device> group) {
   std::string mode = v ? v : "";
   if (mode != "" && mode != "auto" && mode != "nccl" && mode != "local")
     throw ValueError(fmt::format("CJAX_CUDA_COLLECTIVES={}: expected auto, nccl or local", mode));
-  bool one_gpu = true, other_process = false;
+  // Over this process's members: two on different GPUs, or two on one GPU (virtual devices).
+  bool other_process = false, several_gpus = false, shared_gpu = false;
   for (size_t i = 0; i < group.size(); ++i) {
-    other_process = other_process || !distributed::is_local(group[i]);
-    if (!distributed::is_local(group[i])) continue;
+    if (!distributed::is_local(group[i])) {
+      other_process = true;
+      continue;
+    }
     for (size_t j = 0; j < i; ++j)
-      if (distributed::is_local(group[j]) && gpu(group[j]).device != gpu(group[i]).device) one_gpu = false;
+      if (distributed::is_local(group[j]))
+        (gpu(group[j]).device == gpu(group[i]).device ? shared_gpu : several_gpus) = true;
   }
-  bool shared_gpu = false;  // two members on one GPU: virtual devices
-  for (size_t i = 0; i < group.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (distributed::is_local(group[i]) && distributed::is_local(group[j]) &&
-          gpu(group[i]).device == gpu(group[j]).device)
-        shared_gpu = true;
   if (mode == "nccl") {
     if (shared_gpu)
       throw BackendError(
           fmt::format("CJAX_CUDA_COLLECTIVES=nccl: the group {} has two virtual devices of one GPU, and NCCL takes one "
-                      "rank per "
-                      "GPU; unset CJAX_CUDA_COLLECTIVES (virtual devices then use the in-process kernels)",
+                      "rank per GPU; unset CJAX_CUDA_COLLECTIVES (virtual devices then use the in-process kernels)",
                       group_name(group)));
     return true;
   }
   if (mode == "local") return false;
-  if (shared_gpu && (!one_gpu || other_process))
+  if (shared_gpu && (several_gpus || other_process))
     throw BackendError(
         fmt::format("the group {} mixes virtual devices of one GPU with other GPUs or processes: NCCL takes one rank "
-                    "per GPU; "
-                    "use one device per GPU (unset CJAX_NUM_CUDA_VIRTUAL_DEVICES) or a mesh on one GPU",
+                    "per GPU; use one device per GPU (unset CJAX_NUM_CUDA_VIRTUAL_DEVICES) or a mesh on one GPU",
                     group_name(group)));
-  return !one_gpu || other_process;
+  return several_gpus || other_process;
 }
 
 #if CJAX_HAVE_NCCL

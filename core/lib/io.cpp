@@ -29,11 +29,11 @@ namespace cjax::io {
 
 namespace fs = std::filesystem;
 
-namespace {
-
 [[noreturn]] void fail(std::string_view fn, const fs::path& p, std::string_view problem) {
   throw IoError(fmt::format("{}: '{}': {}", fn, p.string(), problem));
 }
+
+namespace {
 
 const char* file_kind(mode_t m) {
   if (S_ISDIR(m)) return "a directory";

@@ -46,10 +46,6 @@ using json = nlohmann::json;
 constexpr const char* kIndex = "index.json";
 constexpr const char* kFormat = "cjax-sharded-checkpoint";
 
-[[noreturn]] void fail(std::string_view fn, const fs::path& dir, const std::string& problem) {
-  throw IoError(fmt::format("{}: '{}': {}", fn, dir.string(), problem));
-}
-
 // A block of the global array: [start, stop) per dimension.
 struct Block {
   std::vector<int64_t> start, stop;

@@ -22,9 +22,6 @@
 #include "core/array/kernel_table.h"
 #include "core/backend/backend.h"
 
-#define CJAX_STR2(x) #x
-#define CJAX_STR(x) CJAX_STR2(x)
-
 namespace cjax::cuda {
 namespace {
 
@@ -55,9 +52,9 @@ const CublasLt& cublaslt() {
     void* lib = open_first_library(toolkit_library_candidates("libcublasLt.so.13"), &loaded, &tried);
     if (!lib) throw BackendError(fmt::format("cuBLASLt (libcublasLt.so.13) not found; tried {}", tried));
     CublasLt a;
-#define CJAX_X(f)                                                 \
-  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, CJAX_STR(f))); \
-  if (!a.f) throw BackendError("libcublasLt.so.13 lacks " CJAX_STR(f));
+#define CJAX_X(f)                                                      \
+  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, CJAX_CUDA_STR(f))); \
+  if (!a.f) throw BackendError("libcublasLt.so.13 lacks " CJAX_CUDA_STR(f));
     CJAX_CUBLASLT_FUNCTIONS(CJAX_X)
 #undef CJAX_X
     return a;
