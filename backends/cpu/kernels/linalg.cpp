@@ -202,57 +202,15 @@ void store_convert(const T* src, void* dst, DType out, int64_t n) {
   });
 }
 
-// Copies x (element size es) permuted by perm into dst (contiguous).
-template <size_t ES>
-void permute_copy_t(const std::byte* src, const Shape& shape, const std::vector<int64_t>& perm, std::byte* dst) {
-  size_t nd = perm.size();
-  auto sstr = row_major_strides(shape);
-  Shape oshape(nd);
-  std::vector<int64_t> pstr(nd);
-  for (size_t i = 0; i < nd; ++i) {
+// Copies x (element size es) permuted by perm into dst (contiguous): the shared strided copy,
+// which merges runs and cache-blocks transposes.
+void permute_copy(const void* src, const Shape& shape, const std::vector<int64_t>& perm, size_t es, void* dst) {
+  std::vector<int64_t> sstr = row_major_strides(shape), oshape(perm.size()), pstr(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
     oshape[i] = shape[size_t(perm[i])];
     pstr[i] = sstr[size_t(perm[i])];
   }
-  int64_t total = shape_size(oshape);
-  if (total == 0) return;
-  if (nd == 0) {
-    std::memcpy(dst, src, ES);
-    return;
-  }
-  int64_t inner = oshape[nd - 1], istr = pstr[nd - 1];
-  int64_t nrows = total / inner;
-  int64_t grain = std::max<int64_t>(1, kCopyGrain / inner);
-  parallel_for(nrows, grain, [&](int64_t s, int64_t e) {
-    std::vector<int64_t> idx(nd, 0);
-    int64_t rem = s, off = 0;
-    for (size_t i = nd - 1; i-- > 0;) {
-      idx[i] = rem % oshape[i];
-      rem /= oshape[i];
-      off += idx[i] * pstr[i];
-    }
-    for (int64_t r = s; r < e; ++r) {
-      std::byte* o = dst + size_t(r * inner) * ES;
-      const std::byte* in = src + size_t(off) * ES;
-      for (int64_t j = 0; j < inner; ++j) std::memcpy(o + size_t(j) * ES, in + size_t(j * istr) * ES, ES);
-      for (size_t i = nd - 1; i-- > 0;) {  // odometer over the outer dims
-        off += pstr[i];
-        if (++idx[i] < oshape[i]) break;
-        off -= pstr[i] * oshape[i];
-        idx[i] = 0;
-      }
-    }
-  });
-}
-void permute_copy(const void* src, const Shape& shape, const std::vector<int64_t>& perm, size_t es, void* dst) {
-  auto s = static_cast<const std::byte*>(src);
-  auto d = static_cast<std::byte*>(dst);
-  switch (es) {
-    case 1: return permute_copy_t<1>(s, shape, perm, d);
-    case 2: return permute_copy_t<2>(s, shape, perm, d);
-    case 4: return permute_copy_t<4>(s, shape, perm, d);
-    case 8: return permute_copy_t<8>(s, shape, perm, d);
-  }
-  throw Error(fmt::format("internal: permute_copy of element size {}", es));
+  strided_copy(dst, row_major_strides(oshape), src, pstr, oshape, es);
 }
 
 // dot_general's operands as a batched GEMM [B, M, K] x [B, K, N], viewed in place where their
