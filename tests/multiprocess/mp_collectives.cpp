@@ -90,6 +90,24 @@ TEST_CASE("psum, pmax, pmin, all_gather, psum_scatter, all_to_all, ppermute, axi
         host(whole * jnp::repeat(jnp::arange(8).astype(f32), 2).reshape({16, 1})));
 }
 
+TEST_CASE("large all-reduces (pipelined in chunks between processes) give one process's bits") {
+  // Blocks of 4.8 MB and just over 4 MB: every process's slice spans several 1 MB chunks, the last
+  // one short.
+  Mesh m = mesh_x();
+  for (int64_t width : {1200007, 1048579}) {
+    CAPTURE(width);
+    Array whole = random::normal(random::key(uint64_t(width)), {8, width});
+    Array x = device_put(whole, NamedSharding(m, P("x")));
+    // The members' blocks summed in rank order, as the in-process communicator does.
+    Array want = whole[0];
+    for (int64_t k = 1; k < 8; ++k) want = want + whole[k];
+    CHECK(values(jit(shard_map([](const Array& b) { return lax::psum(b, "x"); }, m, P("x"), P()))(x)) ==
+          host(want.reshape({1, width})));
+    CHECK(values(jit(shard_map([](const Array& b) { return lax::pmax(b, "x"); }, m, P("x"), P()))(x)) ==
+          host(jnp::max(whole, {0}).reshape({1, width})));
+  }
+}
+
 TEST_CASE("eager shard_map across processes runs staged, with the same values") {
   Mesh m = mesh_x();
   Array whole = rows(16);
