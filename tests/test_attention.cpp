@@ -3,6 +3,7 @@
 // jit; the fused kernels against the composites directly; what the jaxpr of a training step holds.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 
 #include "cjax/cjax.h"
@@ -134,6 +135,28 @@ TEST_CASE("fused attention: gradients, forward mode and second order equal the u
   Array hf = grad(outer(Impl::fused), argnums<1>)(x.q, x.k, x.v);
   Array hu = grad(outer(Impl::xla), argnums<1>)(x.q, x.k, x.v);
   CHECK(rel_err(hf, hu) < 1e-4);
+}
+
+TEST_CASE("fused attention gradients where a task holds several key heads, and for keys no query reads") {
+  // With batches enough for every thread, a task stages all key heads of a batch entry at once
+  // (and, causal with S > T, writes zero gradients for the keys past the last query).
+  for (auto [B, T, S, N, K] : {std::array<int64_t, 5>{16, 64, 64, 4, 2}, std::array<int64_t, 5>{8, 5, 130, 6, 2}}) {
+    CAPTURE(S);
+    Qkv x = make_qkv(B, T, S, N, K, 16);
+    Array w = random::normal(random::key(12), x.q.shape());
+    auto loss = [&](Impl impl) {
+      return [impl, w](const Array& q, const Array& k, const Array& v) {
+        return jnp::sum(nn::dot_product_attention(q, k, v, {.is_causal = true, .implementation = impl}) * w);
+      };
+    };
+    auto gf = jit(grad(loss(Impl::fused), argnums<0, 1, 2>))(x.q, x.k, x.v);
+    auto gu = grad(loss(Impl::xla), argnums<0, 1, 2>)(x.q, x.k, x.v);
+    CHECK(rel_err(std::get<0>(gf), std::get<0>(gu)) < 1e-5);
+    CHECK(rel_err(std::get<1>(gf), std::get<1>(gu)) < 1e-5);
+    CHECK(rel_err(std::get<2>(gf), std::get<2>(gu)) < 1e-5);
+    if (S > T)  // keys after the last query get no gradient
+      CHECK(jnp::max(jnp::abs(lax::slice(std::get<1>(gf), {0, T, 0, 0}, {B, S, K, 16}))).item<float>() == 0.0f);
+  }
 }
 
 TEST_CASE("fused attention under vmap folds the mapped axis into the batch") {

@@ -205,44 +205,70 @@ Dims dims_of(std::span<const Array> in, const Params& p) {
               round_up(q[3], kLanes)};
 }
 
-// One (batch, key head)'s keys or values as f32, zero padded: rows [S][Hp], and per block of kKeys
-// keys the transposed panel [Hp][kKeys] that S = Q K^T and dP = dO V^T read.
-struct KeyPanels {
-  std::vector<float> rows, panels;
-  template <class T>
-  void load(const T* x, const Dims& d, int64_t b, int64_t kh, int64_t end) {
-    const int64_t padded = round_up(std::max<int64_t>(end, 1), kKeys);
-    rows.assign(size_t(padded * d.Hp), 0.0f);
-    panels.assign(size_t(padded * d.Hp), 0.0f);
-    for (int64_t s = 0; s < end; ++s) {
-      const T* src = x + ((b * d.S + s) * d.K + kh) * d.H;
-      float* row = rows.data() + s * d.Hp;
-      float* panel = panels.data() + (s / kKeys) * kKeys * d.Hp + s % kKeys;
-      for (int64_t h = 0; h < d.H; ++h) {
-        row[h] = float(src[h]);
-        panel[h * kKeys] = row[h];
-      }
-    }
-  }
-  const float* row(int64_t s, const Dims& d) const { return rows.data() + s * d.Hp; }
-  const float* panel(int64_t s0, const Dims& d) const { return panels.data() + (s0 / kKeys) * kKeys * d.Hp; }
-};
-
-// Rows [t0, t0 + rows) of head n as f32 [kQuery][Hp], zero padded.
+// Heads [n0, n1) of rows [r0, r0 + rows) of one batch entry of x ([batch][R][heads][H]) as f32,
+// [head][padded][Hp] zero padded. Read in address order (each row's heads are adjacent): a task
+// that read one head's rows, H elements every heads * H, missed the cache on every row, which
+// cost more than the arithmetic at small head widths.
 template <class T>
-void load_rows(std::vector<float>& dst, const T* x, const Dims& d, int64_t b, int64_t n, int64_t t0, int64_t rows) {
-  dst.assign(size_t(kQuery * d.Hp), 0.0f);
+void load_heads(std::vector<float>& dst, const T* x, int64_t R, int64_t heads, const Dims& d, int64_t b, int64_t r0,
+                int64_t rows, int64_t n0, int64_t n1, int64_t padded) {
+  dst.assign(size_t((n1 - n0) * padded * d.Hp), 0.0f);
   for (int64_t i = 0; i < rows; ++i) {
-    const T* src = x + ((b * d.T + t0 + i) * d.N + n) * d.H;
-    for (int64_t h = 0; h < d.H; ++h) dst[size_t(i * d.Hp + h)] = float(src[h]);
+    const T* src = x + ((b * R + r0 + i) * heads + n0) * d.H;
+    for (int64_t n = 0; n < n1 - n0; ++n) {
+      float* row = dst.data() + (n * padded + i) * d.Hp;
+      for (int64_t h = 0; h < d.H; ++h) row[h] = float(src[n * d.H + h]);
+    }
   }
 }
 template <class T>
-void store_rows(T* x, const std::vector<float>& src, const Dims& d, int64_t b, int64_t n, int64_t t0, int64_t rows) {
+void store_heads(T* x, const std::vector<float>& src, int64_t R, int64_t heads, const Dims& d, int64_t b, int64_t r0,
+                 int64_t rows, int64_t n0, int64_t n1, int64_t padded) {
   for (int64_t i = 0; i < rows; ++i) {
-    T* dst = x + ((b * d.T + t0 + i) * d.N + n) * d.H;
-    for (int64_t h = 0; h < d.H; ++h) dst[h] = T(src[size_t(i * d.Hp + h)]);
+    T* dst = x + ((b * R + r0 + i) * heads + n0) * d.H;
+    for (int64_t n = 0; n < n1 - n0; ++n) {
+      const float* row = src.data() + (n * padded + i) * d.Hp;
+      for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = T(row[h]);
+    }
   }
+}
+
+// Key heads [kh0, kh1) of one batch entry's keys or values as f32, zero padded: rows
+// [head][S'][Hp], and per block of kKeys keys the transposed panel [Hp][kKeys] that S = Q K^T and
+// dP = dO V^T read.
+struct KeyPanels {
+  std::vector<float> rows, panels;
+  int64_t padded = 0;
+  template <class T>
+  void load(const T* x, const Dims& d, int64_t b, int64_t kh0, int64_t kh1, int64_t end) {
+    padded = round_up(std::max<int64_t>(end, 1), kKeys);
+    load_heads(rows, x, d.S, d.K, d, b, 0, end, kh0, kh1, padded);
+    // The panels from the rows (in cache by now), written contiguously.
+    panels.assign(rows.size(), 0.0f);
+    for (int64_t n = 0; n < kh1 - kh0; ++n)
+      for (int64_t s0 = 0; s0 < end; s0 += kKeys) {
+        float* panel = panels.data() + (n * padded + s0) * d.Hp;
+        const float* block = rows.data() + (n * padded + s0) * d.Hp;
+        const int64_t keys = std::min(kKeys, end - s0);
+        for (int64_t h = 0; h < d.H; ++h)
+          for (int64_t k = 0; k < keys; ++k) panel[h * kKeys + k] = block[k * d.Hp + h];
+      }
+  }
+  // Of the n-th loaded head.
+  const float* row(int64_t n, int64_t s, const Dims& d) const { return rows.data() + (n * padded + s) * d.Hp; }
+  const float* panel(int64_t n, int64_t s0, const Dims& d) const { return panels.data() + (n * padded + s0) * d.Hp; }
+};
+
+// Key heads per task: all of them where that leaves every thread several tasks and the staged keys
+// and values in L2, else the largest divisor of K that does (at least one).
+int64_t heads_per_task(const Dims& d, int64_t tasks_per_head_group) {
+  const int64_t want_tasks = 4 * int64_t(num_threads());
+  const int64_t staged_per_head = 4 * round_up(std::max<int64_t>(d.S, 1), kKeys) * d.Hp * int64_t(sizeof(float));
+  for (int64_t hg = d.K; hg > 1; --hg) {
+    if (d.K % hg != 0) continue;
+    if (d.B * (d.K / hg) * tasks_per_head_group >= want_tasks && hg * staged_per_head <= (int64_t(1) << 20)) return hg;
+  }
+  return 1;
 }
 
 // Row i of a logits block, masked from key `kept` on (the causal mask, or past the last key).
@@ -256,42 +282,43 @@ inline void mask_from(float* row, int64_t kept) {
   }
 }
 
-// Query rows as f32 with the softmax scale folded in (scale q) . k = scale (q . k), to within a rounding.
-template <class T>
-void load_scaled_rows(std::vector<float>& dst, const T* x, const Dims& d, int64_t b, int64_t n, int64_t t0,
-                      int64_t rows) {
-  load_rows(dst, x, d, b, n, t0, rows);
-  const float scale = float(d.scale);
-  for (int64_t i = 0; i < rows * d.Hp; i += kLanes) storev(dst.data() + i, loadv(dst.data() + i) * scale);
+inline void scale_rows(std::vector<float>& x, float scale) {
+  for (size_t i = 0; i < x.size(); i += size_t(kLanes)) storev(x.data() + i, loadv(x.data() + i) * scale);
 }
 
 template <class T>
 void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, const Dims& d) {
-  const int64_t qb = d.query_blocks();
-  parallel_for(d.B * d.K * qb, 1, [&](int64_t begin, int64_t end) {
+  const int64_t qb = d.query_blocks(), hg = heads_per_task(d, qb), groups = d.K / hg;
+  // A task: one query block of the query heads of key heads [kh0, kh0 + hg) of one batch entry.
+  parallel_for(d.B * groups * qb, 1, [&](int64_t begin, int64_t end) {
     KeyPanels kp, vp;
-    std::vector<float> qrows, acc, p(size_t(kQuery * kKeys));
+    std::vector<float> qrows, orows, p(size_t(kQuery * kKeys));
     std::vector<float> m(kQuery), l(kQuery);
     int64_t loaded = -1;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t bk = task / qb, b = bk / d.K, kh = bk % d.K;
+      const int64_t bg = task / qb, b = bg / groups, kh0 = (bg % groups) * hg;
+      const int64_t n0 = kh0 * d.G, n1 = (kh0 + hg) * d.G;
       const int64_t t0 = (task % qb) * kQuery, rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8);
       const int64_t s_end = d.key_end(t0, rows);
-      if (loaded != bk) {  // the whole needed range of this (batch, key head)'s keys and values
+      if (loaded != bg) {  // the whole needed range of these key heads' keys and values
         const int64_t need = d.key_end(0, d.T);
-        kp.load(k, d, b, kh, need);
-        vp.load(v, d, b, kh, need);
-        loaded = bk;
+        kp.load(k, d, b, kh0, kh0 + hg, need);
+        vp.load(v, d, b, kh0, kh0 + hg, need);
+        loaded = bg;
       }
-      for (int64_t g = 0; g < d.G; ++g) {
-        const int64_t n = kh * d.G + g;
-        load_scaled_rows(qrows, q, d, b, n, t0, rows);
-        acc.assign(size_t(kQuery * d.Hp), 0.0f);
+      // (scale q) . k = scale (q . k), to within a rounding.
+      load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+      scale_rows(qrows, float(d.scale));
+      orows.assign(qrows.size(), 0.0f);
+      for (int64_t n = n0; n < n1; ++n) {
+        const int64_t kn = n / d.G - kh0;  // its key head, among the loaded ones
+        const float* qn = qrows.data() + (n - n0) * kQuery * d.Hp;
+        float* acc = orows.data() + (n - n0) * kQuery * d.Hp;
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         for (int64_t s0 = 0; s0 < s_end; s0 += kKeys) {
           const int64_t keys = std::min(kKeys, s_end - s0);
-          gemm(p.data(), kKeys, M, kKeys, qrows.data(), d.Hp, 1, kp.panel(s0, d), kKeys, d.Hp, false);
+          gemm(p.data(), kKeys, M, kKeys, qn, d.Hp, 1, kp.panel(kn, s0, d), kKeys, d.Hp, false);
           for (int64_t i = 0; i < M; ++i) {
             float* pi = p.data() + i * kKeys;
             const int64_t kept = i < rows ? d.row_keys(t0 + i, s0, keys) : 0;
@@ -314,19 +341,19 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
             }
             m[size_t(i)] = row_max;
             l[size_t(i)] = l[size_t(i)] * correction + lane_sum(sum);
-            float* o = acc.data() + i * d.Hp;
+            float* o = acc + i * d.Hp;
             for (int64_t h = 0; h < d.Hp; h += kLanes) storev(o + h, loadv(o + h) * correction);
           }
-          gemm(acc.data(), d.Hp, M, d.Hp, p.data(), kKeys, 1, vp.row(s0, d), d.Hp, kKeys, true);
+          gemm(acc, d.Hp, M, d.Hp, p.data(), kKeys, 1, vp.row(kn, s0, d), d.Hp, kKeys, true);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float li = l[size_t(i)], inv = li > 0 ? 1.0f / li : 0.0f;
-          float* o = acc.data() + i * d.Hp;
+          float* o = acc + i * d.Hp;
           for (int64_t h = 0; h < d.Hp; h += kLanes) storev(o + h, loadv(o + h) * inv);
           lse[(b * d.N + n) * d.T + t0 + i] = m[size_t(i)] + std::log(li);
         }
-        store_rows(out, acc, d, b, n, t0, rows);
       }
+      store_heads(out, orows, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
     }
   });
 }
@@ -334,37 +361,45 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
 template <class T>
 void backward_kernel(const T* q, const T* k, const T* v, const T* out, const float* lse, const T* dout, T* dq, T* dk,
                      T* dv, const Dims& d) {
-  parallel_for(d.B * d.K, 1, [&](int64_t begin, int64_t end) {
+  const int64_t hg = heads_per_task(d, 1), groups = d.K / hg;
+  // A task owns key heads [kh0, kh0 + hg) of one batch entry, so its dK and dV accumulate without
+  // sharing and every sum runs in a fixed order.
+  parallel_for(d.B * groups, 1, [&](int64_t begin, int64_t end) {
     KeyPanels kp, vp;
     std::vector<float> qrows, orows, dorows, dqrows, dk_acc, dv_acc, delta(kQuery);
     std::vector<float> p(size_t(kQuery * kKeys)), ds(size_t(kQuery * kKeys));
     const float scale = float(d.scale);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / d.K, kh = task % d.K;
+      const int64_t b = task / groups, kh0 = (task % groups) * hg, n0 = kh0 * d.G, n1 = (kh0 + hg) * d.G;
       const int64_t need = d.key_end(0, d.T);
-      kp.load(k, d, b, kh, need);
-      vp.load(v, d, b, kh, need);
+      kp.load(k, d, b, kh0, kh0 + hg, need);
+      vp.load(v, d, b, kh0, kh0 + hg, need);
       dk_acc.assign(kp.rows.size(), 0.0f);
       dv_acc.assign(kp.rows.size(), 0.0f);
-      for (int64_t g = 0; g < d.G; ++g) {
-        const int64_t n = kh * d.G + g;
-        for (int64_t t0 = 0; t0 < d.T; t0 += kQuery) {
-          const int64_t rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8), s_end = d.key_end(t0, rows);
-          load_scaled_rows(qrows, q, d, b, n, t0, rows);
-          load_rows(orows, out, d, b, n, t0, rows);
-          load_rows(dorows, dout, d, b, n, t0, rows);
-          dqrows.assign(size_t(kQuery * d.Hp), 0.0f);
+      for (int64_t t0 = 0; t0 < d.T; t0 += kQuery) {
+        const int64_t rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8), s_end = d.key_end(t0, rows);
+        load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+        scale_rows(qrows, scale);
+        load_heads(orows, out, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+        load_heads(dorows, dout, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+        dqrows.assign(qrows.size(), 0.0f);
+        for (int64_t n = n0; n < n1; ++n) {
+          const int64_t kn = n / d.G - kh0;
+          const size_t at = size_t((n - n0) * kQuery * d.Hp);
+          const float *qn = qrows.data() + at, *on = orows.data() + at, *don = dorows.data() + at;
+          float* dqn = dqrows.data() + at;
+          float* dkn = dk_acc.data() + kn * kp.padded * d.Hp;
+          float* dvn = dv_acc.data() + kn * kp.padded * d.Hp;
           for (int64_t i = 0; i < rows; ++i) {
             vf s = splat(0.0f);
-            for (int64_t h = 0; h < d.Hp; h += kLanes)
-              s += loadv(dorows.data() + i * d.Hp + h) * loadv(orows.data() + i * d.Hp + h);
+            for (int64_t h = 0; h < d.Hp; h += kLanes) s += loadv(don + i * d.Hp + h) * loadv(on + i * d.Hp + h);
             delta[size_t(i)] = lane_sum(s);
           }
           const float* row_lse = lse + (b * d.N + n) * d.T + t0;
           for (int64_t s0 = 0; s0 < s_end; s0 += kKeys) {
             const int64_t keys = std::min(kKeys, s_end - s0);
-            gemm(p.data(), kKeys, M, kKeys, qrows.data(), d.Hp, 1, kp.panel(s0, d), kKeys, d.Hp, false);
-            gemm(ds.data(), kKeys, M, kKeys, dorows.data(), d.Hp, 1, vp.panel(s0, d), kKeys, d.Hp, false);  // dP
+            gemm(p.data(), kKeys, M, kKeys, qn, d.Hp, 1, kp.panel(kn, s0, d), kKeys, d.Hp, false);
+            gemm(ds.data(), kKeys, M, kKeys, don, d.Hp, 1, vp.panel(kn, s0, d), kKeys, d.Hp, false);  // dP
             for (int64_t i = 0; i < M; ++i) {
               float* pi = p.data() + i * kKeys;
               float* dsi = ds.data() + i * kKeys;
@@ -381,23 +416,23 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
                 storev(dsi + j, pj * (loadv(dsi + j) - delta[size_t(i)]));  // dS / scale
               }
             }
-            gemm(dv_acc.data() + s0 * d.Hp, d.Hp, kKeys, d.Hp, p.data(), 1, kKeys, dorows.data(), d.Hp, M, true);
-            gemm(dk_acc.data() + s0 * d.Hp, d.Hp, kKeys, d.Hp, ds.data(), 1, kKeys, qrows.data(), d.Hp, M, true);
-            gemm(dqrows.data(), d.Hp, M, d.Hp, ds.data(), kKeys, 1, kp.row(s0, d), d.Hp, kKeys, true);
+            gemm(dvn + s0 * d.Hp, d.Hp, kKeys, d.Hp, p.data(), 1, kKeys, don, d.Hp, M, true);
+            gemm(dkn + s0 * d.Hp, d.Hp, kKeys, d.Hp, ds.data(), 1, kKeys, qn, d.Hp, M, true);
+            gemm(dqn, d.Hp, M, d.Hp, ds.data(), kKeys, 1, kp.row(kn, s0, d), d.Hp, kKeys, true);
           }
           // dK took dS / scale against scale q; dQ = scale (dS / scale) K.
-          for (int64_t i = 0; i < rows * d.Hp; i += kLanes) storev(dqrows.data() + i, loadv(dqrows.data() + i) * scale);
-          store_rows(dq, dqrows, d, b, n, t0, rows);
+          for (int64_t i = 0; i < rows * d.Hp; i += kLanes) storev(dqn + i, loadv(dqn + i) * scale);
         }
+        store_heads(dq, dqrows, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
       }
-      for (int64_t s = 0; s < d.S; ++s) {
-        T* dks = dk + ((b * d.S + s) * d.K + kh) * d.H;
-        T* dvs = dv + ((b * d.S + s) * d.K + kh) * d.H;
-        const bool read = s < need;  // keys no query reads (causal, S > T) have zero gradients
-        for (int64_t h = 0; h < d.H; ++h) {
-          dks[h] = T(read ? dk_acc[size_t(s * d.Hp + h)] : 0.0f);
-          dvs[h] = T(read ? dv_acc[size_t(s * d.Hp + h)] : 0.0f);
-        }
+      // Keys no query reads (causal, S > T) have zero gradients: the accumulators' rows past `need`
+      // are zero, and the rows past the padding are written from a zero block.
+      store_heads(dk, dk_acc, d.S, d.K, d, b, 0, need, kh0, kh0 + hg, kp.padded);
+      store_heads(dv, dv_acc, d.S, d.K, d, b, 0, need, kh0, kh0 + hg, kp.padded);
+      if (need < d.S) {
+        std::vector<float> zeros(size_t(hg * (d.S - need) * d.Hp), 0.0f);
+        store_heads(dk, zeros, d.S, d.K, d, b, need, d.S - need, kh0, kh0 + hg, d.S - need);
+        store_heads(dv, zeros, d.S, d.K, d, b, need, d.S - need, kh0, kh0 + hg, d.S - need);
       }
     }
   });
