@@ -27,6 +27,7 @@ std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Arra
   j = sink_broadcasts(*j);
   j = fold_constants(*j);
   j = cse(*j);
+  j = concatenate_pads(*j);
   j = simplify_transposes(*j);
   j = fuse_gemm_updates(*j);
   return dce(*j);

@@ -23,6 +23,10 @@
 //                    evaluated at compile time and become literals,
 //   cse            : an equation identical to an earlier one (primitive, params, inputs) reuses
 //                    its outputs,
+//   concatenate_pads : a sum (add, add_any) of zero pads along one axis that tile it, what the
+//                    transpose of slicing a tensor into pieces emits (the gradient of q, k, v
+//                    split from one projection), becomes one concatenate of the pieces: no
+//                    zero-filled full-size buffers, no adds,
 //   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
 //                    free dimensions of a dot_general's result (what the transpose rule of
 //                    dot_general emits for weight gradients) becomes the dot_general with its
@@ -51,6 +55,7 @@ std::shared_ptr<const Jaxpr> unbroadcast_shard_map_boundaries(const Jaxpr& jaxpr
 std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 // dce: trace/jaxpr.h.
