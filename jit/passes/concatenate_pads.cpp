@@ -17,11 +17,19 @@ bool is_sum(const JaxprEqn& e) {
   return (n == "add" || n == "add_any") && e.inputs.size() == 2 && e.outputs.size() == 1;
 }
 
+using Definitions = std::unordered_map<const void*, const JaxprEqn*>;
+
+// A zero literal, or pvary of one (a shard_map body's padding value).
+bool is_zero(const Atom& a, const Definitions& def_of) {
+  if (auto* l = std::get_if<Literal>(&a)) return l->value().item<double>() == 0.0;
+  auto it = def_of.find(std::get<Var>(a).id());
+  return it != def_of.end() && it->second->primitive->name == "pvary" && it->second->inputs.size() == 1 &&
+         is_zero(it->second->inputs[0], def_of);
+}
+
 // A pad by zeros along one axis only: (axis, lo), else nullopt.
-std::optional<std::pair<int64_t, int64_t>> zero_pad_along_one_axis(const JaxprEqn& e) {
-  if (e.primitive->name != "pad") return std::nullopt;
-  auto* fill = std::get_if<Literal>(&e.inputs[1]);
-  if (!fill || fill->value().item<double>() != 0.0) return std::nullopt;
+std::optional<std::pair<int64_t, int64_t>> zero_pad_along_one_axis(const JaxprEqn& e, const Definitions& def_of) {
+  if (e.primitive->name != "pad" || !is_zero(e.inputs[1], def_of)) return std::nullopt;
   std::optional<std::pair<int64_t, int64_t>> found;
   const auto& cfg = e.params.get<std::vector<std::vector<int64_t>>>("padding_config");
   for (size_t d = 0; d < cfg.size(); ++d) {
@@ -36,7 +44,7 @@ std::optional<std::pair<int64_t, int64_t>> zero_pad_along_one_axis(const JaxprEq
 }  // namespace
 
 std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr) {
-  std::unordered_map<const void*, const JaxprEqn*> def_of;
+  Definitions def_of;
   for (const JaxprEqn& e : jaxpr.eqns())
     for (const Var& v : e.outputs) def_of[v.id()] = &e;
   std::vector<JaxprEqn> eqns;
@@ -59,7 +67,7 @@ std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr) {
       if (it == def_of.end()) return false;
       const JaxprEqn& d = *it->second;
       if (is_sum(d)) return collect(d.inputs[0]) && collect(d.inputs[1]);
-      auto pad = zero_pad_along_one_axis(d);
+      auto pad = zero_pad_along_one_axis(d, def_of);
       if (!pad || (axis >= 0 && pad->first != axis)) return false;
       axis = pad->first;
       leaves.push_back({pad->second, &d});
