@@ -8,7 +8,7 @@
 //   * all_reduce: process q reduces elements [q·m, (q+1)·m) over every rank, in rank order (an
 //     alltoallv brings it every rank's slice), and an allgatherv spreads the slices: the bytes a
 //     ring all-reduce moves, and the same values, bit for bit, as the in-process communicator;
-//     from 4 MB on the same exchange runs in 1 MB chunks on Gloo's unbound buffers, each chunk
+//     from 4 MB on the same exchange runs in 4 MB chunks on Gloo's unbound buffers, each chunk
 //     reduced and passed on while the later ones are in flight (10-20% more bandwidth between two
 //     processes here);
 //   * reduce_scatter, all_to_all, permute: one alltoallv of exactly the blocks each process needs;
@@ -39,6 +39,7 @@
 #include "cjax/distributed.h"
 #include "cjax/errors.h"
 #include "core/array/visit_dtype.h"
+#include "core/backend/backend.h"
 #include "core/backend/rendezvous_communicator.h"
 #include "core/distributed/kv_store.h"
 #include "core/distributed/runtime.h"
@@ -109,9 +110,15 @@ void copy_bytes(void* to, const void* from, size_t n) {
   if (n > 0) std::memcpy(to, from, n);
 }
 
-// all_reduces of at least this many bytes run pipelined, in chunks of kAllReduceChunkBytes.
+// all_reduces of at least this many bytes run pipelined, in chunks of all_reduce_chunk_bytes():
+// 4 MB (0.25, 1, 2 and 4 MB measured between 2 processes on 2 cores: 4 MB was at least as fast
+// as the others at 4-64 MB); CJAX_GLOO_CHUNK_KB (1-4096) changes it (the tests use 1 MB, so that
+// their slices span several chunks).
 constexpr size_t kPipelinedAllReduceBytes = size_t(4) << 20;
-constexpr size_t kAllReduceChunkBytes = size_t(1) << 20;
+size_t all_reduce_chunk_bytes() {
+  static const size_t bytes = size_t(positive_env_int("CJAX_GLOO_CHUNK_KB", 4096)) << 10;
+  return bytes;
+}
 
 // What every process must agree on before an operation moves data.
 struct Signature {
@@ -196,14 +203,14 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
     });
   }
   // The large all_reduce, as the one above (the same slices, the same rank order, so the same bits)
-  // but in chunks of kAllReduceChunkBytes through Gloo's unbound buffers, so that the transfers
+  // but in chunks of all_reduce_chunk_bytes() through Gloo's unbound buffers, so that the transfers
   // overlap the reductions: every chunk a process needs is requested at once; as the chunks of its
   // own slice arrive from every rank, it reduces each into its output and sends it on to the
   // other processes while the later chunks are still arriving.
   void pipelined_all_reduce(size_t count, DType dtype, ReduceOp op) {
     gloo::Context& ctx = *context();
     const size_t isz = itemsize(dtype), P = processes_.size(), per = (count + P - 1) / P;
-    const size_t chunk = std::max<size_t>(1, kAllReduceChunkBytes / isz);
+    const size_t chunk = std::max<size_t>(1, all_reduce_chunk_bytes() / isz);
     auto range = [&](size_t q) { return std::pair{std::min(count, q * per), std::min(count, (q + 1) * per)}; };
     auto chunks_of = [&](size_t q) { return (range(q).second - range(q).first + chunk - 1) / chunk; };
     // Chunk c of slice q: its first element and its size in bytes.

@@ -91,8 +91,8 @@ TEST_CASE("psum, pmax, pmin, all_gather, psum_scatter, all_to_all, ppermute, axi
 }
 
 TEST_CASE("large all-reduces (pipelined in chunks between processes) give one process's bits") {
-  // Blocks of 4.8 MB and just over 4 MB: every process's slice spans several 1 MB chunks, the last
-  // one short.
+  // Blocks of 4.8 MB and just over 4 MB: with CJAX_GLOO_CHUNK_KB=1024 (tests/CMakeLists.txt)
+  // every process's slice spans several chunks, the last one short.
   Mesh m = mesh_x();
   for (int64_t width : {1200007, 1048579}) {
     CAPTURE(width);
