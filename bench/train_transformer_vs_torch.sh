@@ -9,17 +9,30 @@ steps=${2:-60}
 bin=$build/samples/train_transformer
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-# PyTorch with one intra-op thread and with one per core; the ratio is against the faster of the two.
+# PyTorch with one intra-op thread and with one per core; the faster thread count is then run again
+# right before each cjax configuration, and each ratio is against that neighbouring run (this VM's
+# speed drifts by 10-20% over a minute, so one PyTorch figure for the whole table skewed the ratios).
 torch_tps=""
+torch_threads=1
+torch_run() {
+  /usr/bin/python3 "$here/peers/torch_transformer.py" --steps "$steps" --threads "$1" | sed -n 's/^tokens_per_s=//p'
+}
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "PyTorch is not installed (python3-torch); cjax numbers only"
 fi
-printf "%-22s %14s %10s\n" "config" "tokens/s" "vs torch"
+model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+isa=AVX2
+grep -qw avx512f /proc/cpuinfo && isa=AVX-512
+echo "host: $model, $isa, $(nproc) logical cores; cjax kernels: CJAX_ISA=${CJAX_ISA:-native}"
+printf "%-22s %14s %10s %14s\n" "config" "tokens/s" "vs torch" "torch tokens/s"
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   for t in 1 $(nproc); do
-    tps=$(/usr/bin/python3 "$here/peers/torch_transformer.py" --steps "$steps" --threads "$t" | sed -n 's/^tokens_per_s=//p')
+    tps=$(torch_run "$t")
     printf "%-22s %14.0f\n" "pytorch 1.13, $t thr" "$tps"
-    if [ -z "$torch_tps" ] || python3 -c "import sys; sys.exit(0 if $tps > $torch_tps else 1)"; then torch_tps=$tps; fi
+    if [ -z "$torch_tps" ] || python3 -c "import sys; sys.exit(0 if $tps > $torch_tps else 1)"; then
+      torch_tps=$tps
+      torch_threads=$t
+    fi
   done
 fi
 # The sharded layouts twice: as the sample's shard_maps, and as plain jit partitioned by cjax (--mode auto).
@@ -30,8 +43,13 @@ for run in single dp fsdp fsdp_tp dp:auto fsdp:auto fsdp_tp:auto; do
   line=$("$bin" --layout "$layout" --mode "$mode" --steps "$steps" --checkpoint-every 0 --sample-len 0 \
            --out "$out/$run" 2>/dev/null | grep '^final loss')
   tps=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
-  if [ -n "$torch_tps" ]; then ratio=$(python3 -c "print('%.2fx' % ($tps / $torch_tps))"); else ratio="-"; fi
+  if [ -n "$torch_tps" ]; then
+    torch_tps=$(torch_run "$torch_threads")
+    ratio=$(python3 -c "print('%.2fx' % ($tps / $torch_tps))")
+  else
+    ratio="-"
+  fi
   name="cjax $layout"
   [ "$mode" = auto ] && name="cjax $layout (auto)"
-  printf "%-22s %14.0f %10s\n" "$name" "$tps" "$ratio"
+  printf "%-22s %14.0f %10s %14.0f\n" "$name" "$tps" "$ratio" "${torch_tps:-0}"
 done
