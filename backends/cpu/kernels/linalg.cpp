@@ -30,6 +30,7 @@
 #include "core/backend/backend.h"
 #include "core/backend/parallel.h"
 #include "core/lax/scalar_fns.h"
+#include "core/lax/shape.h"
 
 namespace cjax::cpu {
 namespace {
@@ -205,12 +206,9 @@ void store_convert(const T* src, void* dst, DType out, int64_t n) {
 // Copies x (element size es) permuted by perm into dst (contiguous): the shared strided copy,
 // which merges runs and cache-blocks transposes.
 void permute_copy(const void* src, const Shape& shape, const std::vector<int64_t>& perm, size_t es, void* dst) {
-  std::vector<int64_t> sstr = row_major_strides(shape), oshape(perm.size()), pstr(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) {
-    oshape[i] = shape[size_t(perm[i])];
-    pstr[i] = sstr[size_t(perm[i])];
-  }
-  strided_copy(dst, row_major_strides(oshape), src, pstr, oshape, es);
+  Shape oshape(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) oshape[i] = shape[size_t(perm[i])];
+  strided_copy(dst, row_major_strides(oshape), src, transpose_source_strides(shape, perm), oshape, es);
 }
 
 // dot_general's operands as a batched GEMM [B, M, K] x [B, K, N], viewed in place where their
