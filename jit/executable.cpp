@@ -129,6 +129,12 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
   lockstep_ = !has_effects_ && std::none_of(program_.begin(), program_.end(), [](const Instr& i) {
     return i.def && i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params);
   });
+  bool collectives = std::any_of(program_.begin(), program_.end(), [](const Instr& i) {
+    return i.def && (needs_all_devices(*i.def) ||
+                     (i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params)));
+  });
+  bool literal_outputs = std::any_of(out_slots_.begin(), out_slots_.end(), [](int s) { return s < 0; });
+  graph_launches_ = has_effects_ || collectives || literal_outputs ? 0 : program_.size();
   std::string dir = dump_dir();
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
@@ -497,6 +503,7 @@ const Executable::DeviceProgram& Executable::device_program(const Device& d) con
 std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Array> args,
                                              std::span<const size_t> donated_args) const {
   const DeviceProgram& program = device_program(d);
+  if (std::optional<std::vector<Array>> outs = run_as_graph(program, d, args, donated_args)) return std::move(*outs);
   std::vector<Array> slots;
   std::vector<bool> donated;
   bind_inputs(args, donated_args, slots, donated);
@@ -507,6 +514,17 @@ std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Ar
       note_follow_transfer(name_, slots[size_t(s)], d);
       slots[size_t(s)] = device_put(slots[size_t(s)], SingleDeviceSharding(d));
     }
+  run_device_instrs(program, d, slots, donated);
+  std::vector<Array> outs = collect_outputs(slots);
+  // Outputs that stayed on the host (literal outputs, host fallbacks) join the program's device.
+  for (Array& o : outs)
+    if (auto* c = dynamic_cast<ConcreteArray*>(o.impl()); c && c->buffers.size() == 1 && c->device() != d)
+      o = device_put(o, SingleDeviceSharding(d));
+  return outs;
+}
+
+void Executable::run_device_instrs(const DeviceProgram& program, const Device& d, std::vector<Array>& slots,
+                                   std::vector<bool>& donated) const {
   TraceScope scope(eval_trace());
   bool profiling = profiler::enabled();
   for (const Instr& instr : program_) {
@@ -541,12 +559,6 @@ std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Ar
     }
     for (int s : instr.release) slots[size_t(s)] = Array();
   }
-  std::vector<Array> outs = collect_outputs(slots);
-  // Outputs that stayed on the host (literal outputs, host fallbacks) join the program's device.
-  for (Array& o : outs)
-    if (auto* c = dynamic_cast<ConcreteArray*>(o.impl()); c && c->buffers.size() == 1 && c->device() != d)
-      o = device_put(o, SingleDeviceSharding(d));
-  return outs;
 }
 
 std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes,

@@ -111,9 +111,23 @@ class Executable {
   struct DeviceProgram {
     std::shared_ptr<const KernelModule> module;
     std::vector<Array> consts;
+    // The program recorded as a CUDA graph (run_as_graph), replayed under graph_mu.
+    mutable std::mutex graph_mu;
+    mutable std::unique_ptr<RecordedWork> graph;
+    mutable int64_t calls = 0;
+    mutable bool graph_failed = false;
   };
   const DeviceProgram& device_program(const Device& d) const;
   std::vector<Array> run_on_device(const Device& d, std::span<const Array> args, std::span<const size_t> donated) const;
+  void run_device_instrs(const DeviceProgram& program, const Device& d, std::vector<Array>& slots,
+                         std::vector<bool>& donated) const;
+  // The program as one recorded launch (jit/executable_graph.cpp): from its second call on a
+  // device that records (CUDA graphs), where it qualifies; nullopt: run it instruction by
+  // instruction.
+  std::optional<std::vector<Array>> run_as_graph(const DeviceProgram& program, const Device& d,
+                                                 std::span<const Array> args, std::span<const size_t> donated) const;
+  std::unique_ptr<RecordedWork> record_on_device(const DeviceProgram& program, const Device& d,
+                                                 std::span<const Array> args, std::span<const Array> results) const;
   // Whether output o of the kernel may take its input's buffer (nothing else holds it).
   bool may_write_in_place(const Instr& in, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
 
@@ -137,6 +151,13 @@ class Executable {
   bool has_effects_ = false;
   bool cheap_ = false;
   bool lockstep_ = false;
+  // Launches the program issues (instructions), or 0 where it never runs as a recorded graph
+  // (effects, collectives, literal outputs).
+  size_t graph_launches_ = 0;
+
+ public:
+  // Calls that ran as a replay of a recorded graph, in this process (tests, benchmarks).
+  static int64_t graph_replays();
 };
 
 // Fusion and code generation on (default) or off (CJAX_DISABLE_FUSION=1: every equation runs its

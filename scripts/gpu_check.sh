@@ -3,7 +3,9 @@
 #   scripts/gpu_bundle.sh   (here, on the development machine).
 # Unpacks the bundle, runs the cuda tests (jit's fused kernels under compute-sanitizer too; CPU
 # suites named in GPU_CHECK_CPU_SUITES), and bench_cuda with its PyTorch/JAX peers. Writes logs under
-# $OUT (or ./gpu_out) and prints a summary last.
+# $OUT (or ./gpu_out) and prints a summary last. GPU_CHECK_ONLY="tests train mesh bench sanitizer"
+# (any of them) runs those sections only; GPU_CHECK_TESTS names the GPU test programs;
+# GPU_CHECK_STEP_LIMIT caps every step's time limit (seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}
@@ -19,9 +21,11 @@ if [ -z "${CJAX_NCCL_LIBRARY:-}" ] && [ ! -e /usr/local/cuda/lib64/libnccl.so.2 
   [ -f "$lib" ] && export CJAX_NCCL_LIBRARY=$lib
 fi
 summary=()
+want() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 step() {  # step <name> <timeout s> <command...>
   local name=$1 limit=$2
   shift 2
+  [ -n "${GPU_CHECK_STEP_LIMIT:-}" ] && [ "$GPU_CHECK_STEP_LIMIT" -lt "$limit" ] && limit=$GPU_CHECK_STEP_LIMIT
   local t0=$SECONDS
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
@@ -30,19 +34,21 @@ step() {  # step <name> <timeout s> <command...>
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
-for t in test_cuda_nccl test_cuda_mesh test_cuda_jit test_cuda_offline test_cuda_device test_cuda_kernels ${GPU_CHECK_CPU_SUITES:-}; do
-  [ -x "$bin/$t" ] && step "$t" 300 env CJAX_LOG_FALLBACKS=1 "$bin/$t"
-done
-# CPU suites with the GPU as the default platform (CJAX_PLATFORM=cuda): created arrays live on the
-# GPU; primitives without a cuda kernel run as counted host fallbacks.
-for t in ${GPU_CHECK_PLATFORM_SUITES:-test_core}; do
-  [ -x "$bin/$t" ] && step "cuda_default_$t" 240 env CJAX_PLATFORM=cuda "$bin/$t"
-done
+if want tests; then
+  for t in ${GPU_CHECK_TESTS:-test_cuda_jit test_cuda_nccl test_cuda_mesh test_cuda_offline test_cuda_device test_cuda_kernels} ${GPU_CHECK_CPU_SUITES:-}; do
+    [ -x "$bin/$t" ] && step "$t" 300 env CJAX_LOG_FALLBACKS=1 CJAX_LOG_GRAPHS=1 "$bin/$t"
+  done
+  # CPU suites with the GPU as the default platform (CJAX_PLATFORM=cuda): created arrays live on the
+  # GPU; primitives without a cuda kernel run as counted host fallbacks.
+  for t in ${GPU_CHECK_PLATFORM_SUITES:-test_core}; do
+    [ -x "$bin/$t" ] && step "cuda_default_$t" 240 env CJAX_PLATFORM=cuda "$bin/$t"
+  done
+fi
 # The transformer sample on one GPU (f32 and bf16), and on this host's CPU cores for comparison.
 train() {  # train <name> <steps> <flags...>
   local name=$1 steps=$2
   shift 2
-  step "$name" 300 env CJAX_LOG_FALLBACKS=1 ${GPU_CHECK_PRELOAD:+LD_PRELOAD=$GPU_CHECK_PRELOAD} "$bin/train_transformer" --steps "$steps" \
+  step "$name" 300 env CJAX_LOG_FALLBACKS=1 CJAX_LOG_GRAPHS=1 ${train_env:-} ${GPU_CHECK_PRELOAD:+LD_PRELOAD=$GPU_CHECK_PRELOAD} "$bin/train_transformer" --steps "$steps" \
     --data samples/data/kjv.txt --out "$out/$name" --checkpoint-every 100000 "$@"
   grep -h "first step" "$out/$name.log" | sed "s/^/$name: /" >> "$out/figures.txt"
 }
@@ -66,16 +72,34 @@ else:
 PY
 }
 steps=${GPU_CHECK_TRAIN_STEPS:-300}
-train train_cuda "$steps" --layout single --platform cuda
-# A second process: the step's kernels come from the disk cache (CJAX_CACHE_DIR).
-train train_cuda_cached 20 --layout single --platform cuda
-train train_cuda_bf16 "$steps" --layout single --platform cuda --bf16
-train train_cpu "$steps" --layout single --platform cpu
-losses train_cuda train_cpu
+# jax_peer <name> <flags...>: the same model in JAX (bench/peers/jax_transformer.py), on the GPU.
+jax_peer() {
+  local name=$1
+  shift
+  step "$name" 300 env PYTHONUNBUFFERED=1 python3 bench/peers/jax_transformer.py --steps "$steps" \
+    --data samples/data/kjv.txt --platform gpu "$@"
+  grep -h "jax_transformer:" "$out/$name.log" | sed "s/^/$name: /" >> "$out/figures.txt"
+}
+if want train; then
+  train train_cuda "$steps" --layout single --platform cuda
+  # The step instruction by instruction (no CUDA graph): the same bits, slower.
+  train_env=CJAX_CUDA_GRAPHS=0
+  train train_cuda_nographs "$steps" --layout single --platform cuda
+  train_env=
+  losses train_cuda train_cuda_nographs
+  jax_peer jax_f32_highest --dtype f32 --matmul-precision highest
+  jax_peer jax_f32 --dtype f32
+  train train_cuda_bf16 "$steps" --layout single --platform cuda --bf16
+  jax_peer jax_bf16 --dtype bf16
+  # A second process: the step's kernels come from the disk cache (CJAX_CACHE_DIR).
+  train train_cuda_cached 20 --layout single --platform cuda
+  train train_cpu "$steps" --layout single --platform cpu
+  losses train_cuda train_cpu
+fi
 # The sharded layouts on 8 virtual devices of the GPU: losses as the CPU mesh's (to the GEMMs'
 # rounding) and bitwise equal between two GPU runs; then the tutorial's MLP strategies on them.
 mesh_steps=${GPU_CHECK_MESH_STEPS:-100}
-for layout in ${GPU_CHECK_MESH_LAYOUTS:-dp fsdp fsdp_tp fsdp:auto}; do
+want mesh && for layout in ${GPU_CHECK_MESH_LAYOUTS:-dp fsdp fsdp_tp fsdp:auto}; do
   flags=(--layout "${layout%%:*}" --devices 8)
   [[ $layout == *:auto ]] && flags+=(--mode auto)
   name=${layout/:/_}
@@ -85,13 +109,15 @@ for layout in ${GPU_CHECK_MESH_LAYOUTS:-dp fsdp fsdp_tp fsdp:auto}; do
   losses "train_cuda_$name" "train_cuda_${name}_again"
   losses "train_cuda_$name" "train_cpu_$name"
 done
-for t in ${GPU_CHECK_MESH_SUITES:-test_examples_shard_map}; do
+want mesh && for t in ${GPU_CHECK_MESH_SUITES:-test_examples_shard_map}; do
   [ -x "$bin/$t" ] && step "cuda_mesh_$t" 180 env CJAX_PLATFORM=cuda CJAX_NUM_CUDA_VIRTUAL_DEVICES=8 "$bin/$t"
 done
 [ -n "${GPU_CHECK_QUICK:-}" ] && { echo "==== figures"; cat "$out/figures.txt"; echo "==== summary"; printf '%s\n' "${summary[@]}"; exit 0; }
-step bench_cuda 300 env CJAX_LOG_FALLBACKS=1 "$bin/bench_cuda"
-step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
-if command -v compute-sanitizer >/dev/null; then
+if want bench; then
+  step bench_cuda 300 env CJAX_LOG_FALLBACKS=1 "$bin/bench_cuda"
+  [ -z "${GPU_CHECK_NO_PEERS:-}" ] && step peers 300 env PYTHONUNBUFFERED=1 python3 bench/peers/cuda_eager_peers.py "$out/bench_cuda.log"
+fi
+if want sanitizer && command -v compute-sanitizer >/dev/null; then
   # The fused-kernel corpus under memcheck, racecheck (shared memory of the row reductions) and
   # synccheck (barriers); GPU_CHECK_FULL_SANITIZER=1 adds the eager kernels' suites.
   for tool in memcheck racecheck synccheck; do

@@ -138,3 +138,98 @@ TEST_CASE("jit refuses arguments committed to two devices, naming them") {
   CHECK(device_of(r) == kGpu);
   CHECK(r.to_vector<float>() == std::vector<float>{2, 2, 2, 2});
 }
+
+namespace {
+struct GraphsOff {  // CJAX_CUDA_GRAPHS=0 while it lives (read at every call)
+  GraphsOff() { setenv("CJAX_CUDA_GRAPHS", "0", 1); }
+  ~GraphsOff() { unsetenv("CJAX_CUDA_GRAPHS"); }
+};
+bool same_bits(const Array& a, const Array& b) {
+  std::vector<double> x = a.astype(f64).to_vector<double>(), y = b.astype(f64).to_vector<double>();
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+}
+}  // namespace
+
+TEST_CASE("a jit program of several kernels runs as one CUDA graph from its second call, with the same bits") {
+  cuda_corpus::Program mlp = cuda_corpus::programs().back();
+  REQUIRE(mlp.name == "MLP training step");
+  auto step = jit(mlp.fn);
+  std::vector<Array> a = to_gpu(mlp.args), b = to_gpu(mlp.args);
+  b[3] = on_gpu(cuda_corpus::normal(99, mlp.args[3].shape()));  // other inputs, other buffers
+  std::vector<Array> want_a, want_b;
+  {
+    GraphsOff off;
+    want_a = step(a);
+    want_b = step(b);
+  }
+  int64_t replays = Executable::graph_replays();
+  std::vector<Array> first = step(a);  // the first call with graphs on runs directly
+  CHECK(Executable::graph_replays() == replays);
+  std::vector<Array> ga = step(a);  // recorded, then replayed
+  std::vector<Array> gb = step(b);  // replayed with b's buffers
+  std::vector<Array> ga2 = step(a);
+  CHECK(Executable::graph_replays() == replays + 3);
+  REQUIRE(ga.size() == want_a.size());
+  for (size_t o = 0; o < ga.size(); ++o) {
+    CAPTURE(o);
+    CHECK(same_bits(ga[o], want_a[o]));
+    CHECK(same_bits(gb[o], want_b[o]));   // the replay read b, not the recorded a
+    CHECK(same_bits(ga2[o], want_a[o]));  // and gb's replay did not write over ga's results
+    CHECK(same_bits(first[o], want_a[o]));
+    CHECK(raw_ptr(ga[o]) != raw_ptr(ga2[o]));  // each call gets results of its own
+  }
+  // Intermediates live in the graph's memory: replays allocate only their results.
+  MemoryStats m0 = memory_stats(kGpu);
+  for (int i = 0; i < 5; ++i) step(a);
+  CHECK(memory_stats(kGpu).bytes_in_use == m0.bytes_in_use);
+}
+
+TEST_CASE("a recorded training step reads each call's arguments and writes the donated buffers") {
+  cuda_corpus::Program mlp = cuda_corpus::programs().back();
+  auto body = [&](const std::vector<Array>& w, const Array& x, const Array& labels) {
+    std::vector<Array> out = mlp.fn({w[0], w[1], w[2], x, labels});
+    return std::vector<Array>(out.begin() + 1, out.end());
+  };
+  auto step = jit(body, {.donate_argnums = {0}});
+  std::vector<Array> want = {mlp.args[0], mlp.args[1], mlp.args[2]};
+  std::vector<Array> gw = to_gpu(want);
+  int64_t replays = Executable::graph_replays();
+  for (int i = 0; i < 6; ++i) {
+    Array x = cuda_corpus::normal(uint32_t(200 + i), mlp.args[3].shape());  // a new batch each step
+    want = step(want, x, mlp.args[4]);
+    const void* donated = raw_ptr(gw[0]);
+    gw = step(gw, on_gpu(x), on_gpu(mlp.args[4]));
+    CHECK(raw_ptr(gw[0]) == donated);  // the result took the donated buffer
+  }
+  CHECK(Executable::graph_replays() - replays == 5);
+  for (size_t k = 0; k < want.size(); ++k) CHECK(count_mismatches(want[k], gw[k], 1e-4) == 0);
+}
+
+TEST_CASE("a program that reads device memory on the host is not recorded and runs instruction by instruction") {
+  // cumsum has no cuda kernel yet: a counted host fallback, which a recording cannot hold.
+  auto f = jit([](const Array& x) { return jnp::cumsum(jnp::tanh(x) * 2.0f) + jnp::sum(x); });
+  Array x = cuda_corpus::normal(5, {300});
+  Array want = f(x);
+  Array gx = on_gpu(x);
+  int64_t replays = Executable::graph_replays();
+  for (int i = 0; i < 3; ++i) CHECK(count_mismatches(want, f(gx), 1e-5) == 0);
+  CHECK(Executable::graph_replays() == replays);
+}
+
+TEST_CASE("a single-kernel program is never recorded; CJAX_CUDA_GRAPHS=0 turns recording off") {
+  Array x = on_gpu(cuda_corpus::normal(6, {1000}));
+  auto one = jit([](const Array& v) { return jnp::sin(v) * 2.0f; });
+  auto two = jit([](const Array& v) { return jnp::matmul(jnp::reshape(v, {10, 100}), jnp::ones({100, 4})) * 2.0f; });
+  int64_t replays = Executable::graph_replays();
+  for (int i = 0; i < 3; ++i) one(x);
+  CHECK(Executable::graph_replays() == replays);
+  {
+    GraphsOff off;
+    for (int i = 0; i < 3; ++i) two(x);
+    CHECK(Executable::graph_replays() == replays);
+  }
+  two(x);  // the first call with recording on runs directly
+  Array r = two(x);
+  CHECK(Executable::graph_replays() == replays + 1);
+  CHECK(r.shape() == Shape{10, 4});
+}

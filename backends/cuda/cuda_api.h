@@ -36,7 +36,26 @@ namespace cjax::cuda {
   X(cuMemGetInfo)                     \
   X(cuModuleLoadData)                 \
   X(cuModuleGetFunction)              \
-  X(cuLaunchKernel)
+  X(cuLaunchKernel)                   \
+  X(cuStreamCreate)                   \
+  X(cuStreamDestroy)                  \
+  X(cuStreamSynchronize)              \
+  X(cuMemcpyHtoDAsync)                \
+  X(cuMemcpyDtoHAsync)                \
+  X(cuStreamBeginCapture)             \
+  X(cuStreamEndCapture)               \
+  X(cuGraphInstantiateWithFlags)      \
+  X(cuGraphLaunch)                    \
+  X(cuGraphDestroy)                   \
+  X(cuGraphExecDestroy)               \
+  X(cuGraphGetNodes)                  \
+  X(cuGraphNodeGetType)               \
+  X(cuGraphMemcpyNodeGetParams)       \
+  X(cuGraphExecMemcpyNodeSetParams)   \
+  X(cuDeviceGetGraphMemAttribute)     \
+  X(cuThreadExchangeStreamCaptureMode) \
+  X(cuMemAllocHost)                   \
+  X(cuMemFreeHost)
 
 #define CJAX_NVRTC_FUNCTIONS(X) \
   X(nvrtcVersion)               \

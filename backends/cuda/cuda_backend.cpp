@@ -1,11 +1,12 @@
 // The cuda platform behind the backend seam (core/backend/backend.h): one cjax Device per GPU, memory
-// from each GPU's stream-ordered pool, synchronous host copies, and NVRTC modules.
+// from each GPU's stream-ordered pool, host copies ordered on the compute stream, and NVRTC modules.
 //
-// Ordering: each GPU's compute stream (Backend::stream) is, for now, the legacy default stream:
-// every kernel and every free is issued on it, and the host copies (cuMemcpyHtoD/DtoH)
-// synchronise with it, so a host read sees every kernel issued before it and a freed buffer is
-// reused only after the kernels that used it. Streams of their own per device, with events on
-// buffers, replace it when jit programs overlap on the GPU.
+// Ordering: each GPU has one compute stream of its own (non-blocking: the legacy default stream
+// does not wait for it, nor it for the legacy stream). Every kernel, library call, allocation,
+// free and copy is issued on it, so a host read (a copy on the stream, then a synchronisation of
+// the stream) sees every kernel issued before it, and a freed block is reused only after the
+// kernels that used it. Virtual devices share GPU 0's stream. A thread that records a CUDA graph
+// (backends/cuda/graphs.h) issues its work on the recording's capture stream instead.
 #include <absl/container/flat_hash_map.h>
 #include <fmt/format.h>
 
@@ -19,6 +20,7 @@
 
 #include "backends/cuda/buffer_communicator.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/graphs.h"
 #include "backends/cuda/nccl.h"
 #include "cjax/collectives.h"
 #include "cjax/errors.h"
@@ -29,9 +31,19 @@ namespace {
 
 class CudaStream final : public Stream {
  public:
-  using Stream::Stream;
-  void synchronize() override { check(activate(device()).cuCtxSynchronize(), "cuCtxSynchronize"); }
-  void* native_handle() const override { return nullptr; }  // CUstream 0: the legacy default stream
+  CudaStream(Device d, CUcontext context, CUstream stream) : Stream(d), context_(context), stream_(stream) {}
+  void synchronize() override {
+    check(activate(device()).cuStreamSynchronize(static_cast<CUstream>(native_handle())), "cuStreamSynchronize");
+  }
+  void* native_handle() const override {
+    CUstream recording = recording_stream(context_);
+    return recording ? recording : stream_;
+  }
+  CUstream compute() const { return stream_; }
+
+ private:
+  CUcontext context_;
+  CUstream stream_;
 };
 
 struct Gpu {
@@ -62,7 +74,9 @@ class CudaBackend final : public Backend {
     Gpu& g = gpu_of(d);
     const Driver& api = activate(d);
     CUdeviceptr p = 0;
-    CUresult r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, compute_stream(d));
+    CUresult r = CUDA_SUCCESS;
+    if (!recording_allocate(g.info.context, nbytes ? nbytes : 1, &p))
+      r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, g.stream->compute());
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
       size_t free = 0, total = 0;
       api.cuMemGetInfo(&free, &total);
@@ -82,19 +96,23 @@ class CudaBackend final : public Backend {
   void deallocate(const Device& d, void* p, size_t nbytes) override {
     Gpu& g = gpu_of(d);
     const Driver& api = activate(d);
-    api.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), compute_stream(d));  // destructors do not throw
+    auto ptr = reinterpret_cast<CUdeviceptr>(p);
+    if (!forget_dropped_allocation(ptr) && !recording_free(g.info.context, ptr))
+      api.cuMemFreeAsync(ptr, g.stream->compute());  // destructors do not throw
     std::lock_guard lock(g.mu);
     g.stats.bytes_in_use -= int64_t(nbytes);
   }
   MemoryStats memory_stats(const Device& d) override {
     Gpu& g = gpu_of(d);
     const Driver& api = activate(d);
-    cuuint64_t reserved = 0, used = 0;
+    cuuint64_t reserved = 0, used = 0, graphs = 0;
     api.cuMemPoolGetAttribute(g.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     api.cuMemPoolGetAttribute(g.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    // The memory CUDA graphs keep for their intermediates between launches.
+    api.cuDeviceGetGraphMemAttribute(g.info.device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &graphs);
     std::lock_guard lock(g.mu);
     MemoryStats s = g.stats;
-    s.bytes_cached = int64_t(reserved > used ? reserved - used : 0);
+    s.bytes_cached = int64_t(reserved > used ? reserved - used : 0) + int64_t(graphs);
     return s;
   }
   void reset_peak_memory(const Device& d) override {
@@ -102,25 +120,52 @@ class CudaBackend final : public Backend {
     std::lock_guard lock(g.mu);
     g.stats.peak_bytes_in_use = g.stats.bytes_in_use;
   }
+  // Host copies are queued on the compute stream (after the kernels that write `src`), and a read
+  // waits for its copy. A pageable source is staged by the driver before the call returns; while
+  // the thread records a graph, the graph keeps a pinned copy of the source (graphs.h).
   void copy_to_host(const Device& d, const void* src, void* host_dst, size_t nbytes) override {
-    check(activate(d).cuMemcpyDtoH(host_dst, reinterpret_cast<CUdeviceptr>(src), nbytes), "cuMemcpyDtoH");
+    CUstream s = host_copy_stream(d, "a read of device memory on the host");
+    const Driver& api = activate(d);
+    check(api.cuMemcpyDtoHAsync(host_dst, reinterpret_cast<CUdeviceptr>(src), nbytes, s), "cuMemcpyDtoHAsync");
+    check(api.cuStreamSynchronize(s), "cuStreamSynchronize");
   }
   void copy_from_host(const Device& d, void* dst, const void* host_src, size_t nbytes) override {
-    check(activate(d).cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes), "cuMemcpyHtoD");
+    Gpu& g = gpu_of(d);
+    const Driver& api = activate(d);
+    if (recording_copy_from_host(g.info.context, reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes)) return;
+    check(api.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), host_src, nbytes, g.stream->compute()),
+          "cuMemcpyHtoDAsync");
   }
   void copy_between_devices(const Device& from, const void* src, const Device& to, void* dst, size_t nbytes) override {
     if (gpu_of(from).info.context != gpu_of(to).info.context)  // two GPUs: through the host
       return Backend::copy_between_devices(from, src, to, dst, nbytes);
-    check(activate(to).cuMemcpyDtoD(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), nbytes),
-          "cuMemcpyDtoD");
+    check(activate(to).cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), nbytes,
+                                         compute_stream(to)),
+          "cuMemcpyDtoDAsync");
   }
-  void synchronize(const Device& d) override { check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize"); }
+  void synchronize(const Device& d) override {
+    check(activate(d).cuStreamSynchronize(host_copy_stream(d, "a synchronisation")), "cuStreamSynchronize");
+  }
+  std::unique_ptr<WorkRecording> begin_recording(const Device& d) override {
+    Gpu& g = gpu_of(d);
+    return cuda::begin_recording(d, g.info.context, g.stream->compute());
+  }
   Stream& stream(const Device& d) override { return *gpu_of(d).stream; }
   KernelCompiler* kernel_compiler() override { return &fused_kernel_compiler(); }
   std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
     auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
     if (collectives_use_nccl(group)) return nccl_communicator(group, timeout);
     return make_buffer_communicator(group, timeout);
+  }
+
+  // The compute stream, for a host copy or a synchronisation: raises BackendError while the
+  // calling thread records (the recorded work has not run; its memory holds nothing yet).
+  CUstream host_copy_stream(const Device& d, const char* what) {
+    Gpu& g = gpu_of(d);
+    if (recording_stream(g.info.context))
+      throw BackendError(fmt::format("{} on {} while recording a CUDA graph: recorded work cannot be read on the host",
+                                     what, d.str()));
+    return g.stream->compute();
   }
 
   Gpu& gpu_of(const Device& d) {
@@ -148,7 +193,6 @@ class CudaBackend final : public Backend {
         if (virtual_devices > 1) n = std::min(n, 1);
         for (int i = 0; i < n; ++i) {
           auto g = std::make_unique<Gpu>();
-          g->stream = std::make_unique<CudaStream>(Device(Platform::cuda, i));
           GpuInfo& info = g->info;
           check(api->cuDeviceGet(&info.device, i), "cuDeviceGet");
           char name[256] = {};
@@ -161,6 +205,9 @@ class CudaBackend final : public Backend {
           check(api->cuDevicePrimaryCtxRetain(&info.context, info.device), "cuDevicePrimaryCtxRetain");
           check(api->cuCtxSetCurrent(info.context), "cuCtxSetCurrent");
           check(api->cuDeviceGetDefaultMemPool(&g->pool, info.device), "cuDeviceGetDefaultMemPool");
+          CUstream stream = nullptr;
+          check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+          g->stream = std::make_unique<CudaStream>(Device(Platform::cuda, i), info.context, stream);
           // Keep freed memory in the pool (like the CPU caching allocator) instead of returning it
           // to the driver at every synchronisation.
           cuuint64_t keep = ~cuuint64_t(0);
@@ -173,7 +220,8 @@ class CudaBackend final : public Backend {
           auto g = std::make_unique<Gpu>();
           g->info = gpus_[0]->info;
           g->pool = gpus_[0]->pool;
-          g->stream = std::make_unique<CudaStream>(Device(Platform::cuda, i));
+          g->stream =
+              std::make_unique<CudaStream>(Device(Platform::cuda, i), g->info.context, gpus_[0]->stream->compute());
           gpus_.push_back(std::move(g));
         }
       } catch (const BackendError& e) {

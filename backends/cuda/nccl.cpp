@@ -216,7 +216,7 @@ class NcclCommunicator final : public BufferCommunicator {
     run(rank, "barrier", [&](const Nccl& api, ncclComm_t c, CUstream s) {
       return api.ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, c, s);
     });
-    check(activate(d).cuCtxSynchronize(), "cuCtxSynchronize (barrier)");
+    check(activate(d).cuStreamSynchronize(compute_stream(d)), "cuStreamSynchronize (barrier)");
   }
   void abort(const std::string& why) override {
     std::lock_guard lk(mu_);

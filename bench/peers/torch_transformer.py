@@ -6,27 +6,15 @@
 #
 #   python3 bench/peers/torch_transformer.py [--steps N] [--batch B] [--seq-len S] [--d-model D]
 #       [--heads N] [--head-dim H] [--d-ff F] [--layers L] [--lr X] [--data FILE]
-import argparse
 import math
-import os
 import time
 
 import torch
 import torch.nn.functional as F
 
-p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=100)
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--seq-len", type=int, default=64)
-p.add_argument("--d-model", type=int, default=128)
-p.add_argument("--heads", type=int, default=8)
-p.add_argument("--head-dim", type=int, default=16)
-p.add_argument("--d-ff", type=int, default=512)
-p.add_argument("--layers", type=int, default=2)
-p.add_argument("--lr", type=float, default=3e-3)
-p.add_argument("--warmup", type=int, default=20)
-p.add_argument("--threads", type=int, default=0)
-p.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "samples", "data", "kjv.txt"))
+from peer_timing import transformer_arguments
+
+p = transformer_arguments()
 a = p.parse_args()
 if a.threads:
     torch.set_num_threads(a.threads)

@@ -98,6 +98,34 @@ class BufferCommunicator {
   virtual void abort(const std::string& why) = 0;
 };
 
+// A device's work recorded once and run again with one launch (on CUDA, a graph): see
+// Backend::begin_recording.
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+  // Runs the recorded work on the device's compute stream, its copy-in k reading inputs[k] and
+  // its copy-out k writing outputs[k] (device memory of the recorded sizes) in place of the
+  // buffers recorded.
+  virtual void replay(std::span<const void* const> inputs, std::span<void* const> outputs) = 0;
+};
+
+// While it lives, what the calling thread issues on one device (launches, library calls,
+// allocations and frees) is recorded, not run. Host copies and synchronisations raise
+// BackendError: recorded work cannot read device memory on the host.
+class WorkRecording {
+ public:
+  virtual ~WorkRecording() = default;  // without finish(): dropped, nothing of it ran
+  // Copies at the boundary, whose far ends a replay replaces: `bytes` from `src` (memory from
+  // outside the recording: an argument) into `dst`; and from `src` to `dst` (memory from outside
+  // the recording: a result).
+  virtual void copy_in(const void* src, void* dst, size_t bytes) = 0;
+  virtual void copy_out(const void* src, void* dst, size_t bytes) = 0;
+  // Ends the recording. Raises BackendError with the reason where the work cannot be replayed
+  // (an operation could not be recorded, memory allocated in the recording outlives it, memory
+  // from outside it was freed in it).
+  virtual std::unique_ptr<RecordedWork> finish() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -129,6 +157,12 @@ class Backend {
   // A communicator between `group`'s devices (rank i = group[i]). Raises BackendError where the
   // platform has none yet (CUDA: NCCL is future work).
   virtual std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group);
+  // Starts recording the calling thread's work on d (WorkRecording); null where the platform
+  // cannot record (the cpu).
+  virtual std::unique_ptr<WorkRecording> begin_recording(const Device& d) {
+    (void)d;
+    return nullptr;
+  }
 };
 
 // Registers the backend of its platform (once, at static initialisation).

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "cjax/lax.h"
+#include "cjax/sharding.h"
 #include "core/array/array_impl.h"
 
 namespace cjax {
@@ -114,6 +115,13 @@ const PrimitiveDef& g_backward = register_primitive([] {
 
 // ---- the composite, in [B, K, G, T, *] layout (one batch of G x T query rows per key head) ----
 
+// `x` (made on the host) on the device of `like` where that is not host memory.
+Array on_device_of(const Array& x, const Array& like) {
+  ConcreteArray* c = dynamic_cast<ConcreteArray*>(like.impl());
+  if (!c || c->buffers.size() != 1 || host_accessible(c->device())) return x;
+  return device_put(x, SingleDeviceSharding(c->device()));
+}
+
 struct Layout {
   Dims d;
   Array f32(const Array& x) const { return lax::convert_element_type(x, DType::float32); }
@@ -142,11 +150,15 @@ struct Layout {
   Array logits(const Array& q5, const Array& kt, const Options& o) const {
     Array s = lax::mul(qk(q5, kt), make_scalar(o.scale, DType::float32));
     if (!o.is_causal) return s;
-    Array keep =
-        lax::ge(lax::broadcasted_iota(DType::int32, {d.T, d.S}, 0), lax::broadcasted_iota(DType::int32, {d.T, d.S}, 1));
+    // The [T, S] mask and the scalar are made on the host and broadcast where the logits live (a
+    // GPU's logits would otherwise meet host arrays of their full size, copied at every call).
+    Array keep = on_device_of(lax::ge(lax::broadcasted_iota(DType::int32, {d.T, d.S}, 0),
+                                      lax::broadcasted_iota(DType::int32, {d.T, d.S}, 1)),
+                              s);
     keep = lax::broadcast_in_dim(keep, s.shape(), {3, 4});
     Array low =
-        lax::broadcast_in_dim(make_scalar(-0.7 * std::numeric_limits<float>::max(), DType::float32), s.shape(), {});
+        lax::broadcast_in_dim(on_device_of(make_scalar(-0.7 * std::numeric_limits<float>::max(), DType::float32), s),
+                              s.shape(), {});
     return lax::select(keep, s, low);
   }
   // The probabilities, recomputed from the logits rather than from lse so that derivatives of the

@@ -244,7 +244,8 @@ std::optional<Array> gemm(const Array& lhs_in, const Array& rhs_in, const DotDim
   if (g->K == 0) {  // an empty contraction: zeros (or the accumulator)
     CUdeviceptr o = reinterpret_cast<CUdeviceptr>(raw_ptr(out));
     if (acc)
-      check(api.cuMemcpyDtoD(o, reinterpret_cast<CUdeviceptr>(raw_ptr(*acc)), out_bytes), "cuMemcpyDtoD");
+      check(api.cuMemcpyDtoDAsync(o, reinterpret_cast<CUdeviceptr>(raw_ptr(*acc)), out_bytes, compute_stream(dev)),
+            "cuMemcpyDtoDAsync");
     else
       check(api.cuMemsetD8Async(o, 0, out_bytes, compute_stream(dev)), "cuMemsetD8Async");
     return out;
