@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -159,4 +160,20 @@ TEST_CASE("grad through psum and all_gather over NCCL equals the CPU mesh") {
   for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-4));
 }
 
+TEST_CASE("joining an NCCL communicator whose other rank never comes raises CollectiveError after the timeout") {
+  using namespace std::chrono;
+  ncclUniqueId id{};
+  REQUIRE(cuda::nccl().ncclGetUniqueId(&id) == ncclSuccess);
+  cuda::activate(devices("cuda")[0]);
+  auto start = steady_clock::now();
+  CHECK_THROWS_WITH_AS(cuda::init_rank(id, 2, 0, milliseconds(1500)), doctest::Contains("rank 0 of 2"),
+                       CollectiveError);
+  double waited = duration<double>(steady_clock::now() - start).count();
+  CHECK(waited >= 1.5);
+  CHECK(waited < 30);  // aborted, not waited for
+  // NCCL stays usable: a psum over the mesh's own communicator still runs.
+  Array x = device_put(jnp::arange(8, DType::float32).reshape({8, 1}), NamedSharding(gpu_mesh(), P("x")));
+  Array y = shard_map([](const Array& b) { return lax::psum(b, "x") * 2.0f; }, gpu_mesh(), P("x"), P("x"))(x);
+  CHECK(fv(y) == std::vector<float>{0, 2, 4, 6, 8, 10, 12, 14});
+}
 #endif  // CJAX_HAVE_NCCL

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -234,9 +235,17 @@ class NcclCommunicator final : public BufferCommunicator {
     const Device& d = group_[size_t(rank)];
     activate(d);
     ncclResult_t r = call(nccl(), c, compute_stream(d));
+    std::string what = fmt::format("NCCL {} over {} (rank {} of {})", op, group_name(group_), rank, size());
     if (r != ncclSuccess && r != ncclInProgress)
-      throw CollectiveError(fmt::format("NCCL {} over {} (rank {} of {}) failed: {}", op, group_name(group_), rank,
-                                        size(), nccl_error(r, c)));
+      throw CollectiveError(fmt::format("{} failed: {}", what, nccl_error(r, c)));
+    try {
+      wait_ready(c, what, timeout_);  // enqueued: the kernels themselves run on the stream
+    } catch (const CollectiveError& e) {
+      std::lock_guard lk(mu_);
+      comms_[size_t(rank)] = nullptr;  // aborted by wait_ready
+      if (failure_.empty()) failure_ = e.what();
+      throw;
+    }
   }
 
   ncclComm_t comm(int rank) {
@@ -250,7 +259,12 @@ class NcclCommunicator final : public BufferCommunicator {
     activate(group_[size_t(rank)]);  // NCCL takes the rank's GPU from the current context
     ncclComm_t c = nullptr;
     try {
-      c = init_rank(id_, size(), rank);
+      c = init_rank(id_, size(), rank, timeout_);
+    } catch (const CollectiveError& e) {
+      std::lock_guard lk(mu_);
+      if (failure_.empty()) failure_ = e.what();
+      throw CollectiveError(
+          fmt::format("the NCCL communicator of {} (rank {}): {}", group_name(group_), rank, e.what()));
     } catch (const BackendError& e) {
       throw BackendError(fmt::format("the NCCL communicator of {} (rank {}): {}", group_name(group_), rank, e.what()));
     }
@@ -381,12 +395,44 @@ ncclUniqueId share_unique_id(bool root, distributed::KvStoreClient* store, const
   return id;
 }
 
-ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank) {
+ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank, std::chrono::milliseconds timeout) {
   const Nccl& api = nccl();
   ncclComm_t c = nullptr;
-  if (ncclResult_t r = api.ncclCommInitRank(&c, nranks, id, rank); r != ncclSuccess)
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // joining returns at once; wait_ready bounds the wait for the other ranks
+  ncclResult_t r = api.ncclCommInitRankConfig(&c, nranks, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (c) api.ncclCommAbort(c);
     throw BackendError(fmt::format("ncclCommInitRank (rank {} of {}): {}", rank, nranks, nccl_error(r, nullptr)));
+  }
+  wait_ready(c,
+             fmt::format("joining the NCCL communicator (rank {} of {}): the other ranks did not all join; a "
+                         "process died, never started, or runs a different program",
+                         rank, nranks),
+             timeout);
   return c;
+}
+
+void wait_ready(ncclComm_t comm, const std::string& what, std::chrono::milliseconds timeout) {
+  const Nccl& api = nccl();
+  auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t r = api.ncclCommGetAsyncError(comm, &state);
+    if (r == ncclSuccess && state == ncclSuccess) return;
+    if (r != ncclSuccess || state != ncclInProgress) {
+      std::string why = nccl_error(r != ncclSuccess ? r : state, comm);
+      api.ncclCommAbort(comm);
+      throw CollectiveError(fmt::format("{}: {}", what, why));
+    }
+    auto waited = std::chrono::steady_clock::now() - start;
+    if (waited > timeout) {
+      api.ncclCommAbort(comm);
+      throw CollectiveError(fmt::format("{} (waited {:.1f} s, the collective timeout)", what,
+                                        std::chrono::duration<double>(waited).count()));
+    }
+    if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 #else

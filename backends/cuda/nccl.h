@@ -36,6 +36,8 @@ namespace cjax::cuda {
   X(ncclGetVersion)            \
   X(ncclGetUniqueId)           \
   X(ncclCommInitRank)          \
+  X(ncclCommInitRankConfig)    \
+  X(ncclCommGetAsyncError)     \
   X(ncclCommDestroy)           \
   X(ncclCommAbort)             \
   X(ncclGetErrorString)        \
@@ -74,8 +76,16 @@ std::shared_ptr<BufferCommunicator> nccl_communicator(std::span<const Device> gr
 // the others through the coordinator's store under `key` (store may be null on one process).
 ncclUniqueId share_unique_id(bool root, distributed::KvStoreClient* store, const std::string& key,
                              std::chrono::milliseconds timeout);
-// ncclCommInitRank on the calling thread's current device; BackendError with NCCL's reason.
-ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank);
+// Joins rank `rank` of `nranks` on the calling thread's current device, as a non-blocking
+// communicator (every later NCCL call on it is waited for with wait_ready). BackendError with
+// NCCL's reason; CollectiveError where the other ranks have not all joined within `timeout`
+// (a process died, never started, or runs another program): the half-made communicator is
+// aborted, never waited for.
+ncclComm_t init_rank(const ncclUniqueId& id, int nranks, int rank, std::chrono::milliseconds timeout);
+// Waits until `comm` has finished the call just made on it (a non-blocking communicator answers
+// ncclInProgress first); raises CollectiveError naming `what` with NCCL's error, or after `timeout`
+// (the communicator is then aborted).
+void wait_ready(ncclComm_t comm, const std::string& what, std::chrono::milliseconds timeout);
 
 #endif
 
