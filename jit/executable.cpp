@@ -515,6 +515,10 @@ std::vector<Array> Executable::run_on_device(const Device& d, std::span<const Ar
       slots[size_t(s)] = device_put(slots[size_t(s)], SingleDeviceSharding(d));
     }
   run_device_instrs(program, d, slots, donated);
+  if (!program.ran_once) {
+    std::lock_guard lock(program.graph_mu);
+    program.ran_once = true;
+  }
   std::vector<Array> outs = collect_outputs(slots);
   // Outputs that stayed on the host (literal outputs, host fallbacks) join the program's device.
   for (Array& o : outs)

@@ -114,7 +114,7 @@ class Executable {
     // The program recorded as a CUDA graph (run_as_graph), replayed under graph_mu.
     mutable std::mutex graph_mu;
     mutable std::unique_ptr<RecordedWork> graph;
-    mutable int64_t calls = 0;
+    mutable bool ran_once = false;  // a call ran to its end instruction by instruction
     mutable bool graph_failed = false;
   };
   const DeviceProgram& device_program(const Device& d) const;

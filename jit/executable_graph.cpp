@@ -76,7 +76,9 @@ std::optional<std::vector<Array>> Executable::run_as_graph(const DeviceProgram& 
   if (copy_bytes > graph_launches_ * kGraphCopyBytesPerLaunch) return std::nullopt;
 
   std::lock_guard lock(program.graph_mu);
-  if (program.graph_failed || (!program.graph && program.calls++ == 0)) return std::nullopt;
+  // Recorded once a call has run to its end: its kernels are loaded and the libraries' lazy state
+  // (cuBLASLt's handle and workspace) exists, so none of it is made inside the recording.
+  if (program.graph_failed || (!program.graph && !program.ran_once)) return std::nullopt;
   // Uncommitted host arguments follow to the device first (outside the recording).
   for (size_t i = 0; i < placed.size(); ++i)
     if (concrete(placed[i])->device() != d) {

@@ -979,3 +979,39 @@ TEST_CASE("a destroyed jit object frees what it linked: 400 jit objects built an
   CHECK(resident_kb() - rss < 8 * 1024);
 #endif
 }
+
+TEST_CASE("a GELU's forward residuals are computed again in the backward kernel, not written out" CJAX_JIT_ONLY) {
+  auto gelu = [](const Array& h) {
+    return h * 0.5f * (1.0f + jnp::tanh((h + jnp::power(h, 3) * 0.044715f) * 0.7978845834732056f));
+  };
+  auto loss = [&](const std::vector<Array>& w, const Array& x) {
+    return jnp::sum(jnp::square(jnp::matmul(gelu(jnp::matmul(x, w[0])), w[1])));
+  };
+  auto grads = [&](const std::vector<Array>& w, const Array& x) { return grad(loss)(w, x); };
+  Array x = random::normal(random::key(94), {48, 32});
+  std::vector<Array> w = {random::normal(random::key(95), {32, 64}) * 0.2f,
+                          random::normal(random::key(96), {64, 16}) * 0.2f};
+  auto tanh_kernel_outputs = [&] {
+    Executable e(make_jaxpr(grads)(w, x));
+    std::vector<size_t> outs;  // per kernel that computes a tanh, in program order
+    for (const FusedKernel& k : e.plan().kernels)
+      if (std::any_of(k.eqns.begin(), k.eqns.end(), [](const JaxprEqn& q) { return q.primitive->name == "tanh"; }))
+        outs.push_back(k.outputs.size());
+    return outs;
+  };
+  setenv("CJAX_RECOMPUTE_ELEMENTWISE", "0", 1);
+  std::vector<size_t> kept = tanh_kernel_outputs();
+  unsetenv("CJAX_RECOMPUTE_ELEMENTWISE");
+  std::vector<size_t> recomputed = tanh_kernel_outputs();
+  REQUIRE(!kept.empty());
+  CHECK(kept[0] >= 4);              // the activation and tanh, 1 - tanh, 0.5 (1 + tanh), 3 h^2 for the backward
+  REQUIRE(recomputed.size() == 2);  // the forward kernel, and the backward one that computes tanh again
+  CHECK(recomputed[0] == 1);        // writes the activation only
+  std::vector<Array> want = grads(w, x), got = jit(grads)(w, x);
+  REQUIRE(got.size() == 2);
+  for (size_t k = 0; k < want.size(); ++k) {
+    std::vector<float> g = got[k].to_vector<float>(), e = want[k].to_vector<float>();
+    REQUIRE(g.size() == e.size());
+    for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(e[i]).epsilon(1e-5));
+  }
+}

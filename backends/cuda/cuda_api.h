@@ -55,7 +55,8 @@ namespace cjax::cuda {
   X(cuDeviceGetGraphMemAttribute)     \
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuMemAllocHost)                   \
-  X(cuMemFreeHost)
+  X(cuMemFreeHost)                    \
+  X(cuDeviceGraphMemTrim)
 
 #define CJAX_NVRTC_FUNCTIONS(X) \
   X(nvrtcVersion)               \

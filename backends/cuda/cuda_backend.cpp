@@ -75,8 +75,14 @@ class CudaBackend final : public Backend {
     const Driver& api = activate(d);
     CUdeviceptr p = 0;
     CUresult r = CUDA_SUCCESS;
-    if (!recording_allocate(g.info.context, nbytes ? nbytes : 1, &p))
+    if (!recording_allocate(g.info.context, nbytes ? nbytes : 1, &p)) {
       r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, g.stream->compute());
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // memory CUDA graphs keep between launches, returned
+        api.cuStreamSynchronize(g.stream->compute());
+        api.cuDeviceGraphMemTrim(g.info.device);
+        r = api.cuMemAllocAsync(&p, nbytes ? nbytes : 1, g.stream->compute());
+      }
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
       size_t free = 0, total = 0;
       api.cuMemGetInfo(&free, &total);
@@ -264,6 +270,8 @@ ModuleCache& module_cache() {
 const GpuInfo& gpu(const Device& d) { return g_backend.gpu_of(d).info; }
 
 CUstream compute_stream(const Device& d) { return static_cast<CUstream>(g_backend.stream(d).native_handle()); }
+
+CUstream device_stream(const Device& d) { return g_backend.gpu_of(d).stream->compute(); }
 
 const Driver& activate(const Device& d) {
   const GpuInfo& info = g_backend.gpu_of(d).info;

@@ -26,8 +26,12 @@ struct GpuInfo {
 // The GPU of a cuda Device; raises BackendError (naming the reason) for a device this process
 // does not have.
 const GpuInfo& gpu(const Device& d);
-// The GPU's compute stream (Backend::stream) as a CUstream: what every kernel is launched on.
+// The GPU's compute stream (Backend::stream) as a CUstream: what every kernel is launched on (a
+// recording's capture stream on a thread that records a CUDA graph: backends/cuda/graphs.h).
 CUstream compute_stream(const Device& d);
+// The GPU's own compute stream even while the calling thread records: for state that outlives
+// the recording (library workspaces), which must not become graph memory.
+CUstream device_stream(const Device& d);
 // Makes d's context current on the calling thread and returns the driver.
 const Driver& activate(const Device& d);
 

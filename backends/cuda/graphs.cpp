@@ -12,6 +12,7 @@
 #include <absl/container/flat_hash_set.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -51,12 +52,13 @@ std::atomic<bool> g_any_dropped{false};
 
 class CudaGraph final : public RecordedWork {
  public:
-  CudaGraph(CUcontext context, CUstream compute, CUgraph graph, CUgraphExec exec)
-      : context_(context), compute_(compute), graph_(graph), exec_(exec) {}
+  CudaGraph(Device device, CUcontext context, CUstream compute, CUgraph graph, CUgraphExec exec)
+      : device_(device), context_(context), compute_(compute), graph_(graph), exec_(exec) {}
   ~CudaGraph() override {
-    const Driver& api = *driver();
-    api.cuGraphExecDestroy(exec_);
+    const Driver& api = activate(device_);
+    api.cuGraphExecDestroy(exec_);  // a launch still running finishes first (the driver defers it)
     api.cuGraphDestroy(graph_);
+    if (!pinned.empty()) api.cuStreamSynchronize(compute_);  // a launch may still copy from them
     for (void* p : pinned) api.cuMemFreeHost(p);
   }
   std::vector<void*> pinned;  // host bytes the graph copies to the device
@@ -70,8 +72,7 @@ class CudaGraph final : public RecordedWork {
     if (inputs.size() != ins.size() || outputs.size() != outs.size())
       throw BackendError(fmt::format("a CUDA graph recorded with {} inputs and {} outputs was replayed with {} and {}",
                                      ins.size(), outs.size(), inputs.size(), outputs.size()));
-    const Driver& api = *driver();
-    check(api.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    const Driver& api = activate(device_);
     for (size_t k = 0; k < ins.size(); ++k) retarget(ins[k], &CUDA_MEMCPY3D::srcDevice, inputs[k]);
     for (size_t k = 0; k < outs.size(); ++k) retarget(outs[k], &CUDA_MEMCPY3D::dstDevice, outputs[k]);
     check(api.cuGraphLaunch(exec_, compute_), "cuGraphLaunch");
@@ -85,6 +86,7 @@ class CudaGraph final : public RecordedWork {
     check(driver()->cuGraphExecMemcpyNodeSetParams(exec_, n.node, &n.params, context_),
           "cuGraphExecMemcpyNodeSetParams");
   }
+  Device device_;
   CUcontext context_;
   CUstream compute_;
   CUgraph graph_;
@@ -130,13 +132,9 @@ class CudaRecording final : public WorkRecording {
     if (!failure_.empty()) fail(failure_);
     if (r != CUDA_SUCCESS || !graph) fail(fmt::format("cuStreamEndCapture returned {}", error_name(r)));
     if (allocated_live_) fail(fmt::format("{} buffers allocated in the recording outlive it", allocated_live_));
-    CUgraphExec exec = nullptr;
-    if (CUresult ri = api.cuGraphInstantiateWithFlags(&exec, graph, 0); ri != CUDA_SUCCESS)
-      fail(fmt::format("cuGraphInstantiate returned {}", error_name(ri)));
-    auto work = std::make_unique<CudaGraph>(state_.context, compute_, graph, exec);
-    work->pinned = std::move(pinned_);
-    work->ins.resize(ins_.size());
-    work->outs.resize(outs_.size());
+    // The boundary copies, found again among the graph's memcpy nodes by their (source,
+    // destination) pair.
+    std::vector<CudaGraph::Node> in_nodes(ins_.size()), out_nodes(outs_.size());
     size_t n = 0;
     check(api.cuGraphGetNodes(graph, nullptr, &n), "cuGraphGetNodes");
     std::vector<CUgraphNode> nodes(n);
@@ -159,10 +157,17 @@ class CudaRecording final : public WorkRecording {
           }
         return false;
       };
-      if (!match(ins_, work->ins)) match(outs_, work->outs);
+      if (!match(ins_, in_nodes)) match(outs_, out_nodes);
     }
     if (found != wanted)
       fail(fmt::format("{} of the {} boundary copies were not found in the captured graph", wanted - found, wanted));
+    CUgraphExec exec = nullptr;
+    if (CUresult ri = api.cuGraphInstantiateWithFlags(&exec, graph, 0); ri != CUDA_SUCCESS)
+      fail(fmt::format("cuGraphInstantiate returned {}", error_name(ri)));
+    auto work = std::make_unique<CudaGraph>(device_, state_.context, compute_, graph, exec);
+    work->ins = std::move(in_nodes);
+    work->outs = std::move(out_nodes);
+    work->pinned = std::move(pinned_);
     graph = nullptr;  // the CudaGraph owns it now
     return work;
   }
@@ -253,7 +258,7 @@ bool recording_copy_from_host(CUcontext context, CUdeviceptr dst, const void* sr
   api.cuThreadExchangeStreamCaptureMode(&mode);
   check(res, "cuMemAllocHost (a recorded copy from host memory)");
   r->pinned.push_back(staged);
-  std::memcpy(staged, src, nbytes);
+  if (nbytes > 0) std::memcpy(staged, src, nbytes);
   check(api.cuMemcpyHtoDAsync(dst, staged, nbytes, r->stream), "cuMemcpyHtoDAsync (recorded)");
   return true;
 }

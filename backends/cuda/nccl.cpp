@@ -8,7 +8,7 @@
 // to take part, which a mesh over some of the devices, or a group used by only part of a program,
 // does not give, so each group gets its own id instead.
 //
-// Collectives run on the device's compute stream (the legacy default stream, like every kernel):
+// Collectives run on the device's compute stream (like every kernel):
 // they are ordered after the kernels that wrote their inputs and before those that read their
 // outputs; they do not overlap compute yet.
 #include "backends/cuda/nccl.h"

@@ -2,6 +2,7 @@
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -20,6 +21,14 @@
 namespace cjax {
 using namespace passes_detail;
 
+namespace {
+// CJAX_RECOMPUTE_ELEMENTWISE=0 keeps every forward residual (for A/B measurements).
+bool recompute_enabled() {
+  const char* v = std::getenv("CJAX_RECOMPUTE_ELEMENTWISE");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+}  // namespace
+
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Array>& consts) {
   auto j = inline_calls(jaxpr);
   j = fuse_attention(*j, consts);
@@ -28,6 +37,7 @@ std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Arra
   j = fold_constants(*j);
   j = cse(*j);
   j = concatenate_pads(*j);
+  if (recompute_enabled()) j = recompute_elementwise(*j);
   j = simplify_transposes(*j);
   j = fuse_gemm_updates(*j);
   return dce(*j);

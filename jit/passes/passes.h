@@ -27,6 +27,10 @@
 //                    transpose of slicing a tensor into pieces emits (the gradient of q, k, v
 //                    split from one projection), becomes one concatenate of the pieces: no
 //                    zero-filled full-size buffers, no adds,
+//   recompute_elementwise : an elementwise value that a kernel after a GEMM (or another library
+//                    step) reads is computed again in that kernel from its inputs, where it is a
+//                    short chain and that reads fewer arrays (GELU's residuals in a gradient):
+//                    one write and one read of it fewer (CJAX_RECOMPUTE_ELEMENTWISE=0: off),
 //   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
 //                    free dimensions of a dot_general's result (what the transpose rule of
 //                    dot_general emits for weight gradients) becomes the dot_general with its
@@ -56,6 +60,13 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fold_constants(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> cse(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr);
+// Elementwise values read after a GEMM or other library step by fusible equations are computed
+// again there from their inputs, when each is a short elementwise chain (at most 12 equations)
+// over variables of its shape and the run of fusible equations that reads them would read fewer
+// arrays that way (the chains' roots it does not read anyway, against the values): the earlier
+// kernel no longer writes them out, nor the later one reads them back (a gradient's forward
+// residuals). Runs after cse, which would merge the copies back.
+std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 // dce: trace/jaxpr.h.

@@ -140,7 +140,7 @@ void lt_matmul(const Device& dev, DType in, DType out, bool trans_a, bool trans_
   if (!pd.handle) {
     check_lt(lt.cublasLtCreate(&pd.handle), "cublasLtCreate");
     CUdeviceptr ws = 0;
-    check(api.cuMemAllocAsync(&ws, kWorkspaceBytes, compute_stream(dev)), "cuMemAllocAsync (cuBLASLt workspace)");
+    check(api.cuMemAllocAsync(&ws, kWorkspaceBytes, device_stream(dev)), "cuMemAllocAsync (cuBLASLt workspace)");
     pd.workspace = reinterpret_cast<void*>(ws);
   }
   lock.unlock();

@@ -1,0 +1,167 @@
+// recompute_elementwise: elementwise values read again after a barrier are computed again there
+// (jit/passes/passes.h).
+//
+// A gradient program keeps the forward's elementwise intermediates for the backward (GELU's
+// tanh(...), 1 - tanh, 0.5 (1 + tanh), 3 x^2): the forward kernel writes each one out and a
+// backward kernel reads it back, several arrays of the activation's size. Where the values are
+// short elementwise chains of fewer variables (x, the GEMM output, which the backward often reads
+// anyway), computing the chains again in the later kernel costs a few arithmetic operations per
+// element and saves a write and a read of each value, less a read of each root not read there
+// already. XLA makes the same trade when it duplicates
+// cheap producers into their consumers.
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "jit/passes/passes.h"
+#include "jit/passes/rewrite.h"
+
+namespace cjax {
+using namespace passes_detail;
+
+namespace {
+
+constexpr size_t kMaxChain = 12;  // equations recomputed for one value
+
+bool is_elementwise(const JaxprEqn& e) {
+  if (e.outputs.size() != 1) return false;
+  const PrimitiveDef& p = *e.primitive;
+  if (p.scalar_op) return *p.scalar_op != ScalarOp::ErfInv && *p.scalar_op != ScalarOp::Lgamma;
+  const std::string& n = p.name;
+  return n == "integer_pow" || n == "select_n" || n == "convert_element_type";
+}
+
+// What fusion joins into one kernel; anything else (a GEMM, a gather, a library call) ends one.
+bool fusible(const JaxprEqn& e) {
+  if (is_elementwise(e)) return true;
+  const std::string& n = e.primitive->name;
+  return n == "broadcast_in_dim" || n == "reshape" || n == "squeeze" || n == "stop_gradient" || n == "pvary" ||
+         n == "reduce_sum" || n == "reduce_max" || n == "reduce_min" || n == "reduce_prod" || n == "add_any";
+}
+
+}  // namespace
+
+std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
+  const std::vector<JaxprEqn>& in = jaxpr.eqns();
+  const size_t n = in.size();
+  std::unordered_map<const void*, size_t> def_of;
+  std::unordered_map<const void*, size_t> last_use;
+  for (size_t i = 0; i < n; ++i) {
+    for (const Atom& a : in[i].inputs)
+      if (auto* v = std::get_if<Var>(&a)) last_use[v->id()] = i;
+    for (const Var& v : in[i].outputs) def_of[v.id()] = i;
+  }
+  for (const Atom& a : jaxpr.outvars())
+    if (auto* v = std::get_if<Var>(&a)) last_use[v->id()] = n;
+  // Barriers before each equation: barriers_before[j] - barriers_before[i] > 0 when one lies
+  // strictly between i and j.
+  std::vector<int> barriers_before(n + 1, 0);
+  // The first equation of the run of fusible equations (between two barriers) that i is in.
+  std::vector<size_t> region_start(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    barriers_before[i + 1] = barriers_before[i] + (fusible(in[i]) ? 0 : 1);
+    region_start[i] = i > 0 && fusible(in[i - 1]) ? region_start[i - 1] : i;
+  }
+
+  // The equations that recompute `v` (in program order) and its roots, or false where v does not
+  // qualify: an elementwise chain of at most kMaxChain equations over variables of v's shape
+  // (and scalar literals) defined by something else.
+  auto chain_of = [&](const Var& v, std::vector<size_t>& eqns, std::vector<const void*>& roots) {
+    const Shape& shape = v.aval().shape;
+    std::unordered_set<size_t> seen;
+    std::function<bool(const Var&)> visit = [&](const Var& w) {
+      if (w.aval().shape != shape) return false;
+      auto it = def_of.find(w.id());
+      if (it == def_of.end() || !is_elementwise(in[it->second])) {
+        roots.push_back(w.id());
+        return true;
+      }
+      if (!seen.insert(it->second).second) return true;
+      if (seen.size() > kMaxChain) return false;
+      for (const Atom& a : in[it->second].inputs)
+        if (auto* x = std::get_if<Var>(&a); x && !visit(*x)) return false;
+      eqns.push_back(it->second);
+      return true;
+    };
+    if (!visit(v) || eqns.empty()) return false;
+    std::sort(eqns.begin(), eqns.end());
+    return true;
+  };
+
+  // Candidates by run of fusible equations: (j, v) where equation j reads v, an elementwise value
+  // made before the last barrier, that a chain can recompute.
+  std::unordered_map<const void*, std::vector<size_t>> chains;
+  std::unordered_map<const void*, std::vector<const void*>> roots_of;
+  std::map<size_t, std::vector<std::pair<size_t, Var>>> by_region;
+  for (size_t j = 0; j < n; ++j) {
+    if (!fusible(in[j])) continue;  // a library step would read a recomputed copy from memory anyway
+    for (const Atom& a : in[j].inputs) {
+      auto* v = std::get_if<Var>(&a);
+      if (!v) continue;
+      auto d = def_of.find(v->id());
+      if (d == def_of.end() || !is_elementwise(in[d->second]) || barriers_before[j] == barriers_before[d->second + 1])
+        continue;
+      if (!chains.count(v->id())) {
+        std::vector<size_t> eqns;
+        std::vector<const void*> roots;
+        if (!chain_of(*v, eqns, roots)) continue;
+        chains[v->id()] = std::move(eqns);
+        roots_of[v->id()] = std::move(roots);
+      }
+      by_region[region_start[j]].push_back({j, *v});
+    }
+  }
+  // A run recomputes its candidates where that reads fewer arrays than it stops reading: the
+  // roots it would not read anyway (by its own equations or later ones) against the distinct
+  // values recomputed (all of one size).
+  std::unordered_map<size_t, std::vector<Var>> recompute_at;
+  for (const auto& [start, uses] : by_region) {
+    std::unordered_set<const void*> values, extra_roots;
+    for (const auto& [j, v] : uses) {
+      values.insert(v.id());
+      for (const void* r : roots_of.at(v.id()))
+        if (last_use[r] < start) extra_roots.insert(r);
+    }
+    if (extra_roots.size() >= values.size()) continue;
+    for (const auto& [j, v] : uses) recompute_at[j].push_back(v);
+  }
+  if (recompute_at.empty()) return std::make_shared<const Jaxpr>(jaxpr);
+
+  std::vector<JaxprEqn> out;
+  out.reserve(n + recompute_at.size() * 4);
+  // Recomputed copies by original variable, shared by the uses within one run of fusible
+  // equations (a barrier starts a new run).
+  std::unordered_map<const void*, Atom> copies;
+  int region = -1;
+  for (size_t j = 0; j < n; ++j) {
+    if (barriers_before[j] != region) {
+      copies.clear();
+      region = barriers_before[j];
+    }
+    JaxprEqn e = in[j];
+    if (auto it = recompute_at.find(j); it != recompute_at.end()) {
+      Subst local;
+      for (const Var& v : it->second) {
+        for (size_t k : chains.at(v.id())) {
+          const Var& orig = in[k].outputs[0];
+          if (copies.count(orig.id())) continue;
+          JaxprEqn c = in[k];
+          for (Atom& x : c.inputs)
+            if (auto* w = std::get_if<Var>(&x))
+              if (auto found = copies.find(w->id()); found != copies.end()) x = found->second;
+          c.outputs = {Var(orig.aval())};
+          copies.emplace(orig.id(), c.outputs[0]);
+          out.push_back(std::move(c));
+        }
+        local.map.emplace(v.id(), copies.at(v.id()));
+      }
+      e.inputs = local.all(e.inputs);
+    }
+    out.push_back(std::move(e));
+  }
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(out), jaxpr.outvars());
+}
+
+}  // namespace cjax
