@@ -29,7 +29,7 @@
 //                    zero-filled full-size buffers, no adds,
 //   recompute_elementwise : an elementwise value that a kernel after a GEMM (or another library
 //                    step) reads is computed again in that kernel from its inputs, where it is a
-//                    short chain and that reads fewer arrays (GELU's residuals in a gradient):
+//                    short chain and that reads fewer bytes (GELU's residuals in a gradient):
 //                    one write and one read of it fewer (CJAX_RECOMPUTE_ELEMENTWISE=0: off),
 //   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
 //                    free dimensions of a dot_general's result (what the transpose rule of
@@ -63,7 +63,7 @@ std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr);
 // Elementwise values read after a GEMM or other library step by fusible equations are computed
 // again there from their inputs, when each is a short elementwise chain (at most 12 equations)
 // over variables of its shape and the run of fusible equations that reads them would read fewer
-// arrays that way (the chains' roots it does not read anyway, against the values): the earlier
+// bytes that way (the chains' roots it does not read anyway, against the values): the earlier
 // kernel no longer writes them out, nor the later one reads them back (a gradient's forward
 // residuals). Runs after cse, which would merge the copies back.
 std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr);

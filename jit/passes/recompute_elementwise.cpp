@@ -68,6 +68,8 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
   // The equations that recompute `v` (in program order) and its roots, or false where v does not
   // qualify: an elementwise chain of at most kMaxChain equations over variables of v's shape
   // (and scalar literals) defined by something else.
+  std::unordered_map<const void*, size_t> nbytes;  // of roots and candidate values
+  auto bytes_of = [](const Var& v) { return size_t(v.aval().size()) * itemsize(v.aval().dtype); };
   auto chain_of = [&](const Var& v, std::vector<size_t>& eqns, std::vector<const void*>& roots) {
     const Shape& shape = v.aval().shape;
     std::unordered_set<size_t> seen;
@@ -76,6 +78,7 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
       auto it = def_of.find(w.id());
       if (it == def_of.end() || !is_elementwise(in[it->second])) {
         roots.push_back(w.id());
+        nbytes[w.id()] = bytes_of(w);
         return true;
       }
       if (!seen.insert(it->second).second) return true;
@@ -109,13 +112,14 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
         if (!chain_of(*v, eqns, roots)) continue;
         chains[v->id()] = std::move(eqns);
         roots_of[v->id()] = std::move(roots);
+        nbytes[v->id()] = bytes_of(*v);
       }
       by_region[region_start[j]].push_back({j, *v});
     }
   }
-  // A run recomputes its candidates where that reads fewer arrays than it stops reading: the
+  // A run recomputes its candidates where that reads fewer bytes than it stops reading: the
   // roots it would not read anyway (by its own equations or later ones) against the distinct
-  // values recomputed (all of one size).
+  // values recomputed.
   std::unordered_map<size_t, std::vector<Var>> recompute_at;
   for (const auto& [start, uses] : by_region) {
     std::unordered_set<const void*> values, extra_roots;
@@ -124,7 +128,10 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
       for (const void* r : roots_of.at(v.id()))
         if (last_use[r] < start) extra_roots.insert(r);
     }
-    if (extra_roots.size() >= values.size()) continue;
+    size_t saved = 0, added = 0;
+    for (const void* v : values) saved += nbytes.at(v);
+    for (const void* r : extra_roots) added += nbytes.at(r);
+    if (added >= saved) continue;
     for (const auto& [j, v] : uses) recompute_at[j].push_back(v);
   }
   if (recompute_at.empty()) return std::make_shared<const Jaxpr>(jaxpr);
