@@ -133,8 +133,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
     return i.def && (needs_all_devices(*i.def) ||
                      (i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params)));
   });
-  bool literal_outputs = std::any_of(out_slots_.begin(), out_slots_.end(), [](int s) { return s < 0; });
-  graph_launches_ = has_effects_ || collectives || literal_outputs ? 0 : program_.size();
+  plan_graph(collectives);
   std::string dir = dump_dir();
   if (!dir.empty()) {
     static std::atomic<int> counter{0};

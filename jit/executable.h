@@ -152,8 +152,11 @@ class Executable {
   bool cheap_ = false;
   bool lockstep_ = false;
   // Launches the program issues (instructions), or 0 where it never runs as a recorded graph
-  // (effects, collectives, literal outputs).
+  // (effects, collectives, literal outputs, too much to copy per replay: plan_graph), and the
+  // result types a replay allocates.
+  void plan_graph(bool collectives);
   size_t graph_launches_ = 0;
+  std::vector<AbstractValue> graph_out_avals_;
 
  public:
   // Calls that ran as a replay of a recorded graph, in this process (tests, benchmarks).

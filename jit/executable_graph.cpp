@@ -18,15 +18,15 @@
 // CJAX_CUDA_GRAPHS=0 turns recording off.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include "cjax/errors.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
 #include "core/array/spmd.h"
+#include "core/array/util.h"
 #include "jit/executable.h"
 
 namespace cjax {
@@ -36,16 +36,8 @@ constexpr size_t kGraphCopyBytesPerLaunch = size_t(4) << 20;
 
 std::atomic<int64_t> g_replays{0};
 
-bool graphs_enabled() {
-  const char* v = std::getenv("CJAX_CUDA_GRAPHS");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
 void log_graph(const std::string& line) {
-  static const bool on = [] {
-    const char* v = std::getenv("CJAX_LOG_GRAPHS");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_flag("CJAX_LOG_GRAPHS");
   if (on) std::fprintf(stderr, "cjax: %s\n", line.c_str());
 }
 
@@ -55,25 +47,27 @@ size_t bytes_of(const AbstractValue& a) { return size_t(a.size()) * itemsize(a.d
 
 int64_t Executable::graph_replays() { return g_replays.load(); }
 
+void Executable::plan_graph(bool collectives) {
+  bool literal_outputs = std::any_of(out_slots_.begin(), out_slots_.end(), [](int s) { return s < 0; });
+  if (has_effects_ || collectives || literal_outputs || program_.size() < 2) return;
+  size_t copy_bytes = 0;  // what each replay copies in and out
+  for (const Var& v : optimized_->invars()) copy_bytes += bytes_of(v.aval());
+  for (const Atom& a : optimized_->outvars()) {
+    graph_out_avals_.push_back(std::get<Var>(a).aval());
+    graph_out_avals_.back().vma.clear();
+    copy_bytes += bytes_of(graph_out_avals_.back());
+  }
+  if (copy_bytes <= program_.size() * kGraphCopyBytesPerLaunch) graph_launches_ = program_.size();
+}
+
 std::optional<std::vector<Array>> Executable::run_as_graph(const DeviceProgram& program, const Device& d,
                                                            std::span<const Array> args,
                                                            std::span<const size_t> donated) const {
-  if (graph_launches_ < 2 || args.size() != in_slots_.size() || current_spmd() || !graphs_enabled())
+  if (graph_launches_ < 2 || args.size() != in_slots_.size() || current_spmd() || !env_not_off("CJAX_CUDA_GRAPHS"))
     return std::nullopt;
+  for (const Array& a : args)
+    if (ConcreteArray* c = concrete(a); !c || c->buffers.size() != 1) return std::nullopt;
   std::vector<Array> placed(args.begin(), args.end());
-  size_t copy_bytes = 0;
-  for (size_t i = 0; i < placed.size(); ++i) {
-    ConcreteArray* c = concrete(placed[i]);
-    if (!c || c->buffers.size() != 1) return std::nullopt;
-    copy_bytes += bytes_of(placed[i].aval());
-  }
-  std::vector<AbstractValue> out_avals;
-  for (const Atom& a : optimized_->outvars()) {
-    out_avals.push_back(std::get<Var>(a).aval());
-    out_avals.back().vma.clear();
-    copy_bytes += bytes_of(out_avals.back());
-  }
-  if (copy_bytes > graph_launches_ * kGraphCopyBytesPerLaunch) return std::nullopt;
 
   std::lock_guard lock(program.graph_mu);
   // Recorded once a call has run to its end: its kernels are loaded and the libraries' lazy state
@@ -88,7 +82,7 @@ std::optional<std::vector<Array>> Executable::run_as_graph(const DeviceProgram& 
   // Results: a donated argument's buffer where type and size match, else new buffers.
   std::vector<Array> results;
   std::vector<bool> taken(placed.size(), false);
-  for (const AbstractValue& aval : out_avals) {
+  for (const AbstractValue& aval : graph_out_avals_) {
     std::shared_ptr<Buffer> reuse;
     for (size_t k : donated)
       if (k < placed.size() && !taken[k] && placed[k].dtype() == aval.dtype && placed[k].aval().size() == aval.size() &&

@@ -13,7 +13,7 @@ namespace {
 
 using VarId = const void*;
 
-enum class EqnClass { Elementwise, Alias, Broadcast, Reshape, Reduce, Library };
+}  // namespace
 
 EqnClass classify(const JaxprEqn& e) {
   const PrimitiveDef& p = *e.primitive;
@@ -32,6 +32,8 @@ EqnClass classify(const JaxprEqn& e) {
   if (n == "reduce_sum" || n == "reduce_max" || n == "reduce_min" || n == "reduce_prod") return EqnClass::Reduce;
   return EqnClass::Library;
 }
+
+namespace {
 
 KernelReduce reduce_kind(const std::string& n) {
   if (n == "reduce_sum") return KernelReduce::Sum;

@@ -51,4 +51,10 @@ struct FusionPlan {
 
 FusionPlan plan_fusion(const Jaxpr& jaxpr);
 
+// How the planner treats an equation: elementwise (scalar ops, select_n, integer_pow, add_any,
+// casts), an alias of its operand (stop_gradient, pvary, a same-type cast), a broadcast, a
+// reshape, a trailing-axis reduction, or a library step that ends a kernel.
+enum class EqnClass { Elementwise, Alias, Broadcast, Reshape, Reduce, Library };
+EqnClass classify(const JaxprEqn& e);
+
 }  // namespace cjax

@@ -15,6 +15,11 @@ inline bool env_flag(const char* name) {
   const char* e = std::getenv(name);
   return e && *e && std::string_view(e) != "0";
 }
+// A switch that is on unless set to "0".
+inline bool env_not_off(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string_view(e) == "0");
+}
 
 // The instruction set generated code may use (CJAX_ISA): "native" (default: everything the host
 // has) or "avx2" (x86-64-v3: AVX2 + FMA, no AVX-512), to run the AVX2 code paths of the LLVM

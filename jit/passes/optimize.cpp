@@ -2,7 +2,6 @@
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -12,6 +11,7 @@
 #include "cjax/lax.h"
 #include "core/array/kernel_table.h"
 #include "core/array/trace.h"
+#include "core/array/util.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
 #include "jit/passes/passes.h"
@@ -21,14 +21,6 @@
 namespace cjax {
 using namespace passes_detail;
 
-namespace {
-// CJAX_RECOMPUTE_ELEMENTWISE=0 keeps every forward residual (for A/B measurements).
-bool recompute_enabled() {
-  const char* v = std::getenv("CJAX_RECOMPUTE_ELEMENTWISE");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-}  // namespace
-
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Array>& consts) {
   auto j = inline_calls(jaxpr);
   j = fuse_attention(*j, consts);
@@ -37,7 +29,7 @@ std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Arra
   j = fold_constants(*j);
   j = cse(*j);
   j = concatenate_pads(*j);
-  if (recompute_enabled()) j = recompute_elementwise(*j);
+  if (env_not_off("CJAX_RECOMPUTE_ELEMENTWISE")) j = recompute_elementwise(*j);  // =0: off (A/B runs)
   j = simplify_transposes(*j);
   j = fuse_gemm_updates(*j);
   return dce(*j);

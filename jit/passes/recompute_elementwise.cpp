@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "jit/fusion.h"
 #include "jit/passes/passes.h"
 #include "jit/passes/rewrite.h"
 
@@ -25,21 +26,10 @@ namespace {
 
 constexpr size_t kMaxChain = 12;  // equations recomputed for one value
 
-bool is_elementwise(const JaxprEqn& e) {
-  if (e.outputs.size() != 1) return false;
-  const PrimitiveDef& p = *e.primitive;
-  if (p.scalar_op) return *p.scalar_op != ScalarOp::ErfInv && *p.scalar_op != ScalarOp::Lgamma;
-  const std::string& n = p.name;
-  return n == "integer_pow" || n == "select_n" || n == "convert_element_type";
-}
+bool is_elementwise(const JaxprEqn& e) { return e.outputs.size() == 1 && classify(e) == EqnClass::Elementwise; }
 
 // What fusion joins into one kernel; anything else (a GEMM, a gather, a library call) ends one.
-bool fusible(const JaxprEqn& e) {
-  if (is_elementwise(e)) return true;
-  const std::string& n = e.primitive->name;
-  return n == "broadcast_in_dim" || n == "reshape" || n == "squeeze" || n == "stop_gradient" || n == "pvary" ||
-         n == "reduce_sum" || n == "reduce_max" || n == "reduce_min" || n == "reduce_prod" || n == "add_any";
-}
+bool fusible(const JaxprEqn& e) { return classify(e) != EqnClass::Library; }
 
 }  // namespace
 
