@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "cjax/dtype.h"
+
 namespace cuda_emulated {
 
 // FNV-1a of a KernelSpec's canonical text: ties a generated kernel to the spec it came from.
@@ -24,5 +26,27 @@ const std::vector<Kernel>& corpus_kernels();
 // [0]: a row reduction with its barriers removed; [1]: an elementwise kernel whose last block
 // runs 256 elements past the end.
 const std::vector<Kernel>& planted_faults();
+
+// flash_attention's CUDA kernels (backends/cuda/kernels/attention.cpp) in these configurations.
+struct AttentionConfig {
+  cjax::DType dtype;
+  int64_t head;
+  bool causal;
+};
+inline const std::vector<AttentionConfig>& attention_configs() {
+  static const std::vector<AttentionConfig> c = {{cjax::DType::float32, 16, true},
+                                                 {cjax::DType::float32, 12, false},
+                                                 {cjax::DType::bfloat16, 16, true},
+                                                 {cjax::DType::float16, 8, false}};
+  return c;
+}
+// Buffers: forward q, k, v, out, lse; backward_dq q, k, v, out, lse, dout, dq; backward_dkdv
+// q, k, v, out, lse, dout, dk, dv. d: T, S, N, K. 64 threads a block.
+using AttentionEntry = void (*)(void** buffers, const int* d, float scale);
+struct AttentionKernels {
+  AttentionEntry forward, backward_dq, backward_dkdv;
+};
+// One per attention_configs() entry, in its order.
+const std::vector<AttentionKernels>& attention_kernels();
 
 }  // namespace cuda_emulated

@@ -29,7 +29,7 @@ extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const voi
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __shared__ static
 // A kernel's shared array: static storage, registered (and poisoned) on first use.
@@ -244,6 +244,8 @@ inline float cj_from_bf16(unsigned short h) { return __uint_as_float(unsigned(h)
 inline unsigned short cj_to_bf16(float f) { return cjax::bfloat16_t::from_float(f); }
 inline float cj_from_f16(unsigned short h) { return cjax::float16_t::to_float(h); }
 inline unsigned short cj_to_f16(float f) { return cjax::float16_t::from_float(f); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
 template <class T>
 T cj_fmax(T x, T y) {
   return x != x ? x : y != y ? y : (x > y ? x : y);

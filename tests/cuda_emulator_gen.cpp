@@ -79,6 +79,34 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "the corpus has no kernel to plant a fault in\n");
     return 1;
   }
+  // flash_attention's kernels (backends/cuda/kernels/attention.cpp) for a few configurations.
+  std::string attention_table;
+  int a = 0;
+  for (const cuda_emulated::AttentionConfig& c : cuda_emulated::attention_configs()) {
+    std::string prefix = fmt::format("attention{}", a++), st = cuda::storage_type(c.dtype);
+    code += cuda::attention_source(c.dtype, c.head, c.causal, prefix);
+    auto entry_of = [&](const std::string& kernel, int outputs) {
+      std::vector<std::string> args;
+      int inputs = kernel == "forward" ? 3 : 6;
+      for (int i = 0; i < inputs; ++i)
+        args.push_back(i == 4 && kernel != "forward" ? fmt::format("(const float*)b[{}]", i)
+                                                     : fmt::format("(const {}*)b[{}]", st, i));
+      for (int o = 0; o < outputs; ++o)
+        args.push_back(kernel == "forward" && o == 1 ? fmt::format("(float*)b[{}]", inputs + o)
+                                                     : fmt::format("({}*)b[{}]", st, inputs + o));
+      return fmt::format(
+          "void {0}_{1}_entry(void** b, const int* d, float scale) {{ {0}_{1}({2}, d[0], d[1], d[2], d[3], scale); "
+          "}}\n",
+          prefix, kernel, fmt::join(args, ", "));
+    };
+    code += entry_of("forward", 2) + entry_of("backward_dq", 1) + entry_of("backward_dkdv", 2);
+    attention_table +=
+        fmt::format("    {{&{0}_forward_entry, &{0}_backward_dq_entry, &{0}_backward_dkdv_entry}},\n", prefix);
+  }
+  code +=
+      "namespace cuda_emulated {\nconst std::vector<AttentionKernels>& attention_kernels() {\n  static const "
+      "std::vector<AttentionKernels> k = {\n" +
+      attention_table + "  };\n  return k;\n}\n}  // namespace cuda_emulated\n";
   code +=
       "namespace cuda_emulated {\nconst std::vector<Kernel>& corpus_kernels() {\n  static const std::vector<Kernel> k "
       "= {\n" +

@@ -7,10 +7,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backends/cpu/llvm_codegen.h"
+#include "backends/cuda/kernels/codegen.h"
+#include "core/array/array_impl.h"
 #include "core/array/visit_dtype.h"
+#include "core/lax/attention.h"
 #include "cuda_emulated_kernels.h"
 #include "cuda_emulator.h"
 #include "cuda_jit_corpus.h"
@@ -205,4 +209,98 @@ TEST_CASE("the emulator catches a planted missing barrier and a planted tail ove
   // Past the end: the guard region after the output is written.
   Outcome overrun = compare(spec_of(planted[1].spec_hash), planted[1], 8, false);
   CHECK(overrun.guard_damaged);
+}
+
+namespace {
+// x's elements (row-major, x is materialised) followed by a guard region of NaN bytes.
+std::vector<unsigned char> guarded_bytes(const Array& x) {
+  const size_t n = size_t(x.size()) * itemsize(x.dtype());
+  std::vector<unsigned char> b(n + size_t(kGuard) * itemsize(x.dtype()), 0xff);
+  concrete(x);
+  if (n > 0) std::memcpy(b.data(), raw_ptr(x), n);
+  return b;
+}
+std::vector<unsigned char> guarded_output(const Shape& shape, DType d) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return std::vector<unsigned char>(size_t(n + kGuard) * itemsize(d), 0xff);
+}
+// Mismatches of `got` against the CPU's `want`, the first named; a damaged guard counts as one.
+int64_t mismatches(const Array& want, const std::vector<unsigned char>& got, const char* what, std::string& first) {
+  std::vector<unsigned char> w = guarded_bytes(want);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < want.size(); ++i) {
+    double a = element(w, want.dtype(), i), b = element(got, want.dtype(), i);
+    if (!same(a, b, tolerance(want.dtype())) && bad++ == 0)
+      first = fmt::format("{} [{}]: cpu {} emulated cuda {}", what, i, a, b);
+  }
+  for (size_t k = size_t(want.size()) * itemsize(want.dtype()); k < got.size(); ++k)
+    if (got[k] != 0xff) {
+      if (bad++ == 0) first = fmt::format("{}: written past its end", what);
+      break;
+    }
+  return bad;
+}
+}  // namespace
+
+TEST_CASE("flash attention's CUDA kernels on the CPU emulator match the CPU kernels") {
+  const auto& configs = cuda_emulated::attention_configs();
+  const auto& kernels = cuda_emulated::attention_kernels();
+  REQUIRE(configs.size() == kernels.size());
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const auto [dtype, H, causal] = configs[c];
+    CAPTURE(dtype_name(dtype));
+    CAPTURE(H);
+    CAPTURE(causal);
+    // Two query blocks with a tail, grouped-query heads (2 query heads per key head), more keys
+    // than queries (the causal case then has keys no query reads: zero gradients).
+    const int B = 2, T = causal ? 70 : 37, S = causal ? 75 : 90, N = 4, K = 2;
+    const attention::Options o{1.0 / std::sqrt(double(H)), causal};
+    auto keys = random::split(random::key(uint64_t(40 + c)), 4);
+    Array q = random::normal(keys[0], {B, T, N, H}).astype(dtype),
+          k = random::normal(keys[1], {B, S, K, H}).astype(dtype),
+          v = random::normal(keys[2], {B, S, K, H}).astype(dtype),
+          dout = random::normal(keys[3], {B, T, N, H}).astype(dtype);
+    std::vector<Array> fwd = attention::forward(q, k, v, o);
+    std::vector<Array> bwd = attention::backward(q, k, v, fwd[0], fwd[1], dout, o);
+    std::vector<std::vector<unsigned char>> in;
+    for (const Array& x : {q, k, v, fwd[0], fwd[1], dout}) in.push_back(guarded_bytes(x));
+    const int dims[4] = {T, S, N, K};
+    const float scale = float(o.scale);
+    std::vector<std::vector<unsigned char>> first_run;
+    for (bool random_order : {false, true}) {
+      CAPTURE(random_order);
+      std::mt19937 schedule(uint32_t(c + 3));
+      auto run = [&](cuda_emulated::AttentionEntry entry, int64_t blocks, std::vector<void*> buffers) {
+        cj_emu::launch(
+            unsigned(blocks), 64, [&] { entry(buffers.data(), dims, scale); }, random_order ? &schedule : nullptr);
+      };
+      std::vector<unsigned char> out = guarded_output({B, T, N, H}, dtype), lse = guarded_output({B, N, T}, f32);
+      std::vector<unsigned char> dq = guarded_output({B, T, N, H}, dtype), dk = guarded_output({B, S, K, H}, dtype),
+                                 dv = guarded_output({B, S, K, H}, dtype);
+      run(kernels[c].forward, B * N * cuda::attention_blocks(T),
+          {in[0].data(), in[1].data(), in[2].data(), out.data(), lse.data()});
+      // The backward kernels read the CPU's forward results: each kernel is compared on its own.
+      std::vector<void*> bin;
+      for (auto& b : in) bin.push_back(b.data());
+      std::vector<void*> dq_buffers = bin, dkdv_buffers = bin;
+      dq_buffers.push_back(dq.data());
+      dkdv_buffers.push_back(dk.data());
+      dkdv_buffers.push_back(dv.data());
+      run(kernels[c].backward_dq, B * N * cuda::attention_blocks(T), dq_buffers);
+      run(kernels[c].backward_dkdv, B * K * cuda::attention_blocks(S), dkdv_buffers);
+      std::string first;
+      CHECK_MESSAGE(mismatches(fwd[0], out, "out", first) == 0, first);
+      CHECK_MESSAGE(mismatches(fwd[1], lse, "lse", first) == 0, first);
+      CHECK_MESSAGE(mismatches(bwd[0], dq, "dq", first) == 0, first);
+      CHECK_MESSAGE(mismatches(bwd[1], dk, "dk", first) == 0, first);
+      CHECK_MESSAGE(mismatches(bwd[2], dv, "dv", first) == 0, first);
+      // No sum depends on the order the threads run in: bitwise the same.
+      std::vector<std::vector<unsigned char>> results = {out, lse, dq, dk, dv};
+      if (first_run.empty())
+        first_run = results;
+      else
+        CHECK(results == first_run);
+    }
+  }
 }

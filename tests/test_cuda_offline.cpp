@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "backends/cuda/buffer_communicator.h"
 #include "backends/cuda/cuda_api.h"
@@ -341,4 +342,37 @@ TEST_CASE("every primitive of the transformer sample's training step has a cuda 
   ClosedJaxpr j = make_jaxpr(step)(s.params, tokens);
   std::set<std::string> missing = missing_cuda_kernels(*j);
   CHECK_MESSAGE(missing.empty(), "no cuda kernel for: " << fmt::format("{}", fmt::join(missing, ", ")));
+}
+
+TEST_CASE("flash attention's kernels compile for sm_80 and sm_90 without spills up to the widest head") {
+  REQUIRE(cuda::nvrtc_available());
+  // Each dtype, both masks and the widest head the kernels take (the register-heaviest); about a
+  // second of NVRTC per configuration.
+  std::string program = cuda::fused_prelude();
+  int configs = 0;
+  for (auto [d, head, causal] :
+       {std::tuple{f32, cuda::kMaxAttentionHead, true}, std::tuple{bf16, cuda::kMaxAttentionHead, false},
+        std::tuple{f16, int64_t(16), true}, std::tuple{f32, int64_t(5), false}})
+    program += cuda::attention_source(d, head, causal, fmt::format("a{}", configs++));
+  for (auto [major, minor] : {std::pair{8, 0}, std::pair{9, 0}}) {
+    std::string log;
+    std::vector<char> cubin = cuda::compile_cubin(program, major, minor, &log, /*ptxas_verbose=*/true);
+    REQUIRE(cubin.size() > 1000);
+    std::regex entry(R"(Compiling entry function '(\w+)')");
+    CHECK(std::distance(std::sregex_iterator(log.begin(), log.end(), entry), std::sregex_iterator()) == 3 * configs);
+    std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+    int reports = 0;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), spill); it != std::sregex_iterator(); ++it, ++reports) {
+      CHECK((*it)[1].str() == "0");
+      CHECK((*it)[2].str() == "0");
+    }
+    CHECK(reports >= 3 * configs);
+    std::regex regs(R"(Used (\d+) registers)");
+    int max_regs = 0;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), regs); it != std::sregex_iterator(); ++it)
+      max_regs = std::max(max_regs, std::stoi((*it)[1].str()));
+    CHECK(max_regs <= 255);
+    MESSAGE("sm_" << major << minor << ": " << 3 * configs << " attention kernels, at most " << max_regs
+                  << " registers per thread");
+  }
 }

@@ -41,6 +41,13 @@ std::optional<std::string> reduce_source(const std::string& primitive, DType in,
 // gather for the leading-batch layout (backends/cuda/kernels/gather.cpp).
 std::string gather_source(size_t itemsize, DType index_dtype, int K, int window_rank, bool fill_mode);
 
+// flash_attention's kernels (backends/cuda/kernels/attention.cpp) for one dtype, head width and
+// mask: `<prefix>_forward`, `<prefix>_backward_dq` and `<prefix>_backward_dkdv`, 64 threads a
+// block, attention_blocks(T) (forward, dq) or attention_blocks(S) (dkdv) blocks per (batch, head).
+constexpr int64_t kMaxAttentionHead = 32;
+std::string attention_source(DType dtype, int64_t head, bool causal, const std::string& prefix);
+int64_t attention_blocks(int64_t rows);
+
 // Launches kernel `name` of `source` on d's GPU: `args` are pointers to the kernel's arguments.
 void launch(const Device& d, const std::string& source, const char* name, unsigned grid, unsigned block,
             std::vector<void*> args);
