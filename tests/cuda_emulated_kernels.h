@@ -28,16 +28,22 @@ const std::vector<Kernel>& corpus_kernels();
 const std::vector<Kernel>& planted_faults();
 
 // flash_attention's CUDA kernels (backends/cuda/kernels/attention.cpp) in these configurations.
+// The test's shapes go with each: q [2, T, N, head], k and v [2, S, K, head].
 struct AttentionConfig {
   cjax::DType dtype;
   int64_t head;
   bool causal;
+  int T, S, N, K;
 };
 inline const std::vector<AttentionConfig>& attention_configs() {
-  static const std::vector<AttentionConfig> c = {{cjax::DType::float32, 16, true},
-                                                 {cjax::DType::float32, 12, false},
-                                                 {cjax::DType::bfloat16, 16, true},
-                                                 {cjax::DType::float16, 8, false}};
+  using cjax::DType;
+  // Two query blocks with a tail; 2 or 3 query heads per key head; more keys than queries (the
+  // causal case then has keys no query reads: zero gradients) and fewer (rows past the last key).
+  static const std::vector<AttentionConfig> c = {{DType::float32, 16, true, 70, 75, 4, 2},
+                                                 {DType::float32, 12, false, 37, 90, 4, 2},
+                                                 {DType::bfloat16, 16, true, 70, 75, 4, 2},
+                                                 {DType::float16, 8, false, 37, 90, 4, 2},
+                                                 {DType::float32, 32, true, 130, 70, 6, 2}};
   return c;
 }
 // Buffers: forward q, k, v, out, lse; backward_dq q, k, v, out, lse, dout, dq; backward_dkdv

@@ -22,6 +22,7 @@
 #include "backends/cuda/nccl.h"
 #include "core/array/kernel_table.h"
 #include "core/backend/backend.h"
+#include "core/backend/kernel_cache.h"
 #include "core/distributed/kv_store.h"
 #include "cuda_jit_corpus.h"
 #include "jit/executable.h"
@@ -375,4 +376,35 @@ TEST_CASE("flash attention's kernels compile for sm_80 and sm_90 without spills 
     MESSAGE("sm_" << major << minor << ": " << 3 * configs << " attention kernels, at most " << max_regs
                   << " registers per thread");
   }
+}
+
+TEST_CASE("library kernels' CUBINs go through the kernel cache: a new process loads them instead of running NVRTC") {
+  REQUIRE(cuda::nvrtc_available());
+  // A source no earlier run compiled (the comment makes it unique).
+  std::string source = cuda::fused_prelude() + cuda::attention_source(f32, 4, true, "cache_probe") +
+                       fmt::format("// {}\n", std::chrono::steady_clock::now().time_since_epoch().count());
+  KernelCacheStats before = kernel_cache_stats();
+  bool from_cache = true;
+  std::vector<char> first = cuda::cached_cubin(source, 9, 0, &from_cache);
+  CHECK_FALSE(from_cache);
+  CHECK(kernel_cache_stats().misses == before.misses + 1);
+  std::vector<char> again = cuda::cached_cubin(source, 9, 0, &from_cache);
+  CHECK(from_cache);
+  CHECK(again == first);
+  // What another process sees: the memory cache dropped, the CUBIN read from disk (where the disk
+  // cache is on).
+  clear_memory_kernel_cache();
+  KernelCacheStats mid = kernel_cache_stats();
+  std::vector<char> from_disk = cuda::cached_cubin(source, 9, 0, &from_cache);
+  CHECK(from_disk == first);
+  const char* dir = std::getenv("CJAX_CACHE_DIR");
+  if (!dir || *dir) {
+    CHECK(from_cache);
+    CHECK(kernel_cache_stats().disk_hits == mid.disk_hits + 1);
+  } else {
+    CHECK_FALSE(from_cache);
+  }
+  // Another architecture is another entry.
+  cuda::cached_cubin(source, 8, 0, &from_cache);
+  CHECK_FALSE(from_cache);
 }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "backends/cuda/buffer_communicator.h"
 #include "backends/cuda/cuda_device.h"
@@ -25,6 +26,7 @@
 #include "cjax/collectives.h"
 #include "cjax/errors.h"
 #include "core/backend/backend.h"
+#include "core/backend/kernel_cache.h"
 
 namespace cjax::cuda {
 namespace {
@@ -260,6 +262,7 @@ const bool g_registered = register_backend(&g_backend);
 struct ModuleCache {
   std::mutex mu;
   absl::flat_hash_map<std::string, CUfunction> functions;  // key: device id, name, source
+  absl::flat_hash_map<std::string, CUmodule> modules;      // key: device id, source
 };
 ModuleCache& module_cache() {
   static ModuleCache c;
@@ -326,6 +329,23 @@ std::string compile_ptx(const std::string& source, int cc_major, int cc_minor) {
   return std::string(ptx.data(), strnlen(ptx.data(), ptx.size()));
 }
 
+std::string cubin_key(const std::string& source, int cc_major, int cc_minor) {
+  const Nvrtc& rtc = nvrtc();
+  return fmt::format("cuda sm_{}{} nvrtc {}.{}\n{}", cc_major, cc_minor, rtc.major, rtc.minor, source);
+}
+
+std::vector<char> cached_cubin(const std::string& source, int cc_major, int cc_minor, bool* from_cache) {
+  const std::string key = cubin_key(source, cc_major, cc_minor);
+  if (std::optional<std::string> hit = cached_kernel(key)) {
+    if (from_cache) *from_cache = true;
+    return std::vector<char>(hit->begin(), hit->end());
+  }
+  std::vector<char> cubin = compile_cubin(source, cc_major, cc_minor);
+  store_kernel(key, std::string_view(cubin.data(), cubin.size()));
+  if (from_cache) *from_cache = false;
+  return cubin;
+}
+
 CUmodule load_module(const Device& d, const std::vector<char>& cubin) {
   const Driver& api = activate(d);
   CUmodule module = nullptr;
@@ -334,17 +354,27 @@ CUmodule load_module(const Device& d, const std::vector<char>& cubin) {
 }
 
 CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name) {
-  std::string key = fmt::format("{}\n{}\n{}", gpu(d).device, name, source);  // virtual devices share modules
+  const GpuInfo& info = gpu(d);
+  std::string key = fmt::format("{}\n{}\n{}", info.device, name, source);  // virtual devices share modules
+  std::string module_key = fmt::format("{}\n{}", info.device, source);
   ModuleCache& cache = module_cache();
   {
     std::lock_guard lock(cache.mu);
     if (auto it = cache.functions.find(key); it != cache.functions.end()) return it->second;
   }
-  const GpuInfo& info = gpu(d);
-  CUmodule module = load_module(d, compile_cubin(source, info.cc_major, info.cc_minor));
-  CUfunction fn = nullptr;
-  check(activate(d).cuModuleGetFunction(&fn, module, name.c_str()), "cuModuleGetFunction");
+  // A program's kernels (one program may hold several) share its module: compiled and loaded
+  // once. NVRTC runs outside the lock, so other threads' launches go on meanwhile.
+  std::optional<std::vector<char>> cubin;
+  {
+    std::lock_guard lock(cache.mu);
+    if (!cache.modules.contains(module_key)) cubin.emplace();
+  }
+  if (cubin) *cubin = cached_cubin(source, info.cc_major, info.cc_minor);
   std::lock_guard lock(cache.mu);
+  auto module = cache.modules.find(module_key);  // another thread may have loaded it meanwhile
+  if (module == cache.modules.end()) module = cache.modules.emplace(module_key, load_module(d, *cubin)).first;
+  CUfunction fn = nullptr;
+  check(activate(d).cuModuleGetFunction(&fn, module->second, name.c_str()), "cuModuleGetFunction");
   cache.functions.emplace(std::move(key), fn);  // modules stay loaded for the process
   return fn;
 }

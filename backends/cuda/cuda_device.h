@@ -39,13 +39,20 @@ const Driver& activate(const Device& d);
 // receives NVRTC's log (with `--ptxas-options=-v`, ptxas's register and spill report).
 std::vector<char> compile_cubin(const std::string& source, int cc_major, int cc_minor, std::string* log = nullptr,
                                 bool ptxas_verbose = false);
+// The same through the shared kernel cache (core/backend/kernel_cache.h: memory, then disk under
+// CJAX_CACHE_DIR), keyed by the source, the architecture and NVRTC's version: a new process loads
+// what an earlier one compiled instead of running NVRTC again. `from_cache` says which happened.
+std::vector<char> cached_cubin(const std::string& source, int cc_major, int cc_minor, bool* from_cache = nullptr);
+std::string cubin_key(const std::string& source, int cc_major, int cc_minor);  // its cache key
 // PTX of `source` for compute_<cc> (CJAX_DUMP output).
 std::string compile_ptx(const std::string& source, int cc_major, int cc_minor);
 // Loads a CUBIN into d's context (modules stay loaded for the process).
 CUmodule load_module(const Device& d, const std::vector<char>& cubin);
-// The kernel `name` of `source`, compiled for d's GPU and loaded into its context; cached in memory
-// by (device, source).
+// The kernel `name` of `source`, compiled for d's GPU (cached_cubin) and loaded into its context;
+// the function is kept in memory by (device, source).
 CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name);
+// Launches a loaded kernel on d's compute stream (`name` for errors); `args` point to its arguments.
+void launch(const Device& d, CUfunction fn, const char* name, unsigned grid, unsigned block, std::vector<void*> args);
 // jit's fused kernels as CUDA C++ (backends/cuda/kernels/fused_module.cpp).
 KernelCompiler& fused_kernel_compiler();
 

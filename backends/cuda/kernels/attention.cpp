@@ -237,17 +237,26 @@ struct Config {
   DType dtype;
   int64_t head;
   bool causal;
-  auto key() const { return std::tuple(int(dtype), head, causal); }
 };
 
-// The whole program NVRTC compiles for one configuration (prelude included), made once.
-const std::string& program_of(const Config& c) {
+// The three kernels of a configuration on one GPU, compiled (or read from the kernel cache) and
+// loaded at first use; kept here so that a launch does not look the 10 KB source up again.
+struct Kernels {
+  CUfunction forward, backward_dq, backward_dkdv;
+};
+const Kernels& kernels_for(const Device& dev, const Config& c) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int64_t, bool>, std::string> programs;
+  static std::map<std::tuple<CUdevice, int, int64_t, bool>, Kernels> loaded;
+  const auto key = std::tuple(gpu(dev).device, int(c.dtype), c.head, c.causal);
+  {
+    std::lock_guard lock(mu);
+    if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+  }
+  const std::string program = fused_prelude() + attention_source(c.dtype, c.head, c.causal, "cj_attention");
+  Kernels k{load_kernel(dev, program, "cj_attention_forward"), load_kernel(dev, program, "cj_attention_backward_dq"),
+            load_kernel(dev, program, "cj_attention_backward_dkdv")};
   std::lock_guard lock(mu);
-  auto [it, added] = programs.try_emplace(c.key());
-  if (added) it->second = fused_prelude() + attention_source(c.dtype, c.head, c.causal, "cj_attention");
-  return it->second;
+  return loaded.try_emplace(key, k).first->second;
 }
 
 struct Shapes {
@@ -262,8 +271,10 @@ Shapes shapes_of(const Array& q, const Array& k) {
 std::optional<std::string> unsupported(const Array& q, const Array& k) {
   if (q.shape()[3] > kMaxAttentionHead)
     return fmt::format("head width {} > {} (one thread's registers)", q.shape()[3], kMaxAttentionHead);
+  if (q.shape()[3] == 0) return std::string("head width 0");
+  // Row indices (and a tile past the last) stay within int; the grid within its limit.
   const int64_t most = (int64_t(1) << 31) - 1;
-  if (q.shape()[1] > most || k.shape()[1] > most || q.shape()[2] > most ||
+  if (q.shape()[1] > most - 64 || k.shape()[1] > most - 64 || q.shape()[2] > most ||
       q.shape()[0] * q.shape()[2] * attention_blocks(q.shape()[1]) > most ||
       q.shape()[0] * k.shape()[2] * attention_blocks(k.shape()[1]) > most)
     return std::string("more blocks than one launch grid holds");
@@ -289,7 +300,7 @@ std::vector<Array> forward(std::span<const Array> in, std::span<const AbstractVa
   if (out.size() == 0) return {out, lse};
   void *qp = raw_ptr(q), *kp = raw_ptr(k), *vp = raw_ptr(v), *op = raw_ptr(out), *lp = raw_ptr(lse);
   float scale = float(o.scale);
-  launch(dev, program_of({q.dtype(), q.shape()[3], o.is_causal}), "cj_attention_forward",
+  launch(dev, kernels_for(dev, {q.dtype(), q.shape()[3], o.is_causal}).forward, "cj_attention_forward",
          unsigned(s.B * s.N * attention_blocks(s.T)), kRows, {&qp, &kp, &vp, &op, &lp, &s.T, &s.S, &s.N, &s.K, &scale});
   return {out, lse};
 }
@@ -310,12 +321,12 @@ std::vector<Array> backward(std::span<const Array> in, std::span<const AbstractV
   for (const Array& x : in) ptr.push_back(raw_ptr(x));
   void *dqp = raw_ptr(dq), *dkp = raw_ptr(dk), *dvp = raw_ptr(dv);
   float scale = float(o.scale);
-  const std::string& program = program_of({q.dtype(), q.shape()[3], o.is_causal});
+  const Kernels& kernels = kernels_for(dev, {q.dtype(), q.shape()[3], o.is_causal});
   if (dq.size() > 0)
-    launch(dev, program, "cj_attention_backward_dq", unsigned(s.B * s.N * attention_blocks(s.T)), kRows,
+    launch(dev, kernels.backward_dq, "cj_attention_backward_dq", unsigned(s.B * s.N * attention_blocks(s.T)), kRows,
            {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &dqp, &s.T, &s.S, &s.N, &s.K, &scale});
   if (dk.size() > 0)
-    launch(dev, program, "cj_attention_backward_dkdv", unsigned(s.B * s.K * attention_blocks(s.S)), kRows,
+    launch(dev, kernels.backward_dkdv, "cj_attention_backward_dkdv", unsigned(s.B * s.K * attention_blocks(s.S)), kRows,
            {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &dkp, &dvp, &s.T, &s.S, &s.N, &s.K, &scale});
   return {dq, dk, dv};
 }

@@ -254,7 +254,10 @@ std::string highest_literal(DType d) {
 
 void launch(const Device& d, const std::string& source, const char* name, unsigned grid, unsigned block,
             std::vector<void*> args) {
-  CUfunction fn = load_kernel(d, source, name);
+  launch(d, load_kernel(d, source, name), name, grid, block, std::move(args));
+}
+
+void launch(const Device& d, CUfunction fn, const char* name, unsigned grid, unsigned block, std::vector<void*> args) {
   if (grid == 0) return;
   const Driver& api = activate(d);
   check(api.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, compute_stream(d), args.data(), nullptr), name);

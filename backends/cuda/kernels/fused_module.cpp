@@ -66,17 +66,10 @@ class FusedCompiler final : public KernelCompiler {
       std::ofstream(dump_base + ".ptxas.txt") << log << "\n";
       std::ofstream(dump_base + ".ptx") << compile_ptx(source, info.cc_major, info.cc_minor);
     }
-    const Nvrtc& rtc = nvrtc();
-    std::string key =
-        fmt::format("cuda fused sm_{}{} nvrtc {}.{}\n{}", info.cc_major, info.cc_minor, rtc.major, rtc.minor, source);
     if (!cubin.empty()) {
-      store_kernel(key, std::string_view(cubin.data(), cubin.size()));
-    } else if (std::optional<std::string> hit = cached_kernel(key)) {
-      cubin.assign(hit->begin(), hit->end());
-      module->from_cache = true;
+      store_kernel(cubin_key(source, info.cc_major, info.cc_minor), std::string_view(cubin.data(), cubin.size()));
     } else {
-      cubin = compile_cubin(source, info.cc_major, info.cc_minor);
-      store_kernel(key, std::string_view(cubin.data(), cubin.size()));
+      cubin = cached_cubin(source, info.cc_major, info.cc_minor, &module->from_cache);
     }
     std::lock_guard lock(load_mu_);  // one module load at a time per process
     CUmodule m = load_module(d, cubin);
