@@ -29,6 +29,7 @@
 #include "backends/cpu/llvm_math.h"
 #include "backends/cpu/llvm_scalar.h"
 #include "cjax/errors.h"
+#include "core/backend/parallel.h"
 
 namespace cjax {
 namespace {
@@ -750,6 +751,10 @@ class KernelEmitter : private cpu::ScalarCodegen {
 
 }  // namespace
 
+namespace {
+constexpr size_t kKernelsPerModule = 4, kMaxModules = 8;
+}  // namespace
+
 CompiledKernels compile_kernels(std::span<const KernelSpec* const> specs, std::string* ir_out) {
   auto t0 = std::chrono::steady_clock::now();
   // Kernels with equal canonical text compile to the same machine code: emit each distinct one
@@ -765,35 +770,63 @@ CompiledKernels compile_kernels(std::span<const KernelSpec* const> specs, std::s
       emitted_as[i] = it->second;
     }
   }
-  std::string key;
-  for (const KernelSpec* s : distinct) key += s->name + "\n" + s->canonical();
-  CompiledKernels out;
-  std::unique_ptr<llvm::MemoryBuffer> object = ir_out ? nullptr : cpu::cached_object(key);
-  out.from_cache = object != nullptr;
-  if (!object) {
-    llvm::LLVMContext ctx;
-    auto m = std::make_unique<llvm::Module>("cjax_kernels", ctx);
-    cpu::configure_for_host(*m);
-    for (const KernelSpec* s : distinct) KernelEmitter(*m, *s).emit();
-    std::string err;
-    llvm::raw_string_ostream es(err);
-    if (llvm::verifyModule(*m, &es)) throw Error(fmt::format("internal: generated LLVM IR is invalid: {}", es.str()));
-    if (ir_out) {
-      llvm::raw_string_ostream os(*ir_out);
-      os << "; ---- before optimization ----\n" << *m;
+  // The distinct kernels are split into modules compiled side by side on the intra-op pool (LLVM
+  // is most of a cold compile; one module kept one core busy). The split depends on the kernels
+  // only, never on the thread count, so the cache entries (one per module) are the same
+  // everywhere: the largest kernels first, each to the least loaded module.
+  const size_t parts =
+      std::clamp<size_t>((distinct.size() + kKernelsPerModule - 1) / kKernelsPerModule, 1, kMaxModules);
+  std::vector<std::vector<size_t>> members(parts);
+  {
+    std::vector<size_t> order(distinct.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return distinct[a]->canonical().size() > distinct[b]->canonical().size();
+    });
+    std::vector<size_t> load(parts, 0);
+    for (size_t i : order) {
+      size_t p = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+      members[p].push_back(i);
+      load[p] += distinct[i]->canonical().size();
     }
-    object = cpu::compile_to_object(*m);
-    if (ir_out) {
-      llvm::raw_string_ostream os(*ir_out);
-      os << "; ---- after optimization ----\n" << *m;
-    }
-    cpu::store_object(key, *object);
+    for (auto& m : members) std::sort(m.begin(), m.end());
   }
-  std::shared_ptr<cpu::JitCode> code = cpu::link_object(std::move(object));
-  std::vector<KernelFn> distinct_fns;
-  for (const KernelSpec* s : distinct) distinct_fns.push_back(reinterpret_cast<KernelFn>(code->lookup(s->name)));
+  CompiledKernels out;
+  std::vector<std::shared_ptr<cpu::JitCode>> codes(parts);
+  std::vector<std::string> irs(parts);
+  std::vector<int> hits(parts, 0);
+  parallel_for(int64_t(parts), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      std::string key;
+      for (size_t i : members[size_t(p)]) key += distinct[i]->name + "\n" + distinct[i]->canonical();
+      std::unique_ptr<llvm::MemoryBuffer> object = ir_out ? nullptr : cpu::cached_object(key);
+      hits[size_t(p)] = object != nullptr;
+      if (!object) {
+        llvm::LLVMContext ctx;
+        auto m = std::make_unique<llvm::Module>("cjax_kernels", ctx);
+        cpu::configure_for_host(*m);
+        for (size_t i : members[size_t(p)]) KernelEmitter(*m, *distinct[i]).emit();
+        std::string err;
+        llvm::raw_string_ostream es(err);
+        if (llvm::verifyModule(*m, &es))
+          throw Error(fmt::format("internal: generated LLVM IR is invalid: {}", es.str()));
+        llvm::raw_string_ostream os(irs[size_t(p)]);
+        if (ir_out) os << "; ---- before optimization ---- (module " << p << ")\n" << *m;
+        object = cpu::compile_to_object(*m);
+        if (ir_out) os << "; ---- after optimization ---- (module " << p << ")\n" << *m;
+        cpu::store_object(key, *object);
+      }
+      codes[size_t(p)] = cpu::link_object(std::move(object));
+    }
+  });
+  out.from_cache = std::all_of(hits.begin(), hits.end(), [](int h) { return h != 0; });
+  if (ir_out)
+    for (const std::string& ir : irs) *ir_out += ir;
+  std::vector<KernelFn> distinct_fns(distinct.size());
+  for (size_t p = 0; p < parts; ++p)
+    for (size_t i : members[p]) distinct_fns[i] = reinterpret_cast<KernelFn>(codes[p]->lookup(distinct[i]->name));
   for (size_t i = 0; i < specs.size(); ++i) out.fns.push_back(distinct_fns[emitted_as[i]]);
-  out.code = code;
+  out.code = std::make_shared<std::vector<std::shared_ptr<cpu::JitCode>>>(std::move(codes));
   out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

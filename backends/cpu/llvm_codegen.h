@@ -1,4 +1,4 @@
-// The CPU's code generator: KernelSpecs -> one LLVM module -> machine code (llvm_codegen.cpp),
+// The CPU's code generator: KernelSpecs -> LLVM modules -> machine code (llvm_codegen.cpp),
 // and the KernelCompiler (core/backend/backend.h) jit reaches it through (kernel_module.cpp).
 #pragma once
 #include <cstdint>
@@ -23,7 +23,8 @@ struct CompiledKernels {
   double compile_ms = 0;             // IR generation + optimization + codegen + link
 };
 
-// Compiles all kernels of one jit compilation as one module (one object file). With `ir_out`,
+// Compiles all kernels of one jit compilation, as up to 8 modules (object files) compiled in
+// parallel on the intra-op pool. With `ir_out`,
 // the unoptimized and optimized LLVM IR are appended to it (CJAX_DUMP); this bypasses the cache.
 CompiledKernels compile_kernels(std::span<const KernelSpec* const> specs, std::string* ir_out = nullptr);
 

@@ -27,8 +27,10 @@
 #include <fstream>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "cjax/errors.h"
 #include "core/array/util.h"
@@ -48,9 +50,29 @@ constexpr const char* kCjaxCodegenVersion = "cjax-codegen-12";
 
 struct Host {
   std::unique_ptr<llvm::orc::LLJIT> jit;
-  std::unique_ptr<llvm::TargetMachine> tm;
+  std::unique_ptr<llvm::TargetMachine> tm;  // for the triple; compilations take their own
+  std::optional<llvm::orc::JITTargetMachineBuilder> builder;
   std::string cpu, features, id;
-  std::mutex compile_mu;  // a TargetMachine is not thread safe
+  // A TargetMachine is not thread safe: each concurrent compilation takes one of these (made on
+  // demand, kept for the next).
+  std::mutex machines_mu;
+  std::vector<std::unique_ptr<llvm::TargetMachine>> free_machines;
+
+  std::unique_ptr<llvm::TargetMachine> acquire_machine() {
+    std::lock_guard lk(machines_mu);
+    if (!free_machines.empty()) {
+      auto m = std::move(free_machines.back());
+      free_machines.pop_back();
+      return m;
+    }
+    auto made = builder->createTargetMachine();
+    if (!made) fail("creating a target machine", made.takeError());
+    return std::move(*made);
+  }
+  void release_machine(std::unique_ptr<llvm::TargetMachine> m) {
+    std::lock_guard lk(machines_mu);
+    free_machines.push_back(std::move(m));
+  }
 
   Host() {
     llvm::InitializeNativeTarget();
@@ -71,6 +93,7 @@ struct Host {
     auto machine = jtmb->createTargetMachine();
     if (!machine) fail("creating the target machine", machine.takeError());
     tm = std::move(*machine);
+    builder = *jtmb;
     auto built = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(*jtmb).create();
     if (!built) fail("creating the JIT", built.takeError());
     jit = std::move(*built);
@@ -152,7 +175,12 @@ void set_host_attributes(llvm::Function& f) {
 
 std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m) {
   Host& h = host();
-  std::lock_guard lk(h.compile_mu);
+  std::unique_ptr<llvm::TargetMachine> tm = h.acquire_machine();
+  struct Release {
+    Host& h;
+    std::unique_ptr<llvm::TargetMachine>& tm;
+    ~Release() { h.release_machine(std::move(tm)); }
+  } release{h, tm};
   {
     llvm::LoopAnalysisManager lam;
     llvm::FunctionAnalysisManager fam;
@@ -162,7 +190,7 @@ std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m) {
     pto.LoopVectorization = true;
     pto.SLPVectorization = true;
     pto.LoopUnrolling = true;
-    llvm::PassBuilder pb(h.tm.get(), pto);
+    llvm::PassBuilder pb(tm.get(), pto);
     pb.registerModuleAnalyses(mam);
     pb.registerCGSCCAnalyses(cgam);
     pb.registerFunctionAnalyses(fam);
@@ -174,7 +202,7 @@ std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m) {
   llvm::SmallVector<char, 0> out;
   llvm::raw_svector_ostream os(out);
   llvm::legacy::PassManager pm;
-  if (h.tm->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
+  if (tm->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
     throw Error("LLVM JIT: the host target cannot emit object files");
   pm.run(m);
   return std::make_unique<llvm::SmallVectorMemoryBuffer>(std::move(out), m.getModuleIdentifier(), false);
