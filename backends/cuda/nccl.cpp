@@ -236,8 +236,14 @@ class NcclCommunicator final : public BufferCommunicator {
     activate(d);
     ncclResult_t r = call(nccl(), c, compute_stream(d));
     std::string what = fmt::format("NCCL {} over {} (rank {} of {})", op, group_name(group_), rank, size());
-    if (r != ncclSuccess && r != ncclInProgress)
-      throw CollectiveError(fmt::format("{} failed: {}", what, nccl_error(r, c)));
+    if (r != ncclSuccess && r != ncclInProgress) {
+      // The other ranks may have queued their half of this collective: later ones could pair up
+      // wrongly or wait forever, so the communicator is done (and aborted when it goes).
+      std::string error = fmt::format("{} failed: {}", what, nccl_error(r, c));
+      std::lock_guard lk(mu_);
+      if (failure_.empty()) failure_ = error;
+      throw CollectiveError(error);
+    }
     try {
       wait_ready(c, what, timeout_);  // enqueued: the kernels themselves run on the stream
     } catch (const CollectiveError& e) {
