@@ -270,6 +270,39 @@ int main() {
       std::printf("ROW,%s,%.9f\n", jitted ? "jit mlp step f32" : "mlp step f32", t);
     }
   }
+  // Causal attention at the transformer sample's shape, forward + backward (the gradient of
+  // sum(attention * w)), jitted: the fused kernels (backends/cuda/kernels/attention.cpp) against
+  // the unfused program (implementation = xla: cuBLASLt products, fused softmax).
+  for (DType d : {f32, bf16}) {
+    auto put = [&](const Array& a) { return device_put(a.astype(d), SingleDeviceSharding(kGpu)); };
+    auto keys = random::split(random::key(9), 4);
+    Array q = put(random::normal(keys[0], {32, 64, 8, 16})), k = put(random::normal(keys[1], {32, 64, 8, 16})),
+          v = put(random::normal(keys[2], {32, 64, 8, 16})), w = put(random::normal(keys[3], {32, 64, 8, 16}));
+    double times[2];
+    for (int fused = 1; fused >= 0; --fused) {
+      auto loss = [&w, fused](const Array& q, const Array& k, const Array& v) {
+        nn::AttentionOptions o;
+        o.is_causal = true;
+        o.implementation = fused ? nn::AttentionImplementation::fused : nn::AttentionImplementation::xla;
+        return jnp::sum((nn::dot_product_attention(q, k, v, o) * w).astype(f32));
+      };
+      auto grads = jit([loss](const Array& q, const Array& k, const Array& v) {
+        auto [gq, gk, gv] = grad(loss, argnums<0, 1, 2>)(q, k, v);
+        return std::vector<Array>{gq, gk, gv};
+      });
+      std::vector<Array> g;
+      times[fused] = seconds(
+          [&] {
+            g = grads(q, k, v);
+            g[0].block_until_ready();
+          },
+          50);
+    }
+    std::string what = fmt::format("attention fwd+bwd {}[32,64,8,16]", dtype_name(d));
+    std::printf("%-34s %9.1f us fused, %9.1f us unfused (%.2fx)\n", what.c_str(), times[1] * 1e6, times[0] * 1e6,
+                times[0] / times[1]);
+    std::printf("ROW,%s,%.9f\n", what.c_str(), times[1]);
+  }
   // Host cost of one eager op on the GPU (dispatch + launch), on 1-element arrays.
   {
     Array a = device_put(jnp::ones({1}), SingleDeviceSharding(kGpu));
