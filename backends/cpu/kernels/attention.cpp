@@ -276,6 +276,17 @@ struct KeyPanels {
   const float* panel(int64_t n, int64_t s0, const Dims& d) const { return panels.data() + (n * padded + s0) * d.Hp; }
 };
 
+// A thread's buffers, kept from call to call: a training step runs these kernels hundreds of
+// times, and fresh vectors of up to ~100 KB each went through malloc (and mmap) every time.
+struct Scratch {
+  KeyPanels kp, vp;
+  std::vector<float> qrows, orows, dorows, dqrows, dk_acc, dv_acc, p, ds, m, l, delta;
+};
+Scratch& thread_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 // Key heads per task: all of them where that leaves every thread several tasks and the staged keys
 // and values in L2, else the largest divisor of K that does (at least one).
 int64_t heads_per_task(const Dims& d, int64_t tasks_per_head_group) {
@@ -309,9 +320,12 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
   const int64_t qb = d.query_blocks(), hg = heads_per_task(d, qb), groups = d.K / hg;
   // A task: one query block of the query heads of key heads [kh0, kh0 + hg) of one batch entry.
   parallel_for(d.B * groups * qb, 1, [&](int64_t begin, int64_t end) {
-    KeyPanels kp, vp;
-    std::vector<float> qrows, orows, p(size_t(kQuery * kKeys));
-    std::vector<float> m(kQuery), l(kQuery);
+    Scratch& scratch = thread_scratch();
+    KeyPanels &kp = scratch.kp, &vp = scratch.vp;
+    std::vector<float>&qrows = scratch.qrows, &orows = scratch.orows, &p = scratch.p, &m = scratch.m, &l = scratch.l;
+    p.resize(size_t(kQuery * kKeys));
+    m.resize(kQuery);
+    l.resize(kQuery);
     int64_t loaded = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bg = task / qb, b = bg / groups, kh0 = (bg % groups) * hg;
@@ -386,9 +400,14 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
   // A task owns key heads [kh0, kh0 + hg) of one batch entry, so its dK and dV accumulate without
   // sharing and every sum runs in a fixed order.
   parallel_for(d.B * groups, 1, [&](int64_t begin, int64_t end) {
-    KeyPanels kp, vp;
-    std::vector<float> qrows, orows, dorows, dqrows, dk_acc, dv_acc, delta(kQuery);
-    std::vector<float> p(size_t(kQuery * kKeys)), ds(size_t(kQuery * kKeys));
+    Scratch& scratch = thread_scratch();
+    KeyPanels &kp = scratch.kp, &vp = scratch.vp;
+    std::vector<float>&qrows = scratch.qrows, &orows = scratch.orows, &dorows = scratch.dorows,
+    &dqrows = scratch.dqrows, &dk_acc = scratch.dk_acc, &dv_acc = scratch.dv_acc, &delta = scratch.delta,
+    &p = scratch.p, &ds = scratch.ds;
+    delta.resize(kQuery);
+    p.resize(size_t(kQuery * kKeys));
+    ds.resize(size_t(kQuery * kKeys));
     const float scale = float(d.scale);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / groups, kh0 = (task % groups) * hg, n0 = kh0 * d.G, n1 = (kh0 + hg) * d.G;
