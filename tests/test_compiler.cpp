@@ -1015,3 +1015,31 @@ TEST_CASE("a GELU's forward residuals are computed again in the backward kernel,
     for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(e[i]).epsilon(1e-5));
   }
 }
+
+TEST_CASE("a program's kernels compile as several LLVM modules side by side, each cached on its own") {
+  auto dir = fresh_dir("kernel_modules");
+  setenv("CJAX_CACHE_DIR", dir.c_str(), 1);
+  // Ten operands of ten shapes: ten distinct kernels, split 4 + 3 + 3 into three modules.
+  std::vector<Array> xs;
+  for (int i = 0; i < 10; ++i) xs.push_back(random::normal(random::key(uint64_t(90 + i)), {i + 1, 7}));
+  auto f = [](const std::vector<Array>& xs) {
+    std::vector<Array> out;
+    for (size_t i = 0; i < xs.size(); ++i) out.push_back(jnp::sin(xs[i]) * float(i + 1) + jnp::exp(xs[i] * 0.5f));
+    return out;
+  };
+  auto before = cpu::kernel_cache_stats();
+  Executable cold(make_jaxpr(f)(xs));
+  REQUIRE(cold.plan().kernels.size() == 10);
+  CHECK(cpu::kernel_cache_stats().disk_writes == before.disk_writes + 3);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) == 3);
+  std::vector<Array> want = f(xs), got = cold.run(xs);
+  for (size_t i = 0; i < want.size(); ++i) check_same(got[i], want[i], 2e-6, "module kernel");
+  // From disk: every module a hit, the same values.
+  cpu::clear_memory_kernel_cache();
+  Executable warm(make_jaxpr(f)(xs));
+  CHECK(warm.compiled().from_cache);
+  std::vector<Array> again = warm.run(xs);
+  for (size_t i = 0; i < want.size(); ++i) CHECK(again[i].to_vector<float>() == got[i].to_vector<float>());
+  setenv("CJAX_CACHE_DIR", "", 1);  // the rest of this process: memory only
+  std::filesystem::remove_all(dir);
+}
