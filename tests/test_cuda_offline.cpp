@@ -378,6 +378,23 @@ TEST_CASE("flash attention's kernels compile for sm_80 and sm_90 without spills 
   }
 }
 
+TEST_CASE("each flash attention kernel is a program of its own (the GPU compiles the three side by side)") {
+  REQUIRE(cuda::nvrtc_available());
+  for (const char* kernel : {"forward", "backward_dq", "backward_dkdv"}) {
+    CAPTURE(kernel);
+    std::string program = cuda::attention_program(bf16, 16, true, kernel), log;
+    CHECK(program.find("cj_attention_" + std::string(kernel) + "(") != std::string::npos);
+    std::vector<char> cubin = cuda::compile_cubin(program, 9, 0, &log, /*ptxas_verbose=*/true);
+    CHECK(cubin.size() > 1000);
+    std::regex entry(R"(Compiling entry function '(\w+)')");
+    std::smatch m;
+    REQUIRE(std::regex_search(log, m, entry));
+    CHECK(m[1].str() == "cj_attention_" + std::string(kernel));
+    CHECK(std::distance(std::sregex_iterator(log.begin(), log.end(), entry), std::sregex_iterator()) == 1);
+  }
+  CHECK_THROWS_AS(cuda::attention_program(f32, 16, true, "sideways"), Error);
+}
+
 TEST_CASE("library kernels' CUBINs go through the kernel cache: a new process loads them instead of running NVRTC") {
   REQUIRE(cuda::nvrtc_available());
   // A source no earlier run compiled (the comment makes it unique).

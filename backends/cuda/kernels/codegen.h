@@ -46,6 +46,9 @@ std::string gather_source(size_t itemsize, DType index_dtype, int K, int window_
 // block, attention_blocks(T) (forward, dq) or attention_blocks(S) (dkdv) blocks per (batch, head).
 constexpr int64_t kMaxAttentionHead = 32;
 std::string attention_source(DType dtype, int64_t head, bool causal, const std::string& prefix);
+// One of them ("forward", "backward_dq", "backward_dkdv") as a whole NVRTC program (prelude
+// included), kernel `cj_attention_<kernel>`: the GPU compiles the three side by side.
+std::string attention_program(DType dtype, int64_t head, bool causal, const std::string& kernel);
 int64_t attention_blocks(int64_t rows);
 
 // Launches kernel `name` of `source` on d's GPU: `args` are pointers to the kernel's arguments.
