@@ -20,9 +20,12 @@
 #include <llvm/Support/raw_ostream.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <functional>
+#include <thread>
 #include <unordered_map>
 
 #include "backends/cpu/llvm_jit.h"
@@ -770,61 +773,79 @@ CompiledKernels compile_kernels(std::span<const KernelSpec* const> specs, std::s
       emitted_as[i] = it->second;
     }
   }
-  // The distinct kernels are split into modules compiled side by side on the intra-op pool (LLVM
-  // is most of a cold compile; one module kept one core busy). The split depends on the kernels
-  // only, never on the thread count, so the cache entries (one per module) are the same
-  // everywhere: the largest kernels first, each to the least loaded module.
+  // The distinct kernels are split into modules compiled side by side (LLVM is most of a cold
+  // compile; one module kept one core busy). The split depends on the kernels only, never on the
+  // thread count, so the cache entries (one per module) are the same everywhere: the largest
+  // kernels first, each to the least loaded module.
   const size_t parts =
       std::clamp<size_t>((distinct.size() + kKernelsPerModule - 1) / kKernelsPerModule, 1, kMaxModules);
   std::vector<std::vector<size_t>> members(parts);
   {
-    std::vector<size_t> order(distinct.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return distinct[a]->canonical().size() > distinct[b]->canonical().size();
-    });
+    std::vector<size_t> size(distinct.size()), order(distinct.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i, size[i] = distinct[i]->canonical().size();
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return size[a] > size[b]; });
     std::vector<size_t> load(parts, 0);
     for (size_t i : order) {
       size_t p = size_t(std::min_element(load.begin(), load.end()) - load.begin());
       members[p].push_back(i);
-      load[p] += distinct[i]->canonical().size();
+      load[p] += size[i];
     }
     for (auto& m : members) std::sort(m.begin(), m.end());
   }
   CompiledKernels out;
+  std::vector<std::string> keys(parts), irs(parts);
+  std::vector<std::unique_ptr<llvm::MemoryBuffer>> objects(parts);
+  bool all_cached = true;
+  for (size_t p = 0; p < parts; ++p) {
+    for (size_t i : members[p]) keys[p] += distinct[i]->name + "\n" + distinct[i]->canonical();
+    if (!ir_out) objects[p] = cpu::cached_object(keys[p]);
+    all_cached = all_cached && objects[p];
+  }
+  out.from_cache = all_cached;
+  auto compile_part = [&](size_t p) {
+    llvm::LLVMContext ctx;
+    auto m = std::make_unique<llvm::Module>("cjax_kernels", ctx);
+    cpu::configure_for_host(*m);
+    for (size_t i : members[p]) KernelEmitter(*m, *distinct[i]).emit();
+    std::string err;
+    llvm::raw_string_ostream es(err);
+    if (llvm::verifyModule(*m, &es)) throw Error(fmt::format("internal: generated LLVM IR is invalid: {}", es.str()));
+    llvm::raw_string_ostream os(irs[p]);
+    if (ir_out) os << "; ---- before optimization ---- (module " << p << ")\n" << *m;
+    objects[p] = cpu::compile_to_object(*m);
+    if (ir_out) os << "; ---- after optimization ---- (module " << p << ")\n" << *m;
+    cpu::store_object(keys[p], *objects[p]);
+  };
   std::vector<std::shared_ptr<cpu::JitCode>> codes(parts);
-  std::vector<std::string> irs(parts);
-  std::vector<int> hits(parts, 0);
-  parallel_for(int64_t(parts), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      std::string key;
-      for (size_t i : members[size_t(p)]) key += distinct[i]->name + "\n" + distinct[i]->canonical();
-      std::unique_ptr<llvm::MemoryBuffer> object = ir_out ? nullptr : cpu::cached_object(key);
-      hits[size_t(p)] = object != nullptr;
-      if (!object) {
-        llvm::LLVMContext ctx;
-        auto m = std::make_unique<llvm::Module>("cjax_kernels", ctx);
-        cpu::configure_for_host(*m);
-        for (size_t i : members[size_t(p)]) KernelEmitter(*m, *distinct[i]).emit();
-        std::string err;
-        llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es))
-          throw Error(fmt::format("internal: generated LLVM IR is invalid: {}", es.str()));
-        llvm::raw_string_ostream os(irs[size_t(p)]);
-        if (ir_out) os << "; ---- before optimization ---- (module " << p << ")\n" << *m;
-        object = cpu::compile_to_object(*m);
-        if (ir_out) os << "; ---- after optimization ---- (module " << p << ")\n" << *m;
-        cpu::store_object(key, *object);
-      }
-      codes[size_t(p)] = cpu::link_object(std::move(object));
+  std::vector<KernelFn> distinct_fns(distinct.size());
+  auto build_part = [&](size_t p) {  // compiled where the cache missed, then linked (ORC links on lookup)
+    if (!objects[p]) compile_part(p);
+    codes[p] = cpu::link_object(std::move(objects[p]));
+    for (size_t i : members[p]) distinct_fns[i] = reinterpret_cast<KernelFn>(codes[p]->lookup(distinct[i]->name));
+  };
+  // On threads of their own, at most one per core, not on the intra-op pool: the pool runs one
+  // job at a time, and other threads' kernels (earlier steps still running, SPMD devices) must
+  // not wait for a compilation. All from the cache: linked on the calling thread alone.
+  const size_t workers = all_cached ? 1 : std::min(parts, size_t(std::max(1, num_threads())));
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> errors(workers);
+  auto work = [&](size_t w) {
+    try {
+      for (size_t p = next++; p < parts; p = next++) build_part(p);
+    } catch (...) {
+      errors[w] = std::current_exception();
     }
-  });
-  out.from_cache = std::all_of(hits.begin(), hits.end(), [](int h) { return h != 0; });
+  };
+  {
+    std::vector<std::thread> helpers;
+    for (size_t w = 1; w < workers; ++w) helpers.emplace_back(work, w);
+    work(0);
+    for (std::thread& t : helpers) t.join();
+  }
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
   if (ir_out)
     for (const std::string& ir : irs) *ir_out += ir;
-  std::vector<KernelFn> distinct_fns(distinct.size());
-  for (size_t p = 0; p < parts; ++p)
-    for (size_t i : members[p]) distinct_fns[i] = reinterpret_cast<KernelFn>(codes[p]->lookup(distinct[i]->name));
   for (size_t i = 0; i < specs.size(); ++i) out.fns.push_back(distinct_fns[emitted_as[i]]);
   out.code = std::make_shared<std::vector<std::shared_ptr<cpu::JitCode>>>(std::move(codes));
   out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -261,8 +262,8 @@ const bool g_registered = register_backend(&g_backend);
 
 struct ModuleCache {
   std::mutex mu;
-  absl::flat_hash_map<std::string, CUfunction> functions;  // key: device id, name, source
-  absl::flat_hash_map<std::string, CUmodule> modules;      // key: device id, source
+  absl::flat_hash_map<std::string, CUfunction> functions;                  // key: device id, name, source
+  absl::flat_hash_map<std::string, std::shared_future<CUmodule>> modules;  // key: device id, source
 };
 ModuleCache& module_cache() {
   static ModuleCache c;
@@ -356,25 +357,36 @@ CUmodule load_module(const Device& d, const std::vector<char>& cubin) {
 CUfunction load_kernel(const Device& d, const std::string& source, const std::string& name) {
   const GpuInfo& info = gpu(d);
   std::string key = fmt::format("{}\n{}\n{}", info.device, name, source);  // virtual devices share modules
-  std::string module_key = fmt::format("{}\n{}", info.device, source);
   ModuleCache& cache = module_cache();
+  std::shared_future<CUmodule> module;
+  std::optional<std::promise<CUmodule>> loading;  // this thread compiles and loads the module
+  std::string module_key;
   {
     std::lock_guard lock(cache.mu);
     if (auto it = cache.functions.find(key); it != cache.functions.end()) return it->second;
+    // A program's kernels (one program may hold several) share its module, compiled and loaded
+    // once: threads that want it meanwhile (the virtual devices of one GPU) wait for it.
+    module_key = fmt::format("{}\n{}", info.device, source);
+    if (auto it = cache.modules.find(module_key); it != cache.modules.end()) {
+      module = it->second;
+    } else {
+      loading.emplace();
+      module = loading->get_future().share();
+      cache.modules.emplace(module_key, module);
+    }
   }
-  // A program's kernels (one program may hold several) share its module: compiled and loaded
-  // once. NVRTC runs outside the lock, so other threads' launches go on meanwhile.
-  std::optional<std::vector<char>> cubin;
-  {
-    std::lock_guard lock(cache.mu);
-    if (!cache.modules.contains(module_key)) cubin.emplace();
+  if (loading) {  // NVRTC runs outside the lock: other threads' launches go on meanwhile
+    try {
+      loading->set_value(load_module(d, cached_cubin(source, info.cc_major, info.cc_minor)));
+    } catch (...) {
+      loading->set_exception(std::current_exception());
+      std::lock_guard lock(cache.mu);
+      cache.modules.erase(module_key);  // the next call tries again
+    }
   }
-  if (cubin) *cubin = cached_cubin(source, info.cc_major, info.cc_minor);
-  std::lock_guard lock(cache.mu);
-  auto module = cache.modules.find(module_key);  // another thread may have loaded it meanwhile
-  if (module == cache.modules.end()) module = cache.modules.emplace(module_key, load_module(d, *cubin)).first;
   CUfunction fn = nullptr;
-  check(activate(d).cuModuleGetFunction(&fn, module->second, name.c_str()), "cuModuleGetFunction");
+  check(activate(d).cuModuleGetFunction(&fn, module.get(), name.c_str()), "cuModuleGetFunction");
+  std::lock_guard lock(cache.mu);
   cache.functions.emplace(std::move(key), fn);  // modules stay loaded for the process
   return fn;
 }

@@ -131,13 +131,13 @@ void store_kernel(const std::string& fkey, std::string_view object) {
     }
   }
   std::filesystem::rename(tmp, file, ec);
-  if (ec)
+  if (ec) {
     std::filesystem::remove(tmp, ec);
-  else
-    ++c.disk_writes;
+    return;
+  }
   // Trim on this process's first write and every 64th after: a directory listing per write would
   // cost more than it saves.
-  if ((c.disk_writes.load() - 1) % 64 == 0) trim_disk_kernel_cache();
+  if (++c.disk_writes % 64 == 1) trim_disk_kernel_cache();
 }
 
 void trim_disk_kernel_cache() {
