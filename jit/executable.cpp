@@ -24,6 +24,7 @@
 #include "core/spmd/collectives.h"
 #include "jit/passes/passes.h"
 #include "jit/profile_internal.h"
+#include "jit/schedule_collectives.h"
 #include "trace/phase.h"
 #include "trace/shard_map.h"
 
@@ -125,6 +126,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
   } else {
     for (const JaxprEqn& e : j.eqns()) plan_.steps.push_back({-1, e});
   }
+  if (!has_effects_) schedule_collectives(plan_, collective_group_bytes());
   lower_to_program();
   lockstep_ = !has_effects_ && std::none_of(program_.begin(), program_.end(), [](const Instr& i) {
     return i.def && i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params);
@@ -134,6 +136,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
                      (i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params)));
   });
   plan_graph(collectives);
+  if (lockstep_) plan_lockstep_phases();
   std::string dir = dump_dir();
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
@@ -564,6 +567,71 @@ void Executable::run_device_instrs(const DeviceProgram& program, const Device& d
   }
 }
 
+void Executable::plan_lockstep_phases() {
+  LockstepPhase phase;
+  std::vector<bool> group_output(num_slots_, false);
+  for (size_t i = 0; i < program_.size(); ++i) {
+    const Instr& instr = program_[i];
+    if (!instr.def || !needs_all_devices(*instr.def)) {
+      if (!phase.collectives.empty()) {  // compute after a group: the next phase
+        lockstep_phases_.push_back(std::move(phase));
+        phase = LockstepPhase{i, i, {}};
+        std::fill(group_output.begin(), group_output.end(), false);
+      }
+      phase.end = i + 1;
+      continue;
+    }
+    bool reads_group =
+        std::any_of(instr.inputs.begin(), instr.inputs.end(), [&](int s) { return s >= 0 && group_output[size_t(s)]; });
+    if (reads_group) {  // a collective of a collective's result: a group of its own
+      lockstep_phases_.push_back(std::move(phase));
+      phase = LockstepPhase{i, i, {}};
+      std::fill(group_output.begin(), group_output.end(), false);
+    }
+    phase.collectives.push_back(i);
+    for (int s : instr.outputs)
+      if (s >= 0) group_output[size_t(s)] = true;
+  }
+  lockstep_phases_.push_back(std::move(phase));
+}
+
+void Executable::run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,
+                                      bool backward, std::vector<std::vector<Array>>& slots) const {
+  size_t n = slots.size(), m = phase.collectives.size();
+  std::vector<std::vector<std::vector<Array>>> outs(m);
+  auto run_one = [&](size_t g) {
+    const Instr& instr = program_[phase.collectives[g]];
+    std::vector<std::vector<Array>> group_in(n);
+    for (size_t d = 0; d < n; ++d)
+      for (size_t k = 0; k < instr.inputs.size(); ++k)
+        group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
+    ProfileScope timing(profiler::enabled());
+    outs[g] = run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
+                                            backward || instr.backward);
+    if (profiler::enabled()) timing.record(instr.def->name, name_);
+  };
+  // Each collective of the group on its own pool task (its own work then runs serially); the
+  // collective recorder sees them one at a time, in program order.
+  if (m == 1 || collective_observer_set()) {
+    for (size_t g = 0; g < m; ++g) run_one(g);
+  } else {
+    parallel_for(int64_t(m), 1, [&](int64_t b, int64_t e) {
+      AxisEnvScope env(axes);
+      TraceScope eval(eval_trace());
+      for (int64_t g = b; g < e; ++g) run_one(size_t(g));
+    });
+  }
+  for (size_t g = 0; g < m; ++g) {
+    const Instr& instr = program_[phase.collectives[g]];
+    for (size_t d = 0; d < n; ++d) {
+      for (size_t k = 0; k < outs[g][d].size(); ++k) slots[d][size_t(instr.outputs[k])] = std::move(outs[g][d][k]);
+    }
+  }
+  for (size_t c : phase.collectives)
+    for (size_t d = 0; d < n; ++d)
+      for (int s : program_[c].release) slots[d][size_t(s)] = Array();
+}
+
 std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes,
                                                          bool backward, bool parallel,
                                                          std::vector<std::vector<Array>> inputs) const {
@@ -576,12 +644,12 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const
     inputs[d].clear();
   }
   TraceScope scope(eval_trace());
-  std::vector<std::vector<Array>> group_in(n);
   // The program splits at its collectives into segments in which the devices are independent:
   // each device runs a whole segment on one pool thread (its kernels serially: the devices are
-  // the parallelism), and the devices meet only at the collectives. Meeting at every
-  // instruction instead cost a pool barrier per instruction (~25% idle time in the transformer's
-  // FSDP step, mostly in small optimizer kernels).
+  // the parallelism), and the devices meet only at the collectives, which schedule_collectives
+  // gathered into as few groups as the data allows. Meeting at every instruction instead cost a
+  // pool barrier per instruction (~25% idle time in the transformer's FSDP step, mostly in small
+  // optimizer kernels).
   auto run_segment = [&](size_t begin, size_t end) {
     if (begin == end) return;
     auto run_devices = [&](int64_t b, int64_t e) {
@@ -597,29 +665,10 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const
       run_devices(b, e);
     });
   };
-  size_t segment_begin = 0;
-  for (size_t i = 0; i < program_.size(); ++i) {
-    const Instr& instr = program_[i];
-    if (!instr.def || !needs_all_devices(*instr.def)) continue;
-    run_segment(segment_begin, i);
-    segment_begin = i + 1;
-    for (size_t d = 0; d < n; ++d) {
-      group_in[d].clear();
-      for (size_t k = 0; k < instr.inputs.size(); ++k)
-        group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
-    }
-    bool profiling = profiler::enabled();
-    ProfileScope timing(profiling);
-    std::vector<std::vector<Array>> outs =
-        run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
-                                      backward || instr.backward);
-    if (profiling) timing.record(instr.def->name, name_);
-    for (size_t d = 0; d < n; ++d) {
-      for (size_t k = 0; k < outs[d].size(); ++k) slots[d][size_t(instr.outputs[k])] = std::move(outs[d][k]);
-      for (int s : instr.release) slots[d][size_t(s)] = Array();
-    }
+  for (const LockstepPhase& phase : lockstep_phases_) {
+    run_segment(phase.begin, phase.end);
+    if (!phase.collectives.empty()) run_collective_group(phase, mesh, axes, backward, slots);
   }
-  run_segment(segment_begin, program_.size());
   std::vector<std::vector<Array>> outs(n);
   for (size_t d = 0; d < n; ++d) outs[d] = collect_outputs(slots[d]);
   return outs;

@@ -151,6 +151,16 @@ class Executable {
   bool has_effects_ = false;
   bool cheap_ = false;
   bool lockstep_ = false;
+  // A lockstep run: each phase runs program_[begin, end) per device, then its collectives (one
+  // group: none reads another's result) once for all devices, side by side.
+  struct LockstepPhase {
+    size_t begin = 0, end = 0;
+    std::vector<size_t> collectives;
+  };
+  std::vector<LockstepPhase> lockstep_phases_;
+  void plan_lockstep_phases();
+  void run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,
+                            bool backward, std::vector<std::vector<Array>>& slots) const;
   // Launches the program issues (instructions), or 0 where it never runs as a recorded graph
   // (effects, collectives, literal outputs, too much to copy per replay: plan_graph), and the
   // result types a replay allocates.

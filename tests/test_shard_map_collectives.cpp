@@ -12,7 +12,10 @@
 
 #include "backends/cpu/buffer_communicator.h"
 #include "core/backend/backend.h"
+#include "jit/executable.h"
+#include "jit/schedule_collectives.h"
 #include "test_util.h"
+#include "trace/shard_map.h"
 
 using namespace cjax;
 using namespace cjax::testing;
@@ -506,13 +509,14 @@ TEST_CASE("staged bodies run in lockstep, bit-identical to one thread per device
   CHECK(spmd_run_stats().threaded == before.threaded + 1);
   CHECK(lockstep == threaded);
   CHECK(lockstep == fv(shard_map(body, mesh, P("i", "j"), P("i", "j"), {.check_vma = false})(x)));
-  // The recorder sees each collective once per run, as in a threaded run.
+  // The recorder sees each collective once per run, as in a threaded run, in the order the
+  // compiled body runs them: axis_index needs no operand, so it joins the first group.
   debug::CollectiveRecorder rec;
   f(x).block_until_ready();
   std::vector<std::string> kinds;
   for (const auto& r : rec.records()) kinds.push_back(r.kind);
   INFO(fmt::format("{}", fmt::join(kinds, " ")));
-  CHECK(kinds == std::vector<std::string>{"psum", "all_gather", "ppermute", "axis_index", "pmax", "reduce_scatter",
+  CHECK(kinds == std::vector<std::string>{"psum", "axis_index", "all_gather", "ppermute", "pmax", "reduce_scatter",
                                           "all_to_all"});
   // A large body runs in lockstep too, its devices' instructions spread over the thread pool.
   auto big = jit(shard_map([](const Array& v) { return lax::psum(jnp::sin(v) * 2.0f, "i"); }, mesh_i(), P("i"), P()));
@@ -705,4 +709,95 @@ TEST_CASE("the cpu buffer communicator: a rank that never arrives is a Collectiv
                                                                                Device(Platform::cpu, 0)},
                                                            std::chrono::milliseconds(200)),
                   ValueError);
+}
+
+namespace {
+// The primitive names of a shard_map body's compiled steps, in the order they run ("k" for a
+// fused kernel), with the collectives scheduled under `group_bytes`.
+std::vector<std::string> scheduled_steps(const ClosedJaxpr& traced, int64_t group_bytes) {
+  const JaxprEqn& sm = traced.jaxpr->eqns().back();
+  AxisEnvScope env(ShardMapInfo::from(sm.params).axis_frame());
+  FusionPlan plan = plan_fusion(*ShardMapInfo::from(sm.params).body);
+  schedule_collectives(plan, group_bytes);
+  std::vector<std::string> names;
+  for (const PlanStep& s : plan.steps) names.push_back(s.kernel >= 0 ? "k" : s.eqn.primitive->name);
+  return names;
+}
+}  // namespace
+
+TEST_CASE("an FSDP body meets the other devices twice: weights gathered together, gradients scattered together") {
+  Mesh mesh = mesh_i();
+  // Three layers whose weights are all_gathered before use and whose gradient-like products are
+  // reduce_scattered: as written, six meeting points between the layers' matmuls.
+  auto body = [](const Array& x, const Array& w1, const Array& w2, const Array& w3) {
+    Array h = x;
+    std::vector<Array> grads;
+    for (const Array* w : {&w1, &w2, &w3}) {
+      Array full = lax::all_gather(*w, "i", {.tiled = true});
+      h = jnp::tanh(jnp::matmul(h, full));
+      grads.push_back(lax::psum_scatter(jnp::matmul(jnp::transpose(h), h), "i", {.tiled = true}));
+    }
+    return std::vector<Array>{h, grads[0], grads[1], grads[2]};
+  };
+  auto f = shard_map(body, mesh, {P("i"), P("i"), P("i"), P("i")}, {P("i"), P("i"), P("i"), P("i")});
+  Array x = random::normal(random::key(1), {8, 16}), w1 = random::normal(random::key(2), {16, 16}) * 0.3f,
+        w2 = random::normal(random::key(3), {16, 16}) * 0.3f, w3 = random::normal(random::key(4), {16, 16}) * 0.3f;
+  ClosedJaxpr traced = make_jaxpr(f)(x, w1, w2, w3);
+  using S = std::vector<std::string>;
+  S grouped = scheduled_steps(traced, int64_t(32) << 20);
+  INFO(fmt::format("{}", fmt::join(grouped, " ")));
+  auto positions = [](const S& steps, const std::string& name) {
+    std::vector<size_t> at;
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (steps[i] == name) at.push_back(i);
+    return at;
+  };
+  std::vector<size_t> gathers = positions(grouped, "all_gather"), scatters = positions(grouped, "reduce_scatter"),
+                      matmuls = positions(grouped, "dot_general");
+  REQUIRE(gathers.size() == 3);
+  REQUIRE(scatters.size() == 3);
+  CHECK(gathers == std::vector<size_t>{gathers[0], gathers[0] + 1, gathers[0] + 2});  // one group
+  CHECK(gathers[2] < matmuls.front());                                                // before the first use
+  CHECK(scatters == std::vector<size_t>{grouped.size() - 3, grouped.size() - 2, grouped.size() - 1});  // at the end
+  // A group bound smaller than one weight keeps each collective where the program needs it.
+  S in_place = scheduled_steps(traced, 1);
+  INFO(fmt::format("{}", fmt::join(in_place, " ")));
+  std::vector<size_t> g1 = positions(in_place, "all_gather"), s1 = positions(in_place, "reduce_scatter");
+  REQUIRE(g1.size() == 3);
+  CHECK(g1[1] > positions(in_place, "dot_general")[0]);  // the second weight is gathered after the first matmul
+  CHECK(s1[0] < g1[1]);                                  // the first product is scattered before it
+  // The values do not depend on the schedule: the staged body (lockstep), one thread per
+  // device, and eager all agree bit for bit.
+  auto jf = jit(f);
+  std::vector<Array> staged = jf(x, w1, w2, w3);
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  std::vector<Array> threaded = jit(f)(x, w1, w2, w3);
+  unsetenv("CJAX_SPMD_THREADS");
+  std::vector<Array> eager = f(x, w1, w2, w3);
+  for (size_t k = 0; k < 4; ++k) {
+    CHECK(fv(staged[k]) == fv(threaded[k]));
+    std::vector<float> a = fv(staged[k]), b = fv(eager[k]);
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("psum_scatter sums each member's chunk along any dimension, in member order") {
+  Mesh mesh = mesh_i();
+  // Blocks [2, 8, 3] per device; member k gets columns [2k, 2k+2) of dimension 1, summed over
+  // the devices in order 0..3.
+  Array x = random::normal(random::key(7), {8, 8, 3});
+  auto f = shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.scatter_dimension = 1, .tiled = true}); },
+                     mesh, P("i"), P(None, "i"));
+  std::vector<float> got = fv(jit(f)(x)), all = fv(x);
+  REQUIRE(got.size() == size_t(2 * 8 * 3));
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c = 0; c < 8; ++c)
+      for (int64_t e = 0; e < 3; ++e) {
+        float want = 0;
+        for (int64_t d = 0; d < 4; ++d)
+          want =
+              d == 0 ? all[size_t(((d * 2 + r) * 8 + c) * 3 + e)] : want + all[size_t(((d * 2 + r) * 8 + c) * 3 + e)];
+        CHECK(got[size_t((r * 8 + c) * 3 + e)] == want);
+      }
 }

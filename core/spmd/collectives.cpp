@@ -44,19 +44,48 @@ const std::vector<std::string>& collective_axes(const Params& p) { return p.obje
 
 namespace {
 
-// Elements [lo, hi) of the member-ordered combination of `xs`, written into every array of `outs`.
-void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi) {
+// Which elements of the members' operands a combination reads: output element i comes from
+// element (i / run) * stride + offset + i % run of every operand (a psum reads all of them; a
+// reduce_scatter member, its chunk of each row).
+struct Chunking {
+  int64_t run, stride, offset;
+};
+
+// Elements [lo, hi) of the member-ordered combination of `xs`, written into every array of
+// `outs`: out = ((x0 op x1) op x2) ..., a block of elements at a time (it stays in cache across
+// the members), with the operation chosen outside the loops so that they vectorize.
+void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi,
+                   Chunking c) {
+  constexpr int64_t kBlock = 2048;
   visit_dtype(xs[0].dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    T* first = data_ptr<T>(outs[0]);
-    const T* x0 = data_ptr<const T>(xs[0]);
-    std::copy(x0 + lo, x0 + hi, first + lo);
-    for (size_t j = 1; j < xs.size(); ++j) {
-      const T* xj = data_ptr<const T>(xs[j]);
-      for (int64_t i = lo; i < hi; ++i) first[i] = scalar::reduce_combine<T>(first[i], xj[i], op);
+    auto with_op = [&](auto combine) {
+      T* first = data_ptr<T>(outs[0]);
+      std::vector<const T*> in(xs.size());
+      for (size_t j = 0; j < xs.size(); ++j) in[j] = data_ptr<const T>(xs[j]);
+      for (int64_t b = lo; b < hi;) {
+        int64_t within = b % c.run, e = std::min({hi, b + kBlock, b - within + c.run});
+        int64_t src = (b / c.run) * c.stride + c.offset + within, len = e - b;
+        T* o = first + b;
+        std::copy(in[0] + src, in[0] + src + len, o);
+        for (size_t j = 1; j < in.size(); ++j) {
+          const T* x = in[j] + src;
+          for (int64_t i = 0; i < len; ++i) o[i] = combine(o[i], x[i]);
+        }
+        for (size_t k = 1; k < outs.size(); ++k) std::copy(o, o + len, data_ptr<T>(outs[k]) + b);
+        b = e;
+      }
+    };
+    switch (op) {
+      case ReduceOp::Sum: return with_op([](T a, T b) { return scalar::reduce_combine<T>(a, b, ReduceOp::Sum); });
+      case ReduceOp::Prod: return with_op([](T a, T b) { return scalar::reduce_combine<T>(a, b, ReduceOp::Prod); });
+      case ReduceOp::Max: return with_op([](T a, T b) { return scalar::reduce_combine<T>(a, b, ReduceOp::Max); });
+      case ReduceOp::Min: return with_op([](T a, T b) { return scalar::reduce_combine<T>(a, b, ReduceOp::Min); });
     }
-    for (size_t k = 1; k < outs.size(); ++k) std::copy(first + lo, first + hi, data_ptr<T>(outs[k]) + lo);
   });
+}
+void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi) {
+  combine_range(op, xs, outs, lo, hi, Chunking{std::max<int64_t>(outs[0].size(), 1), 0, 0});
 }
 
 AbstractValue local_aval(AbstractValue a) {
@@ -334,6 +363,7 @@ std::atomic<CollectiveObserver> g_observer{nullptr};
 }  // namespace
 
 void set_collective_observer(CollectiveObserver observer) { g_observer.store(observer); }
+bool collective_observer_set() { return g_observer.load() != nullptr; }
 
 namespace {
 // ---- SPMD kernels ----
@@ -482,9 +512,16 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
   }
   if (&def == &g_reduce_scatter) {  // sum only this member's chunk of every operand
     int64_t d = p.i("scatter_dimension");
-    std::vector<Array> parts;
-    for (const Array& x : group) parts.push_back(chunk(x, d, k, n));
-    Array piece = combine_members(ReduceOp::Sum, parts);
+    const Array& x0 = group[0];
+    AbstractValue piece_aval = local_aval(x0.aval());
+    piece_aval.shape[size_t(d)] /= n;
+    int64_t inner = 1;
+    for (size_t a = size_t(d) + 1; a < x0.shape().size(); ++a) inner *= x0.shape()[a];
+    int64_t run = piece_aval.shape[size_t(d)] * inner;
+    Array piece = make_uninitialized(piece_aval, concrete(x0)->device());
+    if (piece.size() > 0)
+      combine_range(ReduceOp::Sum, group, std::span<const Array>(&piece, 1), 0, piece.size(),
+                    Chunking{run, run * n, run * k});
     return p.get<bool>("tiled") ? piece : lax::squeeze(piece, {d});
   }
   if (&def == &g_ppermute) {

@@ -69,5 +69,6 @@ Params pvary_params(std::vector<std::string> axes);
 using CollectiveObserver = void (*)(const PrimitiveDef& def, const Params& params, std::span<const Array> in,
                                     std::span<const AbstractValue> outs, const SpmdContext& ctx);
 void set_collective_observer(CollectiveObserver observer);
+bool collective_observer_set();
 
 }  // namespace cjax
