@@ -285,7 +285,7 @@ bool Executable::may_write_in_place(const Instr& in, const std::vector<Array>& s
     int s = in.inputs[size_t(ko.in_place_of)];
     const Array& a = slots[size_t(s)];
     ConcreteArray* c = concrete(a);
-    if (!(c->buffer().use_count() == 1 && (a.impl_ptr().use_count() == 1 || donated[size_t(s)]))) return false;
+    if (!(exclusively_held(c->buffer()) && (a.impl_ptr().use_count() == 1 || donated[size_t(s)]))) return false;
   }
   return true;
 }
@@ -379,7 +379,7 @@ bool Executable::gemm_update_may_reuse(const Instr& instr, const std::vector<Arr
     if (k < 0 || k == s) return false;
   const Array& acc = slots[size_t(s)];
   ConcreteArray* c = concrete(acc);
-  if (c->buffers.size() != 1 || c->buffer().use_count() != 1 ||
+  if (c->buffers.size() != 1 || !exclusively_held(c->buffer()) ||
       !(acc.impl_ptr().use_count() == 1 || donated[size_t(s)]))
     return false;
   const Array &lhs = slots[size_t(instr.inputs[0])], &rhs = slots[size_t(instr.inputs[1])];

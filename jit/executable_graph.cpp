@@ -86,7 +86,7 @@ std::optional<std::vector<Array>> Executable::run_as_graph(const DeviceProgram& 
     std::shared_ptr<Buffer> reuse;
     for (size_t k : donated)
       if (k < placed.size() && !taken[k] && placed[k].dtype() == aval.dtype && placed[k].aval().size() == aval.size() &&
-          concrete(placed[k])->buffer().use_count() == 1) {
+          exclusively_held(concrete(placed[k])->buffer())) {
         taken[k] = true;
         reuse = concrete(placed[k])->buffer();
         break;

@@ -11,7 +11,9 @@
 #include <tuple>
 
 #include "backends/cpu/buffer_communicator.h"
+#include "core/array/array_impl.h"
 #include "core/backend/backend.h"
+#include "core/spmd/collectives.h"
 #include "jit/executable.h"
 #include "jit/schedule_collectives.h"
 #include "test_util.h"
@@ -800,4 +802,42 @@ TEST_CASE("psum_scatter sums each member's chunk along any dimension, in member 
               d == 0 ? all[size_t(((d * 2 + r) * 8 + c) * 3 + e)] : want + all[size_t(((d * 2 + r) * 8 + c) * 3 + e)];
         CHECK(got[size_t((r * 8 + c) * 3 + e)] == want);
       }
+}
+
+TEST_CASE("a psum's result is one buffer that the group's CPU devices share, never written in place") {
+  Mesh mesh = mesh_i();
+  std::vector<std::vector<Array>> blocks;
+  for (int d = 0; d < 4; ++d)
+    blocks.push_back({device_put(arange_f(6) + float(10 * d), SingleDeviceSharding(mesh.devices()[size_t(d)]))});
+  AbstractValue aval = blocks[0][0].aval();
+  std::vector<std::vector<Array>> outs =
+      run_collective_on_all_devices(*find_primitive("psum"), {{"axes", axes_param({"i"})}}, blocks,
+                                    std::span<const AbstractValue>(&aval, 1), mesh, false, false);
+  for (int d = 0; d < 4; ++d) {
+    const std::shared_ptr<Buffer>& b = concrete(outs[size_t(d)][0])->buffer();
+    CHECK(b->device() == mesh.devices()[size_t(d)]);             // each member's result is on its device
+    CHECK(b->data() == concrete(outs[0][0])->buffer()->data());  // in one memory
+    CHECK(fv(outs[size_t(d)][0]) == std::vector<float>{60, 64, 68, 72, 76, 80});
+    CHECK_FALSE(exclusively_held(b));
+  }
+  // Staged: every device's next kernel reads the shared sum where it dies (an in-place candidate);
+  // none may write over it while the others still read it.
+  auto body = [](const Array& b) {
+    Array s = lax::psum(b, "i");
+    return jnp::tanh(s * 0.01f) * (lax::axis_index("i").astype(f32) + 1.f);
+  };
+  auto f = jit(shard_map(body, mesh, P("i"), P("i"), {.check_vma = false}));
+  Array x = arange_f(16) * 0.5f;
+  std::vector<float> staged = fv(f(x));
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  std::vector<float> threaded = fv(f(x));
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(staged == threaded);
+  std::vector<float> xs = fv(x);
+  for (int d = 0; d < 4; ++d)
+    for (int e = 0; e < 4; ++e) {
+      float sum = 0;
+      for (int k = 0; k < 4; ++k) sum += xs[size_t(k * 4 + e)];
+      CHECK(staged[size_t(d * 4 + e)] == doctest::Approx(std::tanh(sum * 0.01f) * float(d + 1)).epsilon(1e-6));
+    }
 }

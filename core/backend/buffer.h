@@ -20,8 +20,13 @@ class Buffer {
   struct Remote {};
   Buffer(Remote, Device device, size_t nbytes)
       : device_(device), nbytes_(nbytes), data_(nullptr), addressable_(false) {}
+  // Another device's handle on `base`'s memory, for results that are the same on several devices
+  // of one host (an all_gather or psum over CPU virtual devices): one copy instead of one per
+  // device. Neither handle may then be written in place (exclusively_held).
+  Buffer(Device device, std::shared_ptr<Buffer> base)
+      : device_(device), nbytes_(base->nbytes()), data_(base->data()), base_(std::move(base)) {}
   ~Buffer() {
-    if (addressable_) device_deallocate(device_, data_, nbytes_);
+    if (addressable_ && !base_) device_deallocate(device_, data_, nbytes_);
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -29,12 +34,17 @@ class Buffer {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
   bool addressable() const { return addressable_; }
+  bool shares_memory() const { return base_ != nullptr; }
 
  private:
   Device device_;
   size_t nbytes_;
   void* data_;
   bool addressable_ = true;
+  std::shared_ptr<Buffer> base_;  // set: a view of base_'s memory
 };
+
+// No other array (on this device or another) reads `b`'s memory: a kernel may write over it.
+inline bool exclusively_held(const std::shared_ptr<Buffer>& b) { return b.use_count() == 1 && !b->shares_memory(); }
 
 }  // namespace cjax

@@ -51,16 +51,15 @@ struct Chunking {
   int64_t run, stride, offset;
 };
 
-// Elements [lo, hi) of the member-ordered combination of `xs`, written into every array of
-// `outs`: out = ((x0 op x1) op x2) ..., a block of elements at a time (it stays in cache across
-// the members), with the operation chosen outside the loops so that they vectorize.
-void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi,
-                   Chunking c) {
+// Elements [lo, hi) of the member-ordered combination of `xs`: out = ((x0 op x1) op x2) ..., a
+// block of elements at a time (it stays in cache across the members), with the operation chosen
+// outside the loops so that they vectorize.
+void combine_range(ReduceOp op, std::span<const Array> xs, const Array& out, int64_t lo, int64_t hi, Chunking c) {
   constexpr int64_t kBlock = 2048;
   visit_dtype(xs[0].dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto with_op = [&](auto combine) {
-      T* first = data_ptr<T>(outs[0]);
+      T* first = data_ptr<T>(out);
       std::vector<const T*> in(xs.size());
       for (size_t j = 0; j < xs.size(); ++j) in[j] = data_ptr<const T>(xs[j]);
       for (int64_t b = lo; b < hi;) {
@@ -72,7 +71,6 @@ void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array
           const T* x = in[j] + src;
           for (int64_t i = 0; i < len; ++i) o[i] = combine(o[i], x[i]);
         }
-        for (size_t k = 1; k < outs.size(); ++k) std::copy(o, o + len, data_ptr<T>(outs[k]) + b);
         b = e;
       }
     };
@@ -84,8 +82,8 @@ void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array
     }
   });
 }
-void combine_range(ReduceOp op, std::span<const Array> xs, std::span<const Array> outs, int64_t lo, int64_t hi) {
-  combine_range(op, xs, outs, lo, hi, Chunking{std::max<int64_t>(outs[0].size(), 1), 0, 0});
+void combine_range(ReduceOp op, std::span<const Array> xs, const Array& out, int64_t lo, int64_t hi) {
+  combine_range(op, xs, out, lo, hi, Chunking{std::max<int64_t>(out.size(), 1), 0, 0});
 }
 
 AbstractValue local_aval(AbstractValue a) {
@@ -95,7 +93,7 @@ AbstractValue local_aval(AbstractValue a) {
 
 Array combine_members(ReduceOp op, std::span<const Array> xs) {
   Array out = make_uninitialized(local_aval(xs[0].aval()), concrete(xs[0])->device());
-  combine_range(op, xs, std::span<const Array>(&out, 1), 0, out.size());
+  combine_range(op, xs, out, 0, out.size());
   return out;
 }
 
@@ -519,9 +517,7 @@ Array collective_result(const PrimitiveDef& def, const Params& p, std::span<cons
     for (size_t a = size_t(d) + 1; a < x0.shape().size(); ++a) inner *= x0.shape()[a];
     int64_t run = piece_aval.shape[size_t(d)] * inner;
     Array piece = make_uninitialized(piece_aval, concrete(x0)->device());
-    if (piece.size() > 0)
-      combine_range(ReduceOp::Sum, group, std::span<const Array>(&piece, 1), 0, piece.size(),
-                    Chunking{run, run * n, run * k});
+    if (piece.size() > 0) combine_range(ReduceOp::Sum, group, piece, 0, piece.size(), Chunking{run, run * n, run * k});
     return p.get<bool>("tiled") ? piece : lax::squeeze(piece, {d});
   }
   if (&def == &g_ppermute) {
@@ -573,40 +569,48 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
     observe(def, p, inputs[0], out_avals, SpmdContext{&mesh, 0, nullptr, backward});
   const auto& axes = collective_axes(p);
   std::vector<std::vector<Array>> outs(n);
-  if (is_reduction(def) && n > 0 && !inputs[0].empty()) {
-    // Each group is combined once, in member order, element ranges in parallel, into every
-    // member's own output (allocated on its device): the same values, bit for bit, as one thread
-    // per device, without each member summing the whole group again.
-    std::vector<bool> done(n, false);
+  if (n == 0) return outs;
+  // A reduction's or an all_gather's result is the same for every member of a group: computed
+  // once, on the group's first device, which the other members' results share (CPU devices of
+  // one host: one memory).
+  std::vector<int64_t> first(n);
+  for (size_t d = 0; d < n; ++d) first[d] = axis_group(mesh, axes, int64_t(d))[0];
+  bool same_for_group =
+      !inputs[0].empty() && (is_reduction(def) || &def == &g_all_gather || &def == &g_all_gather_invariant);
+  if (same_for_group && is_reduction(def)) {
+    // Each group is combined once, in member order, element ranges in parallel: the same values,
+    // bit for bit, as one thread per device, without each member summing the whole group again.
     for (size_t d = 0; d < n; ++d) {
-      if (done[d]) continue;
-      std::vector<int64_t> members = axis_group(mesh, axes, int64_t(d));
-      std::vector<Array> xs, group_outs;
-      for (int64_t m : members) {
-        xs.push_back(inputs[size_t(m)][0]);
-        SpmdScope on_device({&mesh, m, nullptr, backward});
-        group_outs.push_back(make_uninitialized(local_aval(xs.back().aval()), concrete(xs.back())->device()));
-      }
-      parallel_for(group_outs[0].size(), int64_t(1) << 15,
-                   [&](int64_t lo, int64_t hi) { combine_range(reduce_op_of(def), xs, group_outs, lo, hi); });
-      for (size_t k = 0; k < members.size(); ++k) {
-        outs[size_t(members[k])] = {group_outs[k]};
-        done[size_t(members[k])] = true;
-      }
+      if (first[d] != int64_t(d)) continue;
+      std::vector<Array> xs;
+      for (int64_t m : axis_group(mesh, axes, int64_t(d))) xs.push_back(inputs[size_t(m)][0]);
+      SpmdScope on_device({&mesh, int64_t(d), nullptr, backward});
+      Array out = make_uninitialized(local_aval(xs[0].aval()), concrete(xs[0])->device());
+      parallel_for(out.size(), int64_t(1) << 15,
+                   [&](int64_t lo, int64_t hi) { combine_range(reduce_op_of(def), xs, out, lo, hi); });
+      outs[d] = {out};
     }
-    return outs;
+  } else {
+    parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
+      for (int64_t d = b; d < e; ++d) {
+        if (same_for_group && first[size_t(d)] != d) continue;
+        SpmdScope on_device({&mesh, d, nullptr, backward});  // results are allocated on device d
+        int64_t pos = 0;
+        std::vector<int64_t> members = axis_group(mesh, axes, d, &pos);
+        std::vector<Array> group;
+        if (!inputs[size_t(d)].empty())
+          for (int64_t m : members) group.push_back(inputs[size_t(m)][0]);
+        outs[size_t(d)] = {collective_result(def, p, group, pos)};
+      }
+    });
   }
-  parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
-    for (int64_t d = b; d < e; ++d) {
-      SpmdScope on_device({&mesh, d, nullptr, backward});  // results are allocated on device d
-      int64_t pos = 0;
-      std::vector<int64_t> members = axis_group(mesh, axes, d, &pos);
-      std::vector<Array> group;
-      if (!inputs[size_t(d)].empty())
-        for (int64_t m : members) group.push_back(inputs[size_t(m)][0]);
-      outs[size_t(d)] = {collective_result(def, p, group, pos)};
-    }
-  });
+  if (same_for_group)
+    for (size_t d = 0; d < n; ++d)
+      if (first[d] != int64_t(d)) {
+        const Array& r = outs[size_t(first[d])][0];
+        auto view = std::make_shared<Buffer>(mesh.devices()[d], concrete(r)->buffer());
+        outs[d] = {Array(std::make_shared<ConcreteArray>(r.aval(), std::move(view)))};
+      }
   return outs;
 }
 
