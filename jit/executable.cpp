@@ -136,7 +136,10 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
                      (i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params)));
   });
   plan_graph(collectives);
-  if (lockstep_) plan_lockstep_phases();
+  if (lockstep_) {
+    find_invariant_steps();
+    plan_lockstep_phases();
+  }
   std::string dir = dump_dir();
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
@@ -567,6 +570,34 @@ void Executable::run_device_instrs(const DeviceProgram& program, const Device& d
   }
 }
 
+void Executable::find_invariant_steps() {
+  invariant_.assign(program_.size(), false);
+  // Types say which values are the same on every device only where every manual axis checks
+  // varying axes (with check_vma off, every type is unvarying).
+  std::vector<ManualAxis> axes = manual_axes_in_scope();
+  if (axes.empty() ||
+      !std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma && !a.batch; }))
+    return;
+  const Jaxpr& j = *optimized_;
+  std::vector<bool> same(num_slots_, false);
+  for (size_t s = 0; s < j.constvars().size(); ++s) same[s] = true;
+  for (size_t k = 0; k < in_slots_.size(); ++k) same[size_t(in_slots_[k])] = j.invars()[k].aval().vma.empty();
+  for (size_t i = 0; i < program_.size(); ++i) {
+    const Instr& instr = program_[i];
+    const PlanStep& step = plan_.steps[i];
+    bool inv;
+    if (instr.def && needs_all_devices(*instr.def)) {  // what the collective's type says
+      inv = std::all_of(step.eqn.outputs.begin(), step.eqn.outputs.end(),
+                        [](const Var& v) { return v.aval().vma.empty(); });
+    } else {
+      inv = std::all_of(instr.inputs.begin(), instr.inputs.end(), [&](int s) { return s < 0 || same[size_t(s)]; });
+      invariant_[i] = inv;
+    }
+    for (int s : instr.outputs)
+      if (s >= 0) same[size_t(s)] = inv;
+  }
+}
+
 void Executable::plan_lockstep_phases() {
   LockstepPhase phase;
   std::vector<bool> group_output(num_slots_, false);
@@ -575,7 +606,8 @@ void Executable::plan_lockstep_phases() {
     if (!instr.def || !needs_all_devices(*instr.def)) {
       if (!phase.collectives.empty()) {  // compute after a group: the next phase
         lockstep_phases_.push_back(std::move(phase));
-        phase = LockstepPhase{i, i, {}};
+        phase = LockstepPhase();
+        phase.begin = phase.end = i;
         std::fill(group_output.begin(), group_output.end(), false);
       }
       phase.end = i + 1;
@@ -585,7 +617,8 @@ void Executable::plan_lockstep_phases() {
         std::any_of(instr.inputs.begin(), instr.inputs.end(), [&](int s) { return s >= 0 && group_output[size_t(s)]; });
     if (reads_group) {  // a collective of a collective's result: a group of its own
       lockstep_phases_.push_back(std::move(phase));
-      phase = LockstepPhase{i, i, {}};
+      phase = LockstepPhase();
+      phase.begin = phase.end = i;
       std::fill(group_output.begin(), group_output.end(), false);
     }
     phase.collectives.push_back(i);
@@ -593,6 +626,22 @@ void Executable::plan_lockstep_phases() {
       if (s >= 0) group_output[size_t(s)] = true;
   }
   lockstep_phases_.push_back(std::move(phase));
+  for (LockstepPhase& p : lockstep_phases_) {
+    for (size_t i = p.begin; i < p.end; ++i) (invariant_[i] ? p.once : p.each).push_back(i);
+    for (size_t i : p.once) {
+      std::vector<int> held;
+      for (int s : program_[i].release) {
+        p.late_release.push_back(s);
+        bool read_before = std::any_of(p.each.begin(), p.each.end(), [&](size_t e) {
+          return e < i && std::count(program_[e].inputs.begin(), program_[e].inputs.end(), s) > 0;
+        });
+        if (read_before) held.push_back(s);
+      }
+      p.held.push_back(std::move(held));
+      for (int s : program_[i].outputs)
+        if (s >= 0) p.shared_outputs.push_back(s);
+    }
+  }
 }
 
 void Executable::run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,
@@ -650,23 +699,41 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const
   // gathered into as few groups as the data allows. Meeting at every instruction instead cost a
   // pool barrier per instruction (~25% idle time in the transformer's FSDP step, mostly in small
   // optimizer kernels).
-  auto run_segment = [&](size_t begin, size_t end) {
-    if (begin == end) return;
-    auto run_devices = [&](int64_t b, int64_t e) {
-      for (int64_t d = b; d < e; ++d) {
-        SpmdScope spmd({&mesh, d, nullptr, backward});
-        for (size_t i = begin; i < end; ++i) run_instr(program_[i], slots[size_t(d)], donated[size_t(d)]);
+  auto run_segment = [&](const LockstepPhase& phase) {
+    if (!phase.once.empty()) {  // on device 0, each kernel spread over the pool
+      SpmdScope spmd({&mesh, 0, nullptr, backward});
+      for (size_t k = 0; k < phase.once.size(); ++k) {
+        std::vector<Array> held;  // kept for the per-device steps (and so never written over)
+        for (int s : phase.held[k]) held.push_back(slots[0][size_t(s)]);
+        run_instr(program_[phase.once[k]], slots[0], donated[0]);
+        for (size_t h = 0; h < held.size(); ++h) slots[0][size_t(phase.held[k][h])] = std::move(held[h]);
       }
-    };
-    if (!parallel) return run_devices(0, int64_t(n));
-    parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
-      AxisEnvScope env(axes);
-      TraceScope eval(eval_trace());
-      run_devices(b, e);
-    });
+      for (int s : phase.shared_outputs)
+        if (slots[0][size_t(s)].defined())
+          for (size_t d = 1; d < n; ++d) slots[d][size_t(s)] = shared_on_device(slots[0][size_t(s)], mesh.devices()[d]);
+    }
+    if (!phase.each.empty()) {
+      auto run_devices = [&](int64_t b, int64_t e) {
+        for (int64_t d = b; d < e; ++d) {
+          SpmdScope spmd({&mesh, d, nullptr, backward});
+          for (size_t i : phase.each) run_instr(program_[i], slots[size_t(d)], donated[size_t(d)]);
+        }
+      };
+      if (!parallel) {
+        run_devices(0, int64_t(n));
+      } else {
+        parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
+          AxisEnvScope env(axes);
+          TraceScope eval(eval_trace());
+          run_devices(b, e);
+        });
+      }
+    }
+    for (int s : phase.late_release)
+      for (size_t d = 0; d < n; ++d) slots[d][size_t(s)] = Array();
   };
   for (const LockstepPhase& phase : lockstep_phases_) {
-    run_segment(phase.begin, phase.end);
+    run_segment(phase);
     if (!phase.collectives.empty()) run_collective_group(phase, mesh, axes, backward, slots);
   }
   std::vector<std::vector<Array>> outs(n);

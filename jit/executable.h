@@ -153,10 +153,21 @@ class Executable {
   bool lockstep_ = false;
   // A lockstep run: each phase runs program_[begin, end) per device, then its collectives (one
   // group: none reads another's result) once for all devices, side by side.
+  // Steps whose values are the same on every device (every operand invariant: a replicated
+  // parameter's optimizer update) run once, on device 0, before the others' per-device steps;
+  // the other devices get views of their results.
   struct LockstepPhase {
     size_t begin = 0, end = 0;
     std::vector<size_t> collectives;
+    std::vector<size_t> once, each;      // the segment's invariant steps, and the others
+    std::vector<std::vector<int>> held;  // per `once` step: its dying operands a per-device step still reads
+    std::vector<int> shared_outputs;     // results of `once` steps
+    std::vector<int> late_release;       // operands dying at `once` steps, released after the segment
   };
+  // Per instruction: its results are the same on every device (false where the body's varying
+  // axes are unchecked, or outside shard_map bodies).
+  std::vector<bool> invariant_;
+  void find_invariant_steps();
   std::vector<LockstepPhase> lockstep_phases_;
   void plan_lockstep_phases();
   void run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,

@@ -841,3 +841,53 @@ TEST_CASE("a psum's result is one buffer that the group's CPU devices share, nev
       CHECK(staged[size_t(d * 4 + e)] == doctest::Approx(std::tanh(sum * 0.01f) * float(d + 1)).epsilon(1e-6));
     }
 }
+
+TEST_CASE("steps whose operands are the same on every device run once, the devices sharing the result") {
+  Mesh mesh = mesh_i();
+  // Data parallelism: replicated parameters, a split batch, gradients summed over devices, and an
+  // update that every device would compute identically.
+  auto body = [](const Array& w, const Array& v, const Array& xb) {
+    Array g = lax::psum(jnp::matmul(jnp::transpose(xb), jnp::tanh(jnp::matmul(xb, w))), "i");
+    Array v2 = v * 0.9f + g * g * 0.1f;
+    Array w2 = w - g * 0.01f / (jnp::sqrt(v2) + 1e-6f);
+    return std::vector<Array>{w2, v2, jnp::sum(jnp::matmul(xb, w2), {1})};
+  };
+  auto f = jit(shard_map(body, mesh, {P(), P(), P("i")}, {P(), P(), P("i")}));
+  Array w = random::normal(random::key(1), {16, 16}) * 0.3f, v = jnp::ones({16, 16}) * 0.5f,
+        x = random::normal(random::key(2), {32, 16});
+  // Runs of the fused kernel that updates v and w (the one kernel after the psum that reads no
+  // block of the batch).
+  auto sqrt_kernels = [] {
+    int k = 0;
+    for (const profiler::Event& e : profiler::events()) k += e.name.find("sqrt") != std::string::npos;
+    return k;
+  };
+  for (const Array& a : f(w, v, x)) a.block_until_ready();  // compiled
+  profiler::start();
+  std::vector<Array> once = f(w, v, x);
+  for (const Array& a : once) a.block_until_ready();
+  profiler::stop();
+  CHECK(sqrt_kernels() == 1);  // the update ran once, not once per device
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  profiler::start();
+  std::vector<Array> threaded = f(w, v, x);
+  for (const Array& a : threaded) a.block_until_ready();
+  profiler::stop();
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(sqrt_kernels() == 4);
+  std::vector<Array> eager = shard_map(body, mesh, {P(), P(), P("i")}, {P(), P(), P("i")})(w, v, x);
+  for (size_t k = 0; k < 3; ++k) {
+    CHECK(fv(once[k]) == fv(threaded[k]));  // bit for bit
+    std::vector<float> a = fv(once[k]), b = fv(eager[k]);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+  }
+  // Unchecked varying axes say nothing about which values agree: every device runs every step.
+  auto unchecked = jit(shard_map(body, mesh, {P(), P(), P("i")}, {P(), P(), P("i")}, {.check_vma = false}));
+  for (const Array& a : unchecked(w, v, x)) a.block_until_ready();
+  profiler::start();
+  std::vector<Array> all = unchecked(w, v, x);
+  for (const Array& a : all) a.block_until_ready();
+  profiler::stop();
+  CHECK(sqrt_kernels() == 4);
+  CHECK(fv(all[0]) == fv(once[0]));
+}

@@ -71,6 +71,10 @@ Array make_view(const Array& base, AbstractValue aval) {
   if (c->buffers.size() == 1) impl->sharding = c->sharding;  // a view of one replica is unsharded
   return Array(std::move(impl));
 }
+Array shared_on_device(const Array& a, const Device& d) {
+  auto view = std::make_shared<Buffer>(d, concrete(a)->buffer());
+  return Array(std::make_shared<ConcreteArray>(a.aval(), std::move(view)));
+}
 Array make_from_host(const void* data, AbstractValue aval, Device device) {
   size_t nbytes = size_t(aval.size()) * itemsize(aval.dtype);
   Array a = make_uninitialized(std::move(aval), device);

@@ -158,6 +158,9 @@ inline void* raw_ptr(const Array& a) { return static_cast<ConcreteArray*>(a.impl
 Array make_uninitialized(AbstractValue aval, Device device);
 // Same buffer, new shape (reshape of contiguous data is free).
 Array make_view(const Array& base, AbstractValue aval);
+// `a`'s value as an array of device `d` of the same host memory (CPU virtual devices), sharing
+// `a`'s buffer (Buffer's view constructor): for values that are the same on several devices.
+Array shared_on_device(const Array& a, const Device& d);
 // Concrete array from host data of the matching dtype.
 Array make_from_host(const void* data, AbstractValue aval, Device device);
 Array make_abstract(AbstractValue aval);  // a ShapedArray handle

@@ -606,11 +606,7 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
   }
   if (same_for_group)
     for (size_t d = 0; d < n; ++d)
-      if (first[d] != int64_t(d)) {
-        const Array& r = outs[size_t(first[d])][0];
-        auto view = std::make_shared<Buffer>(mesh.devices()[d], concrete(r)->buffer());
-        outs[d] = {Array(std::make_shared<ConcreteArray>(r.aval(), std::move(view)))};
-      }
+      if (first[d] != int64_t(d)) outs[d] = {shared_on_device(outs[size_t(first[d])][0], mesh.devices()[d])};
   return outs;
 }
 
