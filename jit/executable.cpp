@@ -136,10 +136,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name)
                      (i.def->kind == PrimKind::HigherOrder && needs_communicator(*i.def, i.params)));
   });
   plan_graph(collectives);
-  if (lockstep_) {
-    find_invariant_steps();
-    plan_lockstep_phases();
-  }
+  if (lockstep_) plan_lockstep_phases();
   std::string dir = dump_dir();
   if (!dir.empty()) {
     static std::atomic<int> counter{0};
@@ -570,14 +567,14 @@ void Executable::run_device_instrs(const DeviceProgram& program, const Device& d
   }
 }
 
-void Executable::find_invariant_steps() {
-  invariant_.assign(program_.size(), false);
+std::vector<bool> Executable::find_invariant_steps() const {
+  std::vector<bool> invariant(program_.size(), false);
   // Types say which values are the same on every device only where every manual axis checks
   // varying axes (with check_vma off, every type is unvarying).
   std::vector<ManualAxis> axes = manual_axes_in_scope();
   if (axes.empty() ||
       !std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma && !a.batch; }))
-    return;
+    return invariant;
   const Jaxpr& j = *optimized_;
   std::vector<bool> same(num_slots_, false);
   for (size_t s = 0; s < j.constvars().size(); ++s) same[s] = true;
@@ -591,43 +588,41 @@ void Executable::find_invariant_steps() {
                         [](const Var& v) { return v.aval().vma.empty(); });
     } else {
       inv = std::all_of(instr.inputs.begin(), instr.inputs.end(), [&](int s) { return s < 0 || same[size_t(s)]; });
-      invariant_[i] = inv;
+      invariant[i] = inv;
     }
     for (int s : instr.outputs)
       if (s >= 0) same[size_t(s)] = inv;
   }
+  return invariant;
 }
 
 void Executable::plan_lockstep_phases() {
   LockstepPhase phase;
   std::vector<bool> group_output(num_slots_, false);
+  auto next_phase = [&](size_t i) {
+    lockstep_phases_.push_back(std::move(phase));
+    phase = LockstepPhase();
+    phase.begin = phase.end = i;
+    std::fill(group_output.begin(), group_output.end(), false);
+  };
   for (size_t i = 0; i < program_.size(); ++i) {
     const Instr& instr = program_[i];
     if (!instr.def || !needs_all_devices(*instr.def)) {
-      if (!phase.collectives.empty()) {  // compute after a group: the next phase
-        lockstep_phases_.push_back(std::move(phase));
-        phase = LockstepPhase();
-        phase.begin = phase.end = i;
-        std::fill(group_output.begin(), group_output.end(), false);
-      }
+      if (!phase.collectives.empty()) next_phase(i);  // compute after a group
       phase.end = i + 1;
       continue;
     }
     bool reads_group =
         std::any_of(instr.inputs.begin(), instr.inputs.end(), [&](int s) { return s >= 0 && group_output[size_t(s)]; });
-    if (reads_group) {  // a collective of a collective's result: a group of its own
-      lockstep_phases_.push_back(std::move(phase));
-      phase = LockstepPhase();
-      phase.begin = phase.end = i;
-      std::fill(group_output.begin(), group_output.end(), false);
-    }
+    if (reads_group) next_phase(i);  // a collective of a collective's result: a group of its own
     phase.collectives.push_back(i);
     for (int s : instr.outputs)
       if (s >= 0) group_output[size_t(s)] = true;
   }
   lockstep_phases_.push_back(std::move(phase));
+  std::vector<bool> invariant = find_invariant_steps();
   for (LockstepPhase& p : lockstep_phases_) {
-    for (size_t i = p.begin; i < p.end; ++i) (invariant_[i] ? p.once : p.each).push_back(i);
+    for (size_t i = p.begin; i < p.end; ++i) (invariant[i] ? p.once : p.each).push_back(i);
     for (size_t i : p.once) {
       std::vector<int> held;
       for (int s : program_[i].release) {
@@ -654,10 +649,11 @@ void Executable::run_collective_group(const LockstepPhase& phase, const Mesh& me
     for (size_t d = 0; d < n; ++d)
       for (size_t k = 0; k < instr.inputs.size(); ++k)
         group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
-    ProfileScope timing(profiler::enabled());
+    bool profiling = profiler::enabled();
+    ProfileScope timing(profiling);
     outs[g] = run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
                                             backward || instr.backward);
-    if (profiler::enabled()) timing.record(instr.def->name, name_);
+    if (profiling) timing.record(instr.def->name, name_);
   };
   // Each collective of the group on its own pool task (its own work then runs serially); the
   // collective recorder sees them one at a time, in program order.

@@ -166,8 +166,7 @@ class Executable {
   };
   // Per instruction: its results are the same on every device (false where the body's varying
   // axes are unchecked, or outside shard_map bodies).
-  std::vector<bool> invariant_;
-  void find_invariant_steps();
+  std::vector<bool> find_invariant_steps() const;
   std::vector<LockstepPhase> lockstep_phases_;
   void plan_lockstep_phases();
   void run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,

@@ -76,11 +76,11 @@ class Scheduler {
           held += io_[c].in_bytes;
         }
       if (held > max_bytes_) flush(late);
-      for (;;) {
+      while (waits_for_collective(s)) {
         std::vector<size_t> needed;
         std::vector<bool> seen(n_, false);
         for (const void* v : io_[s].inputs) collect_needed(v, needed, seen);
-        if (needed.empty()) break;
+        if (needed.empty()) throw Error("internal: schedule_collectives found no collective to run");
         flush(needed);
       }
       emit(s);
@@ -92,6 +92,13 @@ class Scheduler {
   }
 
  private:
+  bool waits_for_collective(size_t s) const {
+    return std::any_of(io_[s].inputs.begin(), io_[s].inputs.end(), [&](const void* v) {
+      auto it = producer_.find(v);
+      return it != producer_.end() && !emitted_[it->second];
+    });
+  }
+
   // The pending collectives step `v`'s value waits for (through collectives not yet ready).
   void collect_needed(const void* v, std::vector<size_t>& needed, std::vector<bool>& seen) {
     auto it = producer_.find(v);
