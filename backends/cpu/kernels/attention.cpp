@@ -18,6 +18,10 @@
 // Every f32 buffer is zero padded to whole vectors (H) and blocks (rows, keys), so the
 // products are one register-blocked kernel (`tile`, GCC vector extensions: AVX-512 or AVX2 as the
 // build's -march gives) with no tails; the exponential is a vector polynomial (`expv`).
+//
+// At small head widths (the transformer sample's H = 16) staging costs as much as the products:
+// each kernel stages only what it reads, straight from the source with vector copies (o is read
+// only for rowsum(dO o)), and builds the transposed panels 8 x 8 in registers.
 #include "core/lax/attention.h"
 
 #include <fmt/format.h>
@@ -27,6 +31,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/llvm_math_coefficients.h"
@@ -104,6 +109,28 @@ inline float lane_max(vf v) {
 }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// 8 x 8 transposes of f32 (on every build: AVX2's unpack and lane shuffles).
+using v8 = float __attribute__((vector_size(32)));
+using v8_unaligned = float __attribute__((vector_size(32), aligned(4), may_alias));
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8_unaligned*>(p); }
+inline void store8(float* p, v8 v) { *reinterpret_cast<v8_unaligned*>(p) = v; }
+inline void transpose8(v8 r[8]) {
+  v8 t[8], u[8];
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = __builtin_shufflevector(r[j], r[j + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[j + 1] = __builtin_shufflevector(r[j], r[j + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int j = 0; j < 8; j += 4)
+    for (int h = 0; h < 2; ++h) {
+      u[j + 2 * h] = __builtin_shufflevector(t[j + h], t[j + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[j + 2 * h + 1] = __builtin_shufflevector(t[j + h], t[j + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[j + 4] = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
 // exp(x) for softmax arguments (x <= 0): 0 below -87 (where f32 exp underflows to subnormals),
 // relative error 2e-8 elsewhere (the polynomial of the LLVM kernels' f32 exp).
 inline vf expv(vf x) {
@@ -135,7 +162,12 @@ inline void tile(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs
     for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? loadv(C + i * ldc + v * kLanes) : splat(0.0f);
   for (int64_t r = 0; r < R; ++r) {
     vf x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = loadv(X + r * ldx + v * kLanes);
+    for (int v = 0; v < NV; ++v) {
+      x[v] = loadv(X + r * ldx + v * kLanes);
+      // In a register, loaded once: GCC otherwise folded the load into each of the MR FMAs that
+      // read it, and the loop waited on the load ports instead of the FMA units.
+      __asm__("" : "+v"(x[v]));
+    }
     for (int i = 0; i < MR; ++i) {
       const vf a = splat(A[i * ars + r * acs]);
       for (int v = 0; v < NV; ++v) acc[i][v] += a * x[v];
@@ -222,21 +254,37 @@ Dims dims_of(std::span<const Array> in, const Params& p) {
               round_up(q[3], kLanes)};
 }
 
+// One source row of H elements as f32 times `scale` into `dst`, zero padded to Hp. (Converting,
+// then scaling, as the kernels did in two passes: the same bits.)
+template <class T>
+inline void load_row(float* dst, const T* src, const Dims& d, float scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d.H % kLanes == 0) {  // whole vectors, inline (a libc memcpy call per 64-byte row cost 10%)
+      for (int64_t h = 0; h < d.H; h += kLanes) storev(dst + h, loadv(src + h) * scale);
+      return;
+    }
+    for (int64_t h = 0; h < d.H; ++h) dst[h] = src[h] * scale;
+  } else {
+    for (int64_t h = 0; h < d.H; ++h) dst[h] = float(src[h]) * scale;
+  }
+  std::fill(dst + d.H, dst + d.Hp, 0.0f);
+}
+
 // Heads [n0, n1) of rows [r0, r0 + rows) of one batch entry of x ([batch][R][heads][H]) as f32,
-// [head][padded][Hp] zero padded. Read in address order (each row's heads are adjacent): a task
-// that read one head's rows, H elements every heads * H, missed the cache on every row, which
-// cost more than the arithmetic at small head widths.
+// [head][padded][Hp] zero padded (only the padding is zeroed: the buffers are reused from call
+// to call). Read in address order (each row's heads are adjacent): a task that read one head's
+// rows, H elements every heads * H, missed the cache on every row, which cost more than the
+// arithmetic at small head widths.
 template <class T>
 void load_heads(std::vector<float>& dst, const T* x, int64_t R, int64_t heads, const Dims& d, int64_t b, int64_t r0,
-                int64_t rows, int64_t n0, int64_t n1, int64_t padded) {
-  dst.assign(size_t((n1 - n0) * padded * d.Hp), 0.0f);
+                int64_t rows, int64_t n0, int64_t n1, int64_t padded, float scale = 1.0f) {
+  dst.resize(size_t((n1 - n0) * padded * d.Hp));
   for (int64_t i = 0; i < rows; ++i) {
     const T* src = x + ((b * R + r0 + i) * heads + n0) * d.H;
-    for (int64_t n = 0; n < n1 - n0; ++n) {
-      float* row = dst.data() + (n * padded + i) * d.Hp;
-      for (int64_t h = 0; h < d.H; ++h) row[h] = float(src[n * d.H + h]);
-    }
+    for (int64_t n = 0; n < n1 - n0; ++n) load_row(dst.data() + (n * padded + i) * d.Hp, src + n * d.H, d, scale);
   }
+  for (int64_t n = 0; n < n1 - n0; ++n)
+    std::fill(dst.data() + (n * padded + rows) * d.Hp, dst.data() + (n + 1) * padded * d.Hp, 0.0f);
 }
 template <class T>
 void store_heads(T* x, const std::vector<float>& src, int64_t R, int64_t heads, const Dims& d, int64_t b, int64_t r0,
@@ -245,31 +293,58 @@ void store_heads(T* x, const std::vector<float>& src, int64_t R, int64_t heads, 
     T* dst = x + ((b * R + r0 + i) * heads + n0) * d.H;
     for (int64_t n = 0; n < n1 - n0; ++n) {
       const float* row = src.data() + (n * padded + i) * d.Hp;
-      for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = T(row[h]);
+      if constexpr (std::is_same_v<T, float>) {
+        if (d.H % kLanes == 0) {
+          for (int64_t h = 0; h < d.H; h += kLanes) storev(dst + n * d.H + h, loadv(row + h));
+        } else {
+          for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = row[h];
+        }
+      } else {
+        for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = T(row[h]);
+      }
     }
   }
 }
 
 // Key heads [kh0, kh1) of one batch entry's keys or values as f32, zero padded: rows
-// [head][S'][Hp], and per block of kKeys keys the transposed panel [Hp][kKeys] that S = Q K^T and
-// dP = dO V^T read.
+// [head][S'][Hp] (dQ = dS K and O += P V read them), and per block of kKeys keys the transposed
+// panel [Hp][kKeys] (S = Q K^T and dP = dO V^T read those). Each kernel stages only what it reads:
+// the forward K's panels and V's rows, the backward K's rows and panels and V's panels.
 struct KeyPanels {
   std::vector<float> rows, panels;
   int64_t padded = 0;
+  enum Want { kRows = 1, kPanels = 2 };
   template <class T>
-  void load(const T* x, const Dims& d, int64_t b, int64_t kh0, int64_t kh1, int64_t end) {
+  void load(const T* x, const Dims& d, int64_t b, int64_t kh0, int64_t kh1, int64_t end, int want) {
     padded = round_up(std::max<int64_t>(end, 1), kKeys);
-    load_heads(rows, x, d.S, d.K, d, b, 0, end, kh0, kh1, padded);
-    // The panels from the rows (in cache by now), written contiguously.
-    panels.assign(rows.size(), 0.0f);
-    for (int64_t n = 0; n < kh1 - kh0; ++n)
-      for (int64_t s0 = 0; s0 < end; s0 += kKeys) {
-        float* panel = panels.data() + (n * padded + s0) * d.Hp;
-        const float* block = rows.data() + (n * padded + s0) * d.Hp;
-        const int64_t keys = std::min(kKeys, end - s0);
-        for (int64_t h = 0; h < d.H; ++h)
-          for (int64_t k = 0; k < keys; ++k) panel[h * kKeys + k] = block[k * d.Hp + h];
+    if (want & kRows) load_heads(rows, x, d.S, d.K, d, b, 0, end, kh0, kh1, padded);
+    if (!(want & kPanels)) return;
+    // Straight from the source, in its address order; the padding (keys past `end`, widths past H)
+    // stays zero.
+    panels.assign(size_t((kh1 - kh0) * padded * d.Hp), 0.0f);
+    int64_t s = 0;
+    if constexpr (std::is_same_v<T, float>) {  // 8 x 8 blocks through registers (scalar stores cost 5%)
+      if (d.H % 8 == 0)
+        for (; s + 8 <= end; s += 8) {  // kKeys is a multiple of 8: a group of 8 keys is in one block
+          const int64_t s0 = s / kKeys * kKeys, k = s - s0;
+          for (int64_t n = 0; n < kh1 - kh0; ++n)
+            for (int64_t h = 0; h < d.H; h += 8) {
+              v8 r[8];
+              for (int j = 0; j < 8; ++j) r[j] = load8(x + ((b * d.S + s + j) * d.K + kh0 + n) * d.H + h);
+              transpose8(r);
+              float* panel = panels.data() + (n * padded + s0) * d.Hp + k;
+              for (int j = 0; j < 8; ++j) store8(panel + (h + j) * kKeys, r[j]);
+            }
+        }
+    }
+    for (; s < end; ++s) {
+      const T* src = x + ((b * d.S + s) * d.K + kh0) * d.H;
+      const int64_t s0 = s / kKeys * kKeys, k = s - s0;
+      for (int64_t n = 0; n < kh1 - kh0; ++n) {
+        float* panel = panels.data() + (n * padded + s0) * d.Hp + k;
+        for (int64_t h = 0; h < d.H; ++h) panel[h * kKeys] = float(src[n * d.H + h]);
       }
+    }
   }
   // Of the n-th loaded head.
   const float* row(int64_t n, int64_t s, const Dims& d) const { return rows.data() + (n * padded + s) * d.Hp; }
@@ -282,7 +357,9 @@ struct Scratch {
   KeyPanels kp, vp;
   std::vector<float> qrows, orows, dorows, dqrows, dk_acc, dv_acc, p, ds, m, l, delta;
 };
-Scratch& thread_scratch() {
+// Not inlined: where the compiler saw the thread_local behind the references, it recomputed their
+// address with a __tls_get_addr call at every use inside the inner loops (3% of the kernels).
+[[gnu::noinline]] Scratch& thread_scratch() {
   thread_local Scratch s;
   return s;
 }
@@ -311,10 +388,6 @@ inline void mask_from(float* row, int64_t kept, int64_t width) {
   }
 }
 
-inline void scale_rows(std::vector<float>& x, float scale) {
-  for (size_t i = 0; i < x.size(); i += size_t(kLanes)) storev(x.data() + i, loadv(x.data() + i) * scale);
-}
-
 template <class T>
 void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, const Dims& d) {
   const int64_t qb = d.query_blocks(), hg = heads_per_task(d, qb), groups = d.K / hg;
@@ -334,13 +407,12 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
       const int64_t s_end = d.key_end(t0, rows);
       if (loaded != bg) {  // the whole needed range of these key heads' keys and values
         const int64_t need = d.key_end(0, d.T);
-        kp.load(k, d, b, kh0, kh0 + hg, need);
-        vp.load(v, d, b, kh0, kh0 + hg, need);
+        kp.load(k, d, b, kh0, kh0 + hg, need, KeyPanels::kPanels);
+        vp.load(v, d, b, kh0, kh0 + hg, need, KeyPanels::kRows);
         loaded = bg;
       }
       // (scale q) . k = scale (q . k), to within a rounding.
-      load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
-      scale_rows(qrows, float(d.scale));
+      load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery, float(d.scale));
       orows.assign(qrows.size(), 0.0f);
       for (int64_t n = n0; n < n1; ++n) {
         const int64_t kn = n / d.G - kh0;  // its key head, among the loaded ones
@@ -402,39 +474,43 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
   parallel_for(d.B * groups, 1, [&](int64_t begin, int64_t end) {
     Scratch& scratch = thread_scratch();
     KeyPanels &kp = scratch.kp, &vp = scratch.vp;
-    std::vector<float>&qrows = scratch.qrows, &orows = scratch.orows, &dorows = scratch.dorows,
-    &dqrows = scratch.dqrows, &dk_acc = scratch.dk_acc, &dv_acc = scratch.dv_acc, &delta = scratch.delta,
-    &p = scratch.p, &ds = scratch.ds;
-    delta.resize(kQuery);
+    std::vector<float>&qrows = scratch.qrows, &orow = scratch.orows, &dorows = scratch.dorows, &dqrows = scratch.dqrows,
+    &dk_acc = scratch.dk_acc, &dv_acc = scratch.dv_acc, &delta = scratch.delta, &p = scratch.p, &ds = scratch.ds;
+    delta.resize(size_t(kQuery * d.N));
+    orow.resize(size_t(d.Hp));
     p.resize(size_t(kQuery * kKeys));
     ds.resize(size_t(kQuery * kKeys));
     const float scale = float(d.scale);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / groups, kh0 = (task % groups) * hg, n0 = kh0 * d.G, n1 = (kh0 + hg) * d.G;
       const int64_t need = d.key_end(0, d.T);
-      kp.load(k, d, b, kh0, kh0 + hg, need);
-      vp.load(v, d, b, kh0, kh0 + hg, need);
+      kp.load(k, d, b, kh0, kh0 + hg, need, KeyPanels::kRows | KeyPanels::kPanels);
+      vp.load(v, d, b, kh0, kh0 + hg, need, KeyPanels::kPanels);
       dk_acc.assign(kp.rows.size(), 0.0f);
       dv_acc.assign(kp.rows.size(), 0.0f);
       for (int64_t t0 = 0; t0 < d.T; t0 += kQuery) {
         const int64_t rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8), s_end = d.key_end(t0, rows);
-        load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
-        scale_rows(qrows, scale);
-        load_heads(orows, out, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+        load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery, scale);
         load_heads(dorows, dout, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
         dqrows.assign(qrows.size(), 0.0f);
+        // delta = rowsum(dO o) of every head's rows; o is read only here, a row of heads at a time
+        // (in address order, as load_heads does).
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t n = n0; n < n1; ++n) {
+            load_row(orow.data(), out + ((b * d.T + t0 + i) * d.N + n) * d.H, d, 1.0f);
+            const float* don = dorows.data() + ((n - n0) * kQuery + i) * d.Hp;
+            vf s = splat(0.0f);
+            for (int64_t h = 0; h < d.Hp; h += kLanes) s += loadv(don + h) * loadv(orow.data() + h);
+            delta[size_t((n - n0) * kQuery + i)] = lane_sum(s);
+          }
         for (int64_t n = n0; n < n1; ++n) {
           const int64_t kn = n / d.G - kh0;
           const size_t at = size_t((n - n0) * kQuery * d.Hp);
-          const float *qn = qrows.data() + at, *on = orows.data() + at, *don = dorows.data() + at;
+          const float *qn = qrows.data() + at, *don = dorows.data() + at;
           float* dqn = dqrows.data() + at;
           float* dkn = dk_acc.data() + kn * kp.padded * d.Hp;
           float* dvn = dv_acc.data() + kn * kp.padded * d.Hp;
-          for (int64_t i = 0; i < rows; ++i) {
-            vf s = splat(0.0f);
-            for (int64_t h = 0; h < d.Hp; h += kLanes) s += loadv(don + i * d.Hp + h) * loadv(on + i * d.Hp + h);
-            delta[size_t(i)] = lane_sum(s);
-          }
+          const float* row_delta = delta.data() + (n - n0) * kQuery;
           const float* row_lse = lse + (b * d.N + n) * d.T + t0;
           for (int64_t s0 = 0; s0 < s_end; s0 += kKeys) {
             const int64_t keys = std::min(kKeys, s_end - s0);
@@ -456,7 +532,7 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
                 for (int64_t j = 0; j < gn; j += kLanes) {
                   const vf pj = expv(loadv(pi + j) - row_lse[i]);
                   storev(pi + j, pj);
-                  storev(dsi + j, pj * (loadv(dsi + j) - delta[size_t(i)]));  // dS / scale
+                  storev(dsi + j, pj * (loadv(dsi + j) - row_delta[i]));  // dS / scale
                 }
               }
               gemm(dvn + s0 * d.Hp, d.Hp, gn, d.Hp, pg, 1, kKeys, dog, d.Hp, gm, true);
