@@ -34,7 +34,11 @@
 //   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
 //                    free dimensions of a dot_general's result (what the transpose rule of
 //                    dot_general emits for weight gradients) becomes the dot_general with its
-//                    operands swapped, so no transposed copy is materialized,
+//                    operands swapped, so no transposed copy is materialized; a slice of a
+//                    transpose, and the transpose of a concatenate, move to the other side where
+//                    the transposes left over only move dimensions of size 1 (reshapes): a fused
+//                    q/k/v projection's three pieces are sliced from the dot_general's result,
+//                    and their gradients concatenated into the layout its gradients read,
 //   fuse_gemm_updates : `acc - s * dot_general(a, b)` (an SGD step on a weight gradient; also
 //                    `+`, without `s`, either operand order) becomes dot_general_accumulate, one
 //                    BLAS call with beta = 1 that the executable runs in place over a dying or
