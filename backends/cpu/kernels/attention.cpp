@@ -166,7 +166,9 @@ inline void tile(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs
       x[v] = loadv(X + r * ldx + v * kLanes);
       // In a register, loaded once: GCC otherwise folded the load into each of the MR FMAs that
       // read it, and the loop waited on the load ports instead of the FMA units.
-      __asm__("" : "+v"(x[v]));
+#if defined(__x86_64__) || defined(__i386__)
+      __asm__("" : "+v"(x[v]));  // "v": any SSE/AVX/AVX-512 vector register
+#endif
     }
     for (int i = 0; i < MR; ++i) {
       const vf a = splat(A[i * ars + r * acs]);
