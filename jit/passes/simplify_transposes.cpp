@@ -69,8 +69,15 @@ bool unit_strides(const Params& slice) {
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, int> uses = count_uses(jaxpr);
   std::vector<JaxprEqn> eqns;
-  std::unordered_map<const void*, size_t> dot_of;                        // dot_general output -> its index in `eqns`
-  std::unordered_map<const void*, size_t> transpose_of, concatenate_of;  // the same for these
+  // An equation's output -> the equation's index in `eqns`; `defined_by(a, name)` is that
+  // equation where `a` is the output of a `name` equation.
+  std::unordered_map<const void*, size_t> defined_at;
+  auto defined_by = [&](const Atom& a, std::string_view name) -> std::optional<size_t> {
+    auto* v = std::get_if<Var>(&a);
+    auto it = v ? defined_at.find(v->id()) : defined_at.end();
+    if (it == defined_at.end() || eqns[it->second].primitive->name != name) return std::nullopt;
+    return it->second;
+  };
   Subst s;
   for (const JaxprEqn& e : jaxpr.eqns()) {
     JaxprEqn c = e;
@@ -79,11 +86,9 @@ std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr) {
       // slice(transpose(x)) = transpose(slice(x)), a reshape where the slice leaves the moved
       // dimensions of size 1: the three [b, s, n, h] pieces of a fused q/k/v projection's
       // [3, b, s, n, h] come straight from its [b, s, 3, n, h] result, without a transposed copy.
-      auto* v = std::get_if<Var>(&c.inputs[0]);
-      auto it = v ? transpose_of.find(v->id()) : transpose_of.end();
-      if (it != transpose_of.end()) {
-        const std::vector<int64_t> perm = eqns[it->second].params.ints("permutation");
-        const Atom x = eqns[it->second].inputs[0];
+      if (std::optional<size_t> t = defined_by(c.inputs[0], "transpose")) {
+        const std::vector<int64_t> perm = eqns[*t].params.ints("permutation");
+        const Atom x = eqns[*t].inputs[0];
         const std::vector<int64_t>& start = c.params.ints("start_indices");
         const std::vector<int64_t>& limit = c.params.ints("limit_indices");
         std::vector<int64_t> from(perm.size()), to(perm.size());
@@ -115,12 +120,12 @@ std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr) {
         continue;
       }
       auto* v = std::get_if<Var>(&c.inputs[0]);
-      auto cat = v ? concatenate_of.find(v->id()) : concatenate_of.end();
-      if (cat != concatenate_of.end() && uses[v->id()] == 1) {
+      std::optional<size_t> cat = defined_by(c.inputs[0], "concatenate");
+      if (cat && uses[v->id()] == 1) {
         // transpose(concatenate(xs)) = concatenate(transpose(x) for x in xs), reshapes where each
         // transpose moves only dimensions of size 1: the q, k, v gradients are concatenated into
         // the layout the projection's gradients read, without a transposed copy.
-        JaxprEqn joined = eqns[cat->second];
+        JaxprEqn joined = eqns[*cat];
         bool reshapes = std::all_of(joined.inputs.begin(), joined.inputs.end(),
                                     [&](const Atom& x) { return moves_only_unit_dims(atom_aval(x).shape, perm); });
         if (reshapes) {
@@ -143,11 +148,11 @@ std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr) {
           continue;
         }
       }
-      auto it = v ? dot_of.find(v->id()) : dot_of.end();
-      if (it != dot_of.end() && uses[v->id()] == 1) {
+      std::optional<size_t> product = defined_by(c.inputs[0], "dot_general");
+      if (product && uses[v->id()] == 1) {
         // dot_general's result is (batch..., lhs free..., rhs free...): a transpose that swaps the
         // two free groups is the dot_general with its operands swapped.
-        JaxprEqn& dot = eqns[it->second];
+        JaxprEqn& dot = eqns[*product];
         auto dn = dot.params.object<DotDimsParam>("dimension_numbers");
         int64_t nb = int64_t(dn->lhs_batch.size());
         int64_t fl = atom_aval(dot.inputs[0]).ndim() - nb - int64_t(dn->lhs_contracting.size());
@@ -165,14 +170,12 @@ std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr) {
           dot.params.set("dimension_numbers", std::shared_ptr<const ParamObject>(std::move(swapped)));
           std::swap(dot.inputs[0], dot.inputs[1]);
           dot.outputs = c.outputs;
-          dot_of.erase(it);
+          defined_at.erase(v->id());
           continue;
         }
       }
     }
-    if (c.primitive->name == "dot_general") dot_of[c.outputs[0].id()] = eqns.size();
-    if (c.primitive->name == "transpose") transpose_of[c.outputs[0].id()] = eqns.size();
-    if (c.primitive->name == "concatenate") concatenate_of[c.outputs[0].id()] = eqns.size();
+    for (const Var& out : c.outputs) defined_at[out.id()] = eqns.size();
     eqns.push_back(std::move(c));
   }
   return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), s.all(jaxpr.outvars()));

@@ -265,10 +265,8 @@ inline void load_row(float* dst, const T* src, const Dims& d, float scale) {
       for (int64_t h = 0; h < d.H; h += kLanes) storev(dst + h, loadv(src + h) * scale);
       return;
     }
-    for (int64_t h = 0; h < d.H; ++h) dst[h] = src[h] * scale;
-  } else {
-    for (int64_t h = 0; h < d.H; ++h) dst[h] = float(src[h]) * scale;
   }
+  for (int64_t h = 0; h < d.H; ++h) dst[h] = float(src[h]) * scale;
   std::fill(dst + d.H, dst + d.Hp, 0.0f);
 }
 
@@ -298,12 +296,10 @@ void store_heads(T* x, const std::vector<float>& src, int64_t R, int64_t heads, 
       if constexpr (std::is_same_v<T, float>) {
         if (d.H % kLanes == 0) {
           for (int64_t h = 0; h < d.H; h += kLanes) storev(dst + n * d.H + h, loadv(row + h));
-        } else {
-          for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = row[h];
+          continue;
         }
-      } else {
-        for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = T(row[h]);
       }
+      for (int64_t h = 0; h < d.H; ++h) dst[n * d.H + h] = T(row[h]);
     }
   }
 }
