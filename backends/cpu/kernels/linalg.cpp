@@ -85,13 +85,25 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
 // kernels: a transformer step ran 1.4x slower with multi-threaded OpenBLAS on its large
 // projections than with LIBXSMM, although OpenBLAS was faster on those GEMMs alone. With several
 // CPU devices, concurrent multi-threaded calls also spun against each other in sched_yield.
+//
+// The pin happens when libcjax loads, and the worker threads that OpenBLAS started at its own load
+// are stopped: they spin in sched_yield for those 2^28 cycles before any call, which on a 2-core
+// host took one core from the first compile of every process (a fresh process's first jit
+// compile ran 1.5x slower than the same compile later). blas_thread_shutdown_ is OpenBLAS's own
+// fork handler (exported by its pthread and OpenMP builds; weak here, so another BLAS links too);
+// a later multi-threaded call, e.g. after a program raises openblas_set_num_threads, restarts the
+// threads. The setting is process-wide: a program calling OpenBLAS itself gets one thread unless
+// it asks for more.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 void pin_blas_to_one_thread() {
   static const bool pinned = [] {
     openblas_set_num_threads(1);
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
     return true;
   }();
   (void)pinned;
 }
+const bool g_blas_pinned_at_load = (pin_blas_to_one_thread(), true);
 
 // Batched OpenBLAS GEMM in T (float or double) on operands already of type T, spread over the
 // pool: by batch entry, or for one product by panels of C's rows (each a single-threaded call;
