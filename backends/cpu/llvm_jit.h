@@ -1,8 +1,9 @@
 // The process-wide LLVM ORC JIT of the CPU backend and the kernel object cache.
 //
-// Generated kernels are compiled for the host CPU (all of its features: AVX-512 on Zen 4) at O3
-// with FMA contraction, then linked into one LLJIT. One llvm::Module = one object file = one JitCode (a jit compilation
-// makes up to 8, compiled concurrently); the code lives as long as its JitCode.
+// Generated kernels are compiled for the host CPU (all of its features: AVX-512 on Zen 4) with
+// LLVM's O2 pipeline (llvm_jit.cpp says why not O3), Aggressive code generation and FMA
+// contraction, then linked into one LLJIT. One llvm::Module = one object file = one JitCode (a
+// jit compilation makes up to 8, compiled concurrently); the code lives as long as its JitCode.
 //
 // Object files go through the shared kernel cache (core/backend/kernel_cache.h), keyed by a caller-given
 // string (the canonical kernel specs of the module) extended with the host target and the
@@ -39,7 +40,7 @@ void configure_for_host(llvm::Module& m);
 // Sets target-cpu / target-features / vector-width attributes so the vectorizer sees the host.
 void set_host_attributes(llvm::Function& f);
 
-// Runs the O3 pipeline for the host and returns the object file. Thread safe: concurrent calls
+// Runs the O2 pipeline for the host and returns the object file. Thread safe: concurrent calls
 // (on modules of their own LLVMContexts) compile in parallel.
 std::unique_ptr<llvm::MemoryBuffer> compile_to_object(llvm::Module& m);
 // Links an object file (from compile_to_object or the cache).
