@@ -64,10 +64,12 @@ void gemm_row(const Shape3& s) {
 int main() {
   print_host();
   std::printf("%-44s %-18s %-26s %8s\n", "GEMM f32 (batch x [M x N x K])", "cjax (chosen)", "libraries", "vs best");
-  for (const Shape3& s : {Shape3{"square", 1, 1024, 1024, 1024}, Shape3{"square", 1, 512, 512, 512},
-                          Shape3{"square", 1, 256, 256, 256}, Shape3{"MLP layer", 1, 32, 1024, 1024},
-                          Shape3{"MLP layer", 1, 128, 512, 784}, Shape3{"projection", 1, 2048, 1024, 256},
-                          Shape3{"attention QK", 64, 64, 64, 16}, Shape3{"attention PV", 64, 64, 16, 64}})
+  for (const Shape3& s :
+       {Shape3{"square", 1, 1024, 1024, 1024}, Shape3{"square", 1, 512, 512, 512}, Shape3{"square", 1, 256, 256, 256},
+        Shape3{"MLP layer", 1, 32, 1024, 1024}, Shape3{"MLP layer", 1, 128, 512, 784},
+        Shape3{"projection", 1, 2048, 1024, 256}, Shape3{"attention QK", 64, 64, 64, 16},
+        Shape3{"attention PV", 64, 64, 16, 64}, Shape3{"transformer sample MLP in", 1, 2048, 512, 128},
+        Shape3{"transformer sample MLP out", 1, 2048, 128, 512}})
     gemm_row(s);
   return 0;
 }
