@@ -1007,13 +1007,38 @@ TEST_CASE("a GELU's forward residuals are computed again in the backward kernel,
   CHECK(kept[0] >= 4);              // the activation and tanh, 1 - tanh, 0.5 (1 + tanh), 3 h^2 for the backward
   REQUIRE(recomputed.size() == 2);  // the forward kernel, and the backward one that computes tanh again
   CHECK(recomputed[0] == 1);        // writes the activation only
-  std::vector<Array> want = grads(w, x), got = jit(grads)(w, x);
-  REQUIRE(got.size() == 2);
-  for (size_t k = 0; k < want.size(); ++k) {
-    std::vector<float> g = got[k].to_vector<float>(), e = want[k].to_vector<float>();
-    REQUIRE(g.size() == e.size());
-    for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(e[i]).epsilon(1e-5));
-  }
+  auto close = [](const std::vector<Array>& got, const std::vector<Array>& want) {
+    REQUIRE(got.size() == want.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      std::vector<float> g = got[k].to_vector<float>(), e = want[k].to_vector<float>();
+      REQUIRE(g.size() == e.size());
+      for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(e[i]).epsilon(1e-5));
+    }
+  };
+  close(jit(grads)(w, x), grads(w, x));
+
+  // In a shard_map body the GELU's constants are pvary(literal), scalar variables: the backward
+  // computes tanh again there too (a second tanh in the optimized body).
+  Mesh mesh = make_mesh({8}, {"d"});
+  auto sharded_grads = [&](const std::vector<Array>& w, const Array& x) {
+    // w is the same on every device: its gradient comes out summed over 'd' (pvary's transpose).
+    auto body = [&](const std::vector<Array>& w, const Array& xb) { return grad(loss)(w, xb); };
+    return shard_map(body, mesh, SpecTree{P(), P("d")}, P())(w, x);
+  };
+  auto body_tanhs = [&] {
+    int64_t tanhs = 0;
+    auto program = make_jaxpr(sharded_grads)(w, x);
+    for (const JaxprEqn& e : program->eqns())
+      if (e.primitive->name == "shard_map")
+        for (const JaxprEqn& q : optimize(*e.params.object<JaxprParam>("jaxpr")->jaxpr)->eqns())
+          tanhs += q.primitive->name == "tanh";
+    return tanhs;
+  };
+  setenv("CJAX_RECOMPUTE_ELEMENTWISE", "0", 1);
+  CHECK(body_tanhs() == 1);
+  unsetenv("CJAX_RECOMPUTE_ELEMENTWISE");
+  CHECK(body_tanhs() == 2);
+  close(jit(sharded_grads)(w, x), grads(w, x));
 }
 
 TEST_CASE("a program's kernels compile as several LLVM modules side by side, each cached on its own") {

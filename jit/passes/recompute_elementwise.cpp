@@ -57,13 +57,20 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
 
   // The equations that recompute `v` (in program order) and its roots, or false where v does not
   // qualify: an elementwise chain of at most kMaxChain equations over variables of v's shape
-  // (and scalar literals) defined by something else.
+  // defined by something else, scalar literals and scalar variables (in a shard_map body the
+  // constants of a chain on varying values are pvary(literal): without them every GELU there
+  // kept writing its residuals).
   std::unordered_map<const void*, size_t> nbytes;  // of roots and candidate values
   auto bytes_of = [](const Var& v) { return size_t(v.aval().size()) * itemsize(v.aval().dtype); };
   auto chain_of = [&](const Var& v, std::vector<size_t>& eqns, std::vector<const void*>& roots) {
     const Shape& shape = v.aval().shape;
     std::unordered_set<size_t> seen;
     std::function<bool(const Var&)> visit = [&](const Var& w) {
+      if (w.aval().shape.empty() && !shape.empty()) {  // a scalar operand: read as it is
+        roots.push_back(w.id());
+        nbytes[w.id()] = bytes_of(w);
+        return true;
+      }
       if (w.aval().shape != shape) return false;
       auto it = def_of.find(w.id());
       if (it == def_of.end() || !is_elementwise(in[it->second])) {
