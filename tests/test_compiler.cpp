@@ -1041,6 +1041,58 @@ TEST_CASE("a GELU's forward residuals are computed again in the backward kernel,
   close(jit(sharded_grads)(w, x), grads(w, x));
 }
 
+TEST_CASE("grad of a shard_map: the backward body computes a GELU's residuals again from the forward's" CJAX_JIT_ONLY) {
+  auto gelu = [](const Array& h) { return nn::gelu(h, true); };  // x * 0.5 (1 + tanh(...)): x is a residual too
+  Mesh mesh = make_mesh({8}, {"d"});
+  // The loss is a shard_map (rows of x over 'd'); grad outside it splits the body in two.
+  auto loss = [&](const std::vector<Array>& w, const Array& x) {
+    auto body = [&](const std::vector<Array>& w, const Array& xb) {
+      return lax::psum(jnp::sum(jnp::square(jnp::matmul(gelu(jnp::matmul(xb, w[0])), w[1]))), "d");
+    };
+    return shard_map(body, mesh, SpecTree{P(), P("d")}, P())(w, x);
+  };
+  auto grads = [&](const std::vector<Array>& w, const Array& x) { return grad(loss)(w, x); };
+  Array x = random::normal(random::key(97), {48, 32});
+  std::vector<Array> w = {random::normal(random::key(98), {32, 64}) * 0.2f,
+                          random::normal(random::key(99), {64, 16}) * 0.2f};
+  // Per shard_map of the optimized program: its outputs and the tanh equations of its body.
+  auto boundaries = [&] {
+    std::vector<std::pair<size_t, int64_t>> out;
+    auto program = optimize(*make_jaxpr(grads)(w, x));
+    for (const JaxprEqn& e : program->eqns()) {
+      if (e.primitive->name != "shard_map") continue;
+      int64_t tanhs = 0;
+      for (const JaxprEqn& q : e.params.object<JaxprParam>("jaxpr")->jaxpr->eqns())
+        tanhs += q.primitive->name == "tanh";
+      out.push_back({e.outputs.size(), tanhs});
+    }
+    return out;
+  };
+  setenv("CJAX_RECOMPUTE_ELEMENTWISE", "0", 1);
+  auto kept = boundaries();
+  unsetenv("CJAX_RECOMPUTE_ELEMENTWISE");
+  auto recomputed = boundaries();
+  REQUIRE(kept.size() == 2);  // forward and backward
+  REQUIRE(recomputed.size() == 2);
+  CHECK(kept[0].second == 1);
+  CHECK(kept[1].second == 0);  // the backward reads tanh and what is made of it
+  // tanh(u), 1 - tanh, 1 + tanh (or 0.5 (1 + tanh)) and h^2 are no longer returned.
+  CHECK(recomputed[0].first + 3 <= kept[0].first);
+  CHECK(recomputed[1].second == 1);  // computed once in the backward body
+  CHECK(recomputed[1].first == kept[1].first);
+  // The gradients: against the unsharded loss (the partial sums round differently).
+  auto plain = [&](const std::vector<Array>& w, const Array& x) {
+    return jnp::sum(jnp::square(jnp::matmul(gelu(jnp::matmul(x, w[0])), w[1])));
+  };
+  std::vector<Array> got = jit(grads)(w, x), want = grad(plain)(w, x);
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    std::vector<float> g = got[k].to_vector<float>(), e = want[k].to_vector<float>();
+    REQUIRE(g.size() == e.size());
+    for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(e[i]).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("a program's kernels compile as several LLVM modules side by side, each cached on its own") {
   auto dir = fresh_dir("kernel_modules");
   setenv("CJAX_CACHE_DIR", dir.c_str(), 1);

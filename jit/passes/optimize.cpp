@@ -25,6 +25,7 @@ std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Arra
   auto j = inline_calls(jaxpr);
   j = fuse_attention(*j, consts);
   j = unbroadcast_shard_map_boundaries(*j);
+  if (env_not_off("CJAX_RECOMPUTE_ELEMENTWISE")) j = recompute_shard_map_residuals(*j);
   j = sink_broadcasts(*j);
   j = fold_constants(*j);
   j = cse(*j);

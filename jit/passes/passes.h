@@ -31,6 +31,10 @@
 //                    step) reads is computed again in that kernel from its inputs, where it is a
 //                    short chain and that reads fewer bytes (GELU's residuals in a gradient):
 //                    one write and one read of it fewer (CJAX_RECOMPUTE_ELEMENTWISE=0: off),
+//   recompute_shard_map_residuals : the same between the forward and backward shard_maps that
+//                    grad of a shard_map makes: a residual the forward returns only for the
+//                    backward, an elementwise chain of other residuals it returns for it, is
+//                    dropped and computed again at the start of the backward body (same switch),
 //   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
 //                    free dimensions of a dot_general's result (what the transpose rule of
 //                    dot_general emits for weight gradients) becomes the dot_general with its
@@ -71,6 +75,7 @@ std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr);
 // kernel no longer writes them out, nor the later one reads them back (a gradient's forward
 // residuals). Runs after cse, which would merge the copies back.
 std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 // dce: trace/jaxpr.h.

@@ -1,0 +1,226 @@
+// recompute_shard_map_residuals: a residual that a forward shard_map returns only for the backward
+// shard_map, and that is a short elementwise chain of other residuals it returns for it, is
+// computed again in the backward body instead (jit/passes/passes.h).
+//
+// grad of a shard_map splits its body into a forward body, which returns every value the backward
+// needs, and a backward body: a GELU there returns tanh(...), 1 - tanh, 0.5 (1 + tanh) and 3 x^2
+// beside x, four more arrays of the activation's size written by the forward's kernel and read by
+// the backward's. Within one program recompute_elementwise makes that trade; between the two
+// bodies it is made here, where both bodies are visible: the residual is dropped from the forward's
+// outputs and the backward's operands, and the backward body starts with the chain, applied to
+// its operands that hold the chain's roots (blocks of the same spec, so the same elements).
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "jit/fusion.h"
+#include "jit/passes/passes.h"
+#include "jit/passes/rewrite.h"
+#include "trace/shard_map.h"
+
+namespace cjax {
+using namespace passes_detail;
+
+namespace {
+
+constexpr size_t kMaxChain = 12;  // equations recomputed for one residual
+
+// How to compute a residual again: the body's equations of its chain in program order, and its
+// roots (body variables of the residual's shape that the body returns).
+struct Chain {
+  std::vector<size_t> eqns;
+  std::vector<const void*> roots;
+};
+
+bool scalar_pvary_of_literal(const JaxprEqn& e) {
+  return e.primitive->name == "pvary" && e.outputs.size() == 1 && e.outputs[0].aval().shape.empty() &&
+         std::holds_alternative<Literal>(e.inputs[0]);
+}
+
+// The chain that computes body variable `v`, or false: elementwise equations on values of v's
+// shape, scalar literals and pvary'd scalar literals (cloned with the chain).
+bool chain_of(const Jaxpr& body, const std::unordered_map<const void*, size_t>& def_of, const Var& v, Chain& chain) {
+  const Shape& shape = v.aval().shape;
+  std::unordered_set<size_t> seen;
+  std::function<bool(const Var&)> visit = [&](const Var& w) {
+    auto it = def_of.find(w.id());
+    const JaxprEqn* e = it == def_of.end() ? nullptr : &body.eqns()[it->second];
+    if (e && scalar_pvary_of_literal(*e)) {
+      if (seen.insert(it->second).second) chain.eqns.push_back(it->second);
+      return true;
+    }
+    if (w.aval().shape != shape) return false;
+    if (!e || e->outputs.size() != 1 || classify(*e) != EqnClass::Elementwise) {
+      chain.roots.push_back(w.id());
+      return true;
+    }
+    if (!seen.insert(it->second).second) return true;
+    if (seen.size() > kMaxChain) return false;
+    for (const Atom& a : e->inputs)
+      if (auto* x = std::get_if<Var>(&a); x && !visit(*x)) return false;
+    chain.eqns.push_back(it->second);
+    return true;
+  };
+  if (!visit(v) || chain.roots.empty()) return false;
+  std::sort(chain.eqns.begin(), chain.eqns.end());
+  return std::any_of(chain.eqns.begin(), chain.eqns.end(),
+                     [&](size_t k) { return !scalar_pvary_of_literal(body.eqns()[k]); });
+}
+
+// v without the entries whose index `gone` names.
+template <class T, class Gone>
+std::vector<T> without(const std::vector<T>& v, const Gone& gone) {
+  std::vector<T> kept;
+  for (size_t k = 0; k < v.size(); ++k)
+    if (!gone(k)) kept.push_back(v[k]);
+  return kept;
+}
+
+}  // namespace
+
+std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
+  const std::vector<JaxprEqn>& eqns = jaxpr.eqns();
+  // Who reads each top-level variable: (equation, operand index); n = an output of the program.
+  std::unordered_map<const void*, std::vector<std::pair<size_t, size_t>>> readers;
+  for (size_t i = 0; i < eqns.size(); ++i)
+    for (size_t k = 0; k < eqns[i].inputs.size(); ++k)
+      if (auto* v = std::get_if<Var>(&eqns[i].inputs[k])) readers[v->id()].push_back({i, k});
+  for (const Atom& a : jaxpr.outvars())
+    if (auto* v = std::get_if<Var>(&a)) readers[v->id()].push_back({eqns.size(), 0});
+
+  // Per forward equation: the outputs dropped; per backward equation: operand index -> the chain
+  // that replaces it (the forward's body and, per root, the backward operand that holds it).
+  struct Recompute {
+    std::shared_ptr<const Jaxpr> forward_body;
+    Chain chain;
+    const void* residual;                                  // the forward body's variable
+    std::unordered_map<const void*, size_t> root_operand;  // forward body root -> backward operand
+  };
+  std::unordered_map<size_t, std::unordered_set<size_t>> dropped_outputs;
+  std::unordered_map<size_t, std::map<size_t, Recompute>> recomputed_operands;
+  for (size_t a = 0; a < eqns.size(); ++a) {
+    if (eqns[a].primitive != &g_shard_map) continue;
+    ShardMapInfo fwd = ShardMapInfo::from(eqns[a].params);
+    const Jaxpr& body = *fwd.body;
+    std::unordered_map<const void*, size_t> def_of;
+    for (size_t k = 0; k < body.eqns().size(); ++k)
+      for (const Var& v : body.eqns()[k].outputs) def_of[v.id()] = k;
+    // The single reader of each output, when it is one operand of one later shard_map.
+    auto sole_reader = [&](size_t j) -> std::optional<std::pair<size_t, size_t>> {
+      auto it = readers.find(eqns[a].outputs[j].id());
+      if (it == readers.end() || it->second.size() != 1) return std::nullopt;
+      auto [b, k] = it->second[0];
+      if (b == eqns.size() || eqns[b].primitive != &g_shard_map) return std::nullopt;
+      return it->second[0];
+    };
+    std::unordered_map<const void*, size_t> output_of;  // body outvar -> output index
+    for (size_t j = 0; j < body.outvars().size(); ++j)
+      if (auto* v = std::get_if<Var>(&body.outvars()[j])) output_of.emplace(v->id(), j);
+    std::unordered_set<size_t> pinned;  // outputs that are roots of a dropped one
+    for (size_t j = 0; j < body.outvars().size(); ++j) {
+      auto* v = std::get_if<Var>(&body.outvars()[j]);
+      auto reader = sole_reader(j);
+      if (!v || !reader || pinned.count(j) || output_of.at(v->id()) != j) continue;
+      auto [b, operand] = *reader;
+      ShardMapInfo bwd = ShardMapInfo::from(eqns[b].params);
+      if (bwd.mesh != fwd.mesh || bwd.in_specs[operand] != fwd.out_specs[j] ||
+          bwd.body->invars()[operand].aval() != v->aval())
+        continue;
+      // Every reader in the backward body fuses with the recomputation (a GEMM would read it
+      // from memory anyway).
+      const void* invar = bwd.body->invars()[operand].id();
+      bool fusible_readers = true;
+      for (const JaxprEqn& q : bwd.body->eqns())
+        for (const Atom& x : q.inputs)
+          if (auto* w = std::get_if<Var>(&x); w && w->id() == invar && classify(q) == EqnClass::Library)
+            fusible_readers = false;
+      for (const Atom& x : bwd.body->outvars())
+        if (auto* w = std::get_if<Var>(&x); w && w->id() == invar) fusible_readers = false;
+      Chain chain;
+      if (!fusible_readers || !chain_of(body, def_of, *v, chain)) continue;
+      // Each root is returned to the same backward equation under the same spec.
+      Recompute r{fwd.body, chain, v->id(), {}};
+      bool roots_ok = true;
+      for (const void* root : chain.roots) {
+        auto out = output_of.find(root);
+        std::optional<std::pair<size_t, size_t>> rr;
+        if (out != output_of.end() && !dropped_outputs[a].count(out->second)) rr = sole_reader(out->second);
+        if (!rr || rr->first != b || bwd.in_specs[rr->second] != fwd.out_specs[out->second]) {
+          roots_ok = false;
+          break;
+        }
+        r.root_operand[root] = rr->second;
+      }
+      if (!roots_ok) continue;
+      for (const void* root : chain.roots) pinned.insert(output_of.at(root));
+      dropped_outputs[a].insert(j);
+      recomputed_operands[b].emplace(operand, std::move(r));
+    }
+  }
+  if (recomputed_operands.empty()) return std::make_shared<const Jaxpr>(jaxpr);
+
+  std::vector<JaxprEqn> out;
+  out.reserve(eqns.size());
+  for (size_t i = 0; i < eqns.size(); ++i) {
+    JaxprEqn e = eqns[i];
+    auto drop = dropped_outputs.find(i);
+    auto rec = recomputed_operands.find(i);
+    if ((drop == dropped_outputs.end() || drop->second.empty()) && rec == recomputed_operands.end()) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    ShardMapInfo info = ShardMapInfo::from(e.params);
+    const Jaxpr& body = *info.body;
+    std::vector<Var> invars = body.invars();
+    std::vector<JaxprEqn> body_eqns;
+    std::vector<Atom> outvars = body.outvars();
+    if (rec != recomputed_operands.end()) {
+      // The chains first, on the operands that hold their roots, each equation of a forward body
+      // cloned once (GELU's residuals share its tanh); then the body, reading them.
+      Subst uses;
+      std::unordered_map<const Jaxpr*, std::pair<Subst, std::unordered_set<size_t>>> cloned;
+      for (const auto& [operand, r] : rec->second) {
+        auto& [local, done] = cloned[r.forward_body.get()];
+        for (const auto& [root, k] : r.root_operand) local.map.emplace(root, invars[k]);
+        for (size_t q : r.chain.eqns) {
+          if (!done.insert(q).second) continue;
+          JaxprEqn c = r.forward_body->eqns()[q];
+          c.inputs = local.all(c.inputs);
+          Var fresh(c.outputs[0].aval());
+          local.map.emplace(c.outputs[0].id(), fresh);
+          c.outputs = {fresh};
+          body_eqns.push_back(std::move(c));
+        }
+        uses.map.emplace(invars[operand].id(), local.map.at(r.residual));
+      }
+      for (JaxprEqn q : body.eqns()) {
+        q.inputs = uses.all(q.inputs);
+        body_eqns.push_back(std::move(q));
+      }
+      auto recomputed = [&](size_t k) { return rec->second.count(k) > 0; };
+      invars = without(invars, recomputed);
+      info.in_specs = without(info.in_specs, recomputed);
+      e.inputs = without(e.inputs, recomputed);
+    } else {
+      body_eqns = body.eqns();
+    }
+    if (drop != dropped_outputs.end() && !drop->second.empty()) {
+      auto dropped = [&](size_t j) { return drop->second.count(j) > 0; };
+      outvars = without(outvars, dropped);
+      info.out_specs = without(info.out_specs, dropped);
+      e.outputs = without(e.outputs, dropped);
+    }
+    auto new_body =
+        std::make_shared<const Jaxpr>(body.constvars(), std::move(invars), std::move(body_eqns), std::move(outvars));
+    if (is_transposed_body(info.body.get())) mark_transposed_body(new_body);
+    info.body = new_body;
+    e.params = info.params();
+    out.push_back(std::move(e));
+  }
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(out), jaxpr.outvars());
+}
+
+}  // namespace cjax
