@@ -334,8 +334,10 @@ class KernelEmitter : private cpu::ScalarCodegen {
   // [2048,512] on AVX2 Zen 3: tanh-GELU 1.25 -> 0.85 ms, its gradient 1.4 -> 0.95 ms, sigmoid
   // 0.9 -> 0.6 ms, erf-GELU 3.4-4.4 -> 2.5 ms; 8 copies were no faster). Only passes without
   // reductions: their results are the same bits at any interleave, while a reduction's order
-  // (and so its rounding) would follow the count.
+  // (and so its rounding) would follow the count. Rows shorter than 4 of the widest vectors
+  // (AVX-512: 64 f32) keep the default, which vectorizes them without a long scalar remainder.
   bool transcendental_pass(int pass) const {
+    if (spec_.cols < 4 * kVectorLanes) return false;
     for (const KernelNode& n : spec_.nodes)
       if (n.pass == pass && !n.row_level && n.op == Op::Scalar && libm_name(n.scalar_op)) return true;
     return false;
