@@ -4,8 +4,9 @@
 // attention and of an MLP; OpenBLAS's packed, cache-blocked kernels win large products on some
 // hosts (3x at 1024^3 on an AVX2 Zen 3) and tie on others (AVX-512 Zen 4). So the choice is
 // measured on the host, per shape class, the first time a class is seen: both libraries run the
-// call's own operands into scratch memory, taking turns, and OpenBLAS is chosen where it is at
-// least 5% faster in two measurements in a row (LIBXSMM otherwise). OpenBLAS runs on one thread
+// call's own operands into scratch memory, taking turns (three runs each, more only while neither
+// is 25% faster), and OpenBLAS is chosen where it is at least 5% faster in two measurements in a
+// row (LIBXSMM otherwise). OpenBLAS runs on one thread
 // per call, cjax's pool spreading its calls over row panels or batch entries (linalg.cpp says why). Decisions
 // are kept in memory and in the kernel cache on disk, keyed by CPU model, ISA (CJAX_ISA), thread
 // count and class, so a host measures each class once, and a run uses one library per class
