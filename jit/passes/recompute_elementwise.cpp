@@ -10,7 +10,6 @@
 // already. XLA makes the same trade when it duplicates
 // cheap producers into their consumers.
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -63,30 +62,13 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, size_t> nbytes;  // of roots and candidate values
   auto bytes_of = [](const Var& v) { return size_t(v.aval().size()) * itemsize(v.aval().dtype); };
   auto chain_of = [&](const Var& v, std::vector<size_t>& eqns, std::vector<const void*>& roots) {
-    const Shape& shape = v.aval().shape;
-    std::unordered_set<size_t> seen;
-    std::function<bool(const Var&)> visit = [&](const Var& w) {
-      if (w.aval().shape.empty() && !shape.empty()) {  // a scalar operand: read as it is
-        roots.push_back(w.id());
-        nbytes[w.id()] = bytes_of(w);
-        return true;
-      }
-      if (w.aval().shape != shape) return false;
-      auto it = def_of.find(w.id());
-      if (it == def_of.end() || !is_elementwise(in[it->second])) {
-        roots.push_back(w.id());
-        nbytes[w.id()] = bytes_of(w);
-        return true;
-      }
-      if (!seen.insert(it->second).second) return true;
-      if (seen.size() > kMaxChain) return false;
-      for (const Atom& a : in[it->second].inputs)
-        if (auto* x = std::get_if<Var>(&a); x && !visit(*x)) return false;
-      eqns.push_back(it->second);
-      return true;
-    };
-    if (!visit(v) || eqns.empty()) return false;
-    std::sort(eqns.begin(), eqns.end());
+    std::optional<ElementwiseChain> chain = elementwise_chain(in, def_of, v, kMaxChain, false);
+    if (!chain) return false;
+    eqns = std::move(chain->eqns);
+    for (const Var& r : chain->roots) {
+      roots.push_back(r.id());
+      nbytes[r.id()] = bytes_of(r);
+    }
     return true;
   };
 

@@ -10,7 +10,6 @@
 // outputs and the backward's operands, and the backward body starts with the chain, applied to
 // its operands that hold the chain's roots (blocks of the same spec, so the same elements).
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -27,48 +26,6 @@ using namespace passes_detail;
 namespace {
 
 constexpr size_t kMaxChain = 12;  // equations recomputed for one residual
-
-// How to compute a residual again: the body's equations of its chain in program order, and its
-// roots (body variables of the residual's shape that the body returns).
-struct Chain {
-  std::vector<size_t> eqns;
-  std::vector<const void*> roots;
-};
-
-bool scalar_pvary_of_literal(const JaxprEqn& e) {
-  return e.primitive->name == "pvary" && e.outputs.size() == 1 && e.outputs[0].aval().shape.empty() &&
-         std::holds_alternative<Literal>(e.inputs[0]);
-}
-
-// The chain that computes body variable `v`, or false: elementwise equations on values of v's
-// shape, scalar literals and pvary'd scalar literals (cloned with the chain).
-bool chain_of(const Jaxpr& body, const std::unordered_map<const void*, size_t>& def_of, const Var& v, Chain& chain) {
-  const Shape& shape = v.aval().shape;
-  std::unordered_set<size_t> seen;
-  std::function<bool(const Var&)> visit = [&](const Var& w) {
-    auto it = def_of.find(w.id());
-    const JaxprEqn* e = it == def_of.end() ? nullptr : &body.eqns()[it->second];
-    if (e && scalar_pvary_of_literal(*e)) {
-      if (seen.insert(it->second).second) chain.eqns.push_back(it->second);
-      return true;
-    }
-    if (w.aval().shape != shape) return false;
-    if (!e || e->outputs.size() != 1 || classify(*e) != EqnClass::Elementwise) {
-      chain.roots.push_back(w.id());
-      return true;
-    }
-    if (!seen.insert(it->second).second) return true;
-    if (seen.size() > kMaxChain) return false;
-    for (const Atom& a : e->inputs)
-      if (auto* x = std::get_if<Var>(&a); x && !visit(*x)) return false;
-    chain.eqns.push_back(it->second);
-    return true;
-  };
-  if (!visit(v) || chain.roots.empty()) return false;
-  std::sort(chain.eqns.begin(), chain.eqns.end());
-  return std::any_of(chain.eqns.begin(), chain.eqns.end(),
-                     [&](size_t k) { return !scalar_pvary_of_literal(body.eqns()[k]); });
-}
 
 // v without the entries whose index `gone` names.
 template <class T, class Gone>
@@ -95,12 +52,27 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
   // that replaces it (the forward's body and, per root, the backward operand that holds it).
   struct Recompute {
     std::shared_ptr<const Jaxpr> forward_body;
-    Chain chain;
+    ElementwiseChain chain;
     const void* residual;                                  // the forward body's variable
     std::unordered_map<const void*, size_t> root_operand;  // forward body root -> backward operand
   };
   std::unordered_map<size_t, std::unordered_set<size_t>> dropped_outputs;
   std::unordered_map<size_t, std::map<size_t, Recompute>> recomputed_operands;
+  // Per backward equation (by index): its body's operands that a library step reads or that it
+  // returns.
+  std::unordered_map<size_t, std::unordered_set<const void*>> unfused;
+  auto unfused_operands = [&](size_t b, const ShardMapInfo& bwd) -> const std::unordered_set<const void*>& {
+    auto [it, fresh] = unfused.try_emplace(b);
+    if (fresh) {
+      for (const JaxprEqn& q : bwd.body->eqns())
+        if (classify(q) == EqnClass::Library)
+          for (const Atom& x : q.inputs)
+            if (auto* w = std::get_if<Var>(&x)) it->second.insert(w->id());
+      for (const Atom& x : bwd.body->outvars())
+        if (auto* w = std::get_if<Var>(&x)) it->second.insert(w->id());
+    }
+    return it->second;
+  };
   for (size_t a = 0; a < eqns.size(); ++a) {
     if (eqns[a].primitive != &g_shard_map) continue;
     ShardMapInfo fwd = ShardMapInfo::from(eqns[a].params);
@@ -131,20 +103,14 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
         continue;
       // Every reader in the backward body fuses with the recomputation (a GEMM would read it
       // from memory anyway).
-      const void* invar = bwd.body->invars()[operand].id();
-      bool fusible_readers = true;
-      for (const JaxprEqn& q : bwd.body->eqns())
-        for (const Atom& x : q.inputs)
-          if (auto* w = std::get_if<Var>(&x); w && w->id() == invar && classify(q) == EqnClass::Library)
-            fusible_readers = false;
-      for (const Atom& x : bwd.body->outvars())
-        if (auto* w = std::get_if<Var>(&x); w && w->id() == invar) fusible_readers = false;
-      Chain chain;
-      if (!fusible_readers || !chain_of(body, def_of, *v, chain)) continue;
+      if (unfused_operands(b, bwd).count(bwd.body->invars()[operand].id())) continue;
+      std::optional<ElementwiseChain> chain = elementwise_chain(body.eqns(), def_of, *v, kMaxChain, true);
+      if (!chain) continue;
       // Each root is returned to the same backward equation under the same spec.
-      Recompute r{fwd.body, chain, v->id(), {}};
+      Recompute r{fwd.body, std::move(*chain), v->id(), {}};
       bool roots_ok = true;
-      for (const void* root : chain.roots) {
+      for (const Var& root_var : r.chain.roots) {
+        const void* root = root_var.id();
         auto out = output_of.find(root);
         std::optional<std::pair<size_t, size_t>> rr;
         if (out != output_of.end() && !dropped_outputs[a].count(out->second)) rr = sole_reader(out->second);
@@ -155,7 +121,7 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
         r.root_operand[root] = rr->second;
       }
       if (!roots_ok) continue;
-      for (const void* root : chain.roots) pinned.insert(output_of.at(root));
+      for (const Var& root : r.chain.roots) pinned.insert(output_of.at(root.id()));
       dropped_outputs[a].insert(j);
       recomputed_operands[b].emplace(operand, std::move(r));
     }

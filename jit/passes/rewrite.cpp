@@ -3,6 +3,7 @@
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "core/array/trace.h"
 #include "core/backend/backend.h"
 #include "core/lax/linalg.h"
+#include "jit/fusion.h"
 #include "trace/eval_jaxpr.h"
 
 namespace cjax::passes_detail {
@@ -46,6 +48,41 @@ void track_splat(const JaxprEqn& e, std::unordered_map<const void*, Literal>& sp
   if (name == "pvary" && e.inputs.size() == 1 && std::holds_alternative<Var>(e.inputs[0]))
     if (auto it = splat_of.find(std::get<Var>(e.inputs[0]).id()); it != splat_of.end())
       splat_of.emplace(e.outputs[0].id(), it->second);
+}
+
+std::optional<ElementwiseChain> elementwise_chain(const std::vector<JaxprEqn>& eqns,
+                                                  const std::unordered_map<const void*, size_t>& def_of, const Var& v,
+                                                  size_t max_eqns, bool with_scalar_constants) {
+  const Shape& shape = v.aval().shape;
+  ElementwiseChain chain;
+  std::unordered_set<size_t> seen;
+  size_t computed = 0;  // elementwise equations in the chain
+  std::function<bool(const Var&)> visit = [&](const Var& w) {
+    auto it = def_of.find(w.id());
+    const JaxprEqn* e = it == def_of.end() ? nullptr : &eqns[it->second];
+    if (w.aval().shape.empty() && !shape.empty()) {
+      bool constant = e && e->primitive->name == "pvary" && std::holds_alternative<Literal>(e->inputs[0]);
+      if (!with_scalar_constants || !constant)
+        chain.roots.push_back(w);
+      else if (seen.insert(it->second).second)
+        chain.eqns.push_back(it->second);
+      return true;
+    }
+    if (w.aval().shape != shape) return false;
+    if (!e || e->outputs.size() != 1 || classify(*e) != EqnClass::Elementwise) {
+      chain.roots.push_back(w);
+      return true;
+    }
+    if (!seen.insert(it->second).second) return true;
+    if (++computed > max_eqns) return false;
+    for (const Atom& a : e->inputs)
+      if (auto* x = std::get_if<Var>(&a); x && !visit(*x)) return false;
+    chain.eqns.push_back(it->second);
+    return true;
+  };
+  if (!visit(v) || computed == 0) return std::nullopt;
+  std::sort(chain.eqns.begin(), chain.eqns.end());
+  return chain;
 }
 
 }  // namespace cjax::passes_detail

@@ -1,5 +1,6 @@
 // Shared by jit's passes: variable substitution, use counts and broadcast equations.
 #pragma once
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -35,5 +36,19 @@ bool broadcasts_a_var(const JaxprEqn& e);
 JaxprEqn splat_eqn(const Literal& value, const Var& out);
 // Records in `splat_of` the vars that broadcast a scalar literal (through pvary too).
 void track_splat(const JaxprEqn& e, std::unordered_map<const void*, Literal>& splat_of);
+
+// The elementwise chain that computes `v`: the single-output elementwise equations (indices into
+// `eqns`, in program order; at most `max_eqns`) on values of v's shape, and its roots, the
+// variables it reads that none of them makes: of v's shape, or scalars. A scalar made by pvary of
+// a literal (a shard_map body's constant) is a root too, or with `with_scalar_constants` an
+// equation of the chain. nullopt where v is no such chain of at least one equation. `def_of` maps
+// an output variable to the index of its equation.
+struct ElementwiseChain {
+  std::vector<size_t> eqns;
+  std::vector<Var> roots;
+};
+std::optional<ElementwiseChain> elementwise_chain(const std::vector<JaxprEqn>& eqns,
+                                                  const std::unordered_map<const void*, size_t>& def_of, const Var& v,
+                                                  size_t max_eqns, bool with_scalar_constants);
 
 }  // namespace cjax::passes_detail
