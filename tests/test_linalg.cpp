@@ -1,12 +1,15 @@
 // dot_general and the numpy linear-algebra functions. Expected values from numpy (offline).
 #include <cblas.h>
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "backends/cpu/kernels/gemm_choice.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
+#include "backends/cpu/kernels/scratch.h"
 #include "cjax/cjax.h"
 #include "core/array/primitive.h"
 #include "core/backend/parallel.h"
@@ -381,4 +384,55 @@ TEST_CASE("the GEMM library is measured once per host and shape class, then read
   set_gemm_engine_override(std::nullopt);
   CHECK(gemm_class(DType::float32, 3, 1000, 1024, 1025, false, true).str() ==
         "f32 NT m<=1024 n<=1024 k<=2048 batch<=4");
+}
+
+TEST_CASE("kernel scratch memory comes back from the thread's cache") {
+  using cpu::ScratchBuffer;
+  std::byte* first;
+  {
+    ScratchBuffer a(1 << 20);
+    first = a.data();
+    CHECK(reinterpret_cast<uintptr_t>(first) % 64 == 0);
+  }
+  ScratchBuffer b((1 << 20) - 100);  // a slightly smaller request takes the same block
+  CHECK(b.data() == first);
+  ScratchBuffer c(1 << 20);  // while b holds it, another block
+  CHECK(c.data() != first);
+  std::byte* freed = c.data();
+  c = ScratchBuffer();
+  ScratchBuffer tiny(4096);  // a small request does not take a block far larger than it needs
+  CHECK(tiny.data() != freed);
+  // Requests of one size, one after another, keep taking one block (small ones are rounded up
+  // to 4 KiB, and must still fit their own rounded blocks).
+  for (size_t n : {size_t(1000), size_t(5000), size_t(300000)}) {
+    std::set<std::byte*> seen;
+    for (int i = 0; i < 20; ++i) seen.insert(ScratchBuffer(n).data());
+    CHECK_MESSAGE(seen.size() == 1, n);
+  }
+  cpu::ScratchArray<double> grow(10);
+  grow.resize(1 << 16);
+  grow[(1 << 16) - 1] = 2.5;
+  CHECK(grow[(1 << 16) - 1] == 2.5);
+}
+
+// A GEMM whose operand must be copied into [rows, contracted] order first (a's free axes 0 and 2
+// do not merge into one strided axis) needs a 32 MiB temporary, more than glibc ever serves from
+// its heap: from malloc, every call would map it afresh and fault on its 8192 pages again.
+TEST_CASE("repeated GEMMs with copied operands touch no fresh pages after the first call") {
+  Array a = jnp::ones({64, 1024, 128}, DType::float32), b = jnp::ones({1024, 8}, DType::float32);
+  DN dn{{{1}, {0}}, {{}, {}}};
+  auto minor_faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+  };
+  Array warm = lax::dot_general(a, b, dn);
+  CHECK(warm.shape() == Shape{64, 128, 8});
+  CHECK(vals(warm)[0] == 1024.0);
+  long before = minor_faults();
+  for (int i = 0; i < 5; ++i) {
+    Array c = lax::dot_general(a, b, dn);
+    CHECK(c.shape() == Shape{64, 128, 8});
+  }
+  CHECK(minor_faults() - before < 2000);  // 5 x 8192 with a fresh temporary per call
 }

@@ -8,11 +8,13 @@
 #include <memory>
 #include <type_traits>
 
+#include "backends/cpu/kernels/scratch.h"
 #include "core/array/util.h"
 #include "core/backend/parallel.h"
 
 namespace cjax {
 namespace {
+using cpu::ScratchArray;
 
 constexpr int64_t kTile = 64;  // rows and columns of C per kernel call
 // Multiply-adds per pool task (~40 us of work): waking a pool thread costs more than a smaller
@@ -53,8 +55,8 @@ void init_once() {
 // Transposed copies use LIBXSMM's transpose kernels (a scalar transposing loop cost more than
 // the GEMM itself for an MLP's 32-row products).
 template <class T>
-std::unique_ptr<T[]> pack(int64_t batch, int64_t rows, int64_t cols, const GemmOperand& X, T alpha) {
-  auto out = std::unique_ptr<T[]>(new T[size_t(batch * rows * cols)]);
+ScratchArray<T> pack(int64_t batch, int64_t rows, int64_t cols, const GemmOperand& X, T alpha) {
+  ScratchArray<T> out(batch * rows * cols);
   const T* src = static_cast<const T*>(X.ptr);
   int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (rows * cols));  // >= 64K elements per task
   parallel_for(batch, grain, [&](int64_t s, int64_t e) {
@@ -81,8 +83,8 @@ std::unique_ptr<T[]> pack(int64_t batch, int64_t rows, int64_t cols, const GemmO
 // instead of one short run per 4 KiB page (ld 1024 floats), which left LIBXSMM at half speed or
 // worse on large products wherever the pages' cache placement was unlucky.
 template <class T>
-std::unique_ptr<T[]> pack_panels(int64_t batch, int64_t K, int64_t N, int64_t tn, const GemmOperand& B) {
-  auto out = std::unique_ptr<T[]>(new T[size_t(batch * K * N)]);
+ScratchArray<T> pack_panels(int64_t batch, int64_t K, int64_t N, int64_t tn, const GemmOperand& B) {
+  ScratchArray<T> out(batch * K * N);
   const T* src = static_cast<const T*>(B.ptr);
   int64_t panels = (N + tn - 1) / tn;
   parallel_for(batch * panels, 1, [&](int64_t s, int64_t e) {
@@ -106,7 +108,7 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   init_once();
   // The kernels take A as it is (transposed or not) and B row major. A transposed B, or an
   // alpha != 1, is first copied (scaled by alpha: into the smaller operand).
-  std::unique_ptr<T[]> packed_a, packed_b;
+  ScratchArray<T> packed_a, packed_b;
   bool scale_a = alpha != T(1) && M <= N && !B.trans;
   if (scale_a) packed_a = pack<T>(batch, M, K, A, alpha);
   if (B.trans || (alpha != T(1) && !scale_a)) packed_b = pack<T>(batch, K, N, B, scale_a ? T(1) : alpha);
@@ -115,7 +117,7 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   int64_t tm = std::min(M, kTile), tn = std::min(N, kTile), rm = M % tm, rn = N % tn;
   int64_t tiles_m = (M + tm - 1) / tm, tiles_n = (N + tn - 1) / tn, per_batch = tiles_m * tiles_n;
   // Panels pay off where several row tiles read each one and a panel outgrows the L1 cache.
-  std::unique_ptr<T[]> panels;
+  ScratchArray<T> panels;
   if (!packed_b && tiles_m >= 2 && K * tn * int64_t(sizeof(T)) > (int64_t(64) << 10))
     panels = pack_panels<T>(batch, K, N, tn, B);
   int64_t lda = packed_a ? K : A.ld, ldb = packed_b ? N : B.ld;

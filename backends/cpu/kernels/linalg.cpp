@@ -21,6 +21,7 @@
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/gemm_choice.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
+#include "backends/cpu/kernels/scratch.h"
 #include "backends/cpu/kernels/strided_copy.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
@@ -35,13 +36,10 @@
 namespace cjax::cpu {
 namespace {
 
-// Scratch memory, 64-byte aligned (BLAS likes aligned panels).
+// Scratch memory, 64-byte aligned (BLAS likes aligned panels), from the thread's cache (scratch.h).
 struct Scratch {
-  explicit Scratch(size_t nbytes)
-      : p(static_cast<std::byte*>(::operator new(std::max<size_t>(nbytes, 64), std::align_val_t(64)))) {}
-  ~Scratch() { ::operator delete(p, std::align_val_t(64)); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+  explicit Scratch(size_t nbytes) : buf(std::max<size_t>(nbytes, 64)), p(buf.data()) {}
+  ScratchBuffer buf;
   std::byte* p;
 };
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "backends/cpu/kernels/scratch.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
 #include "core/array/primitive.h"
@@ -37,25 +38,10 @@ namespace {
 
 constexpr int64_t kBlock = 1 << 15;  // elements per fixed reduction block (shape-only decomposition)
 
-// Uninitialized scratch memory (std::vector<bool> has no data(); kernels need a plain array).
+// Uninitialized scratch memory (std::vector<bool> has no data(); kernels need a plain array),
+// from the thread's cache (scratch.h).
 template <class T>
-class Scratch {
- public:
-  Scratch() = default;
-  explicit Scratch(int64_t n) { resize(n); }
-  void resize(int64_t n) {
-    if (size_t(n) > n_) {
-      p_.reset(new T[size_t(n)]);
-      n_ = size_t(n);
-    }
-  }
-  T* data() { return p_.get(); }
-  T& operator[](int64_t i) { return p_[size_t(i)]; }
-
- private:
-  std::unique_ptr<T[]> p_;
-  size_t n_ = 0;
-};
+using Scratch = ScratchArray<T>;
 
 // ---- accumulator types and scalar ops ----
 template <class T>
