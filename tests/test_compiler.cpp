@@ -1044,11 +1044,21 @@ TEST_CASE("a GELU's forward residuals are computed again in the backward kernel,
 
 TEST_CASE("grad of a shard_map: the backward body computes a GELU's residuals again from the forward's" CJAX_JIT_ONLY) {
   auto gelu = [](const Array& h) { return nn::gelu(h, true); };  // x * 0.5 (1 + tanh(...)): x is a residual too
+  // The same under a checkpoint that saves everything but all_gathers (the transformer sample's
+  // FSDP layouts): the backward body then reads the residuals inside its remat2 call.
+  bool checkpointed = false;
+  SUBCASE("plain") {}
+  SUBCASE("checkpointed") { checkpointed = true; }
   Mesh mesh = make_mesh({8}, {"d"});
   // The loss is a shard_map (rows of x over 'd'); grad outside it splits the body in two.
   auto loss = [&](const std::vector<Array>& w, const Array& x) {
     auto body = [&](const std::vector<Array>& w, const Array& xb) {
-      return lax::psum(jnp::sum(jnp::square(jnp::matmul(gelu(jnp::matmul(xb, w[0])), w[1]))), "d");
+      auto block = [&](const std::vector<Array>& w, const Array& xb) {
+        return jnp::sum(jnp::square(jnp::matmul(gelu(jnp::matmul(xb, w[0])), w[1])));
+      };
+      Array l = checkpointed ? checkpoint(block, checkpoint_policies::save_everything_except({"all_gather"}))(w, xb)
+                             : block(w, xb);
+      return lax::psum(l, "d");
     };
     return shard_map(body, mesh, SpecTree{P(), P("d")}, P())(w, x);
   };

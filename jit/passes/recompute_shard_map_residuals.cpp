@@ -9,6 +9,8 @@
 // bodies it is made here, where both bodies are visible: the residual is dropped from the forward's
 // outputs and the backward's operands, and the backward body starts with the chain, applied to
 // its operands that hold the chain's roots (blocks of the same spec, so the same elements).
+// Both bodies are read with their calls inlined (inline_calls), as they will run: a remat block of
+// the backward body (the sample's fsdp_tp layout) reads its residuals inside the call.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -61,6 +63,15 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
   // Per backward equation (by index): its body's operands that a library step reads or that it
   // returns.
   std::unordered_map<size_t, std::unordered_set<const void*>> unfused;
+  // Per shard_map equation (by index): its body with calls inlined.
+  std::unordered_map<size_t, std::shared_ptr<const Jaxpr>> inlined;
+  auto info_of = [&](size_t i) {
+    ShardMapInfo info = ShardMapInfo::from(eqns[i].params);
+    auto [it, fresh] = inlined.try_emplace(i);
+    if (fresh) it->second = inline_calls(*info.body);
+    info.body = it->second;
+    return info;
+  };
   auto unfused_operands = [&](size_t b, const ShardMapInfo& bwd) -> const std::unordered_set<const void*>& {
     auto [it, fresh] = unfused.try_emplace(b);
     if (fresh) {
@@ -75,7 +86,7 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
   };
   for (size_t a = 0; a < eqns.size(); ++a) {
     if (eqns[a].primitive != &g_shard_map) continue;
-    ShardMapInfo fwd = ShardMapInfo::from(eqns[a].params);
+    ShardMapInfo fwd = info_of(a);
     const Jaxpr& body = *fwd.body;
     std::unordered_map<const void*, size_t> def_of;
     for (size_t k = 0; k < body.eqns().size(); ++k)
@@ -97,7 +108,7 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
       auto reader = sole_reader(j);
       if (!v || !reader || pinned.count(j) || output_of.at(v->id()) != j) continue;
       auto [b, operand] = *reader;
-      ShardMapInfo bwd = ShardMapInfo::from(eqns[b].params);
+      ShardMapInfo bwd = info_of(b);
       if (bwd.mesh != fwd.mesh || bwd.in_specs[operand] != fwd.out_specs[j] ||
           bwd.body->invars()[operand].aval() != v->aval())
         continue;
@@ -139,6 +150,8 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
       continue;
     }
     ShardMapInfo info = ShardMapInfo::from(e.params);
+    bool transposed = is_transposed_body(info.body.get());
+    info.body = inlined.at(i);
     const Jaxpr& body = *info.body;
     std::vector<Var> invars = body.invars();
     std::vector<JaxprEqn> body_eqns;
@@ -181,7 +194,7 @@ std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr) {
     }
     auto new_body =
         std::make_shared<const Jaxpr>(body.constvars(), std::move(invars), std::move(body_eqns), std::move(outvars));
-    if (is_transposed_body(info.body.get())) mark_transposed_body(new_body);
+    if (transposed) mark_transposed_body(new_body);
     info.body = new_body;
     e.params = info.params();
     out.push_back(std::move(e));
