@@ -403,7 +403,7 @@ TEST_CASE("kernel scratch memory comes back from the thread's cache") {
   ScratchBuffer tiny(4096);  // a small request does not take a block far larger than it needs
   CHECK(tiny.data() != freed);
   // Requests of one size, one after another, keep taking one block (small ones are rounded up
-  // to 4 KiB, and must still fit their own rounded blocks).
+  // to a power of two, and must still fit their own rounded blocks).
   for (size_t n : {size_t(1000), size_t(5000), size_t(300000)}) {
     std::set<std::byte*> seen;
     for (int i = 0; i < 20; ++i) seen.insert(ScratchBuffer(n).data());

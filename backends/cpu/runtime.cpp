@@ -17,6 +17,7 @@
 #include "backends/cpu/buffer_communicator.h"
 #include "backends/cpu/llvm_codegen.h"
 #include "backends/cpu/process_communicator.h"
+#include "backends/cpu/size_classes.h"
 #include "cjax/collectives.h"
 #include "cjax/device.h"
 #include "cjax/errors.h"
@@ -27,17 +28,8 @@
 namespace cjax {
 namespace {
 
-constexpr size_t kAlignment = 64;
-constexpr size_t kSmallLimit = 1 << 20;  // below this, round to a power of two (bins)
-
-size_t round_size(size_t n) {
-  if (n == 0) n = 1;
-  if (n <= kSmallLimit) return std::max<size_t>(kAlignment, std::bit_ceil(n));
-  // Large blocks: round up to 1/8 of the next power of two so similar sizes share a bin.
-  size_t p = std::bit_floor(n);
-  size_t step = std::max<size_t>(p / 8, 4096);
-  return (n + step - 1) / step * step;
-}
+constexpr size_t kAlignment = cpu::kBlockAlignment;
+size_t round_size(size_t n) { return cpu::block_size_class(n); }
 
 // Physical memory plus swap (sysinfo), read once: the most any allocation could ever get.
 size_t host_memory_bytes() {

@@ -62,7 +62,7 @@ ScratchArray<T> pack(int64_t batch, int64_t rows, int64_t cols, const GemmOperan
   parallel_for(batch, grain, [&](int64_t s, int64_t e) {
     for (int64_t b = s; b < e; ++b) {
       const T* sb = src + X.batch_offset(b);
-      T* ob = out.get() + b * rows * cols;
+      T* ob = out.data() + b * rows * cols;
       if (X.trans) {
         // X[b] is row major [cols, rows] (ld X.ld): column major rows x cols, transposed.
         libxsmm_otrans(ob, sb, sizeof(T), libxsmm_blasint(rows), libxsmm_blasint(cols), libxsmm_blasint(X.ld),
@@ -91,7 +91,7 @@ ScratchArray<T> pack_panels(int64_t batch, int64_t K, int64_t N, int64_t tn, con
     for (int64_t w = s; w < e; ++w) {
       int64_t bi = w / panels, j0 = (w % panels) * tn, width = std::min(tn, N - j0);
       const T* sb = src + B.batch_offset(bi) + j0;
-      T* ob = out.get() + bi * K * N + j0 * K;
+      T* ob = out.data() + bi * K * N + j0 * K;
       for (int64_t k = 0; k < K; ++k) std::memcpy(ob + k * width, sb + k * B.ld, size_t(width) * sizeof(T));
     }
   });
@@ -128,12 +128,12 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   Kernel<T> corner = rm && rn ? dispatch<T>(rm, rn, K, ldb_edge, lda, a_trans, N, beta) : full;
   if (!full || !right || !bottom || !corner) return false;
   auto a_of = [&](int64_t bi) {
-    return packed_a ? packed_a.get() + bi * M * K : static_cast<const T*>(A.ptr) + A.batch_offset(bi);
+    return packed_a ? packed_a.data() + bi * M * K : static_cast<const T*>(A.ptr) + A.batch_offset(bi);
   };
   // The first element of B's columns from j0 for batch entry bi.
   auto b_at = [&](int64_t bi, int64_t j0) {
-    if (panels) return static_cast<const T*>(panels.get() + bi * K * N + j0 * K);
-    return (packed_b ? packed_b.get() + bi * K * N : static_cast<const T*>(B.ptr) + B.batch_offset(bi)) + j0;
+    if (panels) return static_cast<const T*>(panels.data() + bi * K * N + j0 * K);
+    return (packed_b ? packed_b.data() + bi * K * N : static_cast<const T*>(B.ptr) + B.batch_offset(bi)) + j0;
   };
   // Tasks of ~kTaskWork, but every thread gets a share once each share is worth waking it for.
   int64_t items = batch * per_batch, grain = std::max<int64_t>(1, kTaskWork / (tm * tn * K));

@@ -36,13 +36,6 @@
 namespace cjax::cpu {
 namespace {
 
-// Scratch memory, 64-byte aligned (BLAS likes aligned panels), from the thread's cache (scratch.h).
-struct Scratch {
-  explicit Scratch(size_t nbytes) : buf(std::max<size_t>(nbytes, 64)), p(buf.data()) {}
-  ScratchBuffer buf;
-  std::byte* p;
-};
-
 // Copies the strided view op(X)[b] (rows x cols) of element type S into a contiguous [batch, rows,
 // cols] array of D.
 template <class S, class D>
@@ -136,10 +129,10 @@ template <class T>
 void float_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                 T alpha = T(1), T beta = T(0)) {
   if (beta == T(0) || beta == T(1)) {  // LIBXSMM's kernels have beta 0 or 1
-    std::unique_ptr<Scratch> scratch;  // for measuring the two libraries (gemm_choice.h)
+    ScratchBuffer scratch;             // for measuring the two libraries (gemm_choice.h)
     auto run_once = [&](GemmEngine e) {
-      if (!scratch) scratch = std::make_unique<Scratch>(size_t(batch * M * N) * sizeof(T));
-      T* out = reinterpret_cast<T*>(scratch->p);
+      if (!scratch) scratch.reserve(size_t(batch * M * N) * sizeof(T));
+      T* out = reinterpret_cast<T*>(scratch.data());
       if (e == GemmEngine::blas || !xsmm_gemm<T>(batch, M, N, K, A, B, out, alpha, T(0)))
         blas_batched<T>(batch, M, N, K, A, B, out, alpha, T(0));
     };
@@ -226,7 +219,7 @@ void permute_copy(const void* src, const Shape& shape, const std::vector<int64_t
 struct GemmProblem {
   int64_t B = 1, M = 1, N = 1, K = 1;
   GemmOperand A, Bop;
-  std::unique_ptr<Scratch> la, rb;
+  ScratchBuffer la, rb;
 };
 GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam& dn) {
   const Shape &ls = lhs.shape(), &rs = rhs.shape();
@@ -241,7 +234,7 @@ GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam&
   // (batch, rows, cols) order.
   auto view = [&](const Array& x, const std::vector<int64_t>& batch, const std::vector<int64_t>& rows,
                   const std::vector<int64_t>& cols, int64_t nrows, int64_t ncols, GemmOperand& op,
-                  std::unique_ptr<Scratch>& scratch) {
+                  ScratchBuffer& scratch) {
     if (std::optional<GemmOperand> v = gemm_operand_view(x.shape(), batch, rows, cols)) {
       op = *v;
       op.ptr = raw_ptr(x);
@@ -250,9 +243,9 @@ GemmProblem gemm_problem(const Array& lhs, const Array& rhs, const DotDimsParam&
     std::vector<int64_t> order = batch;
     order.insert(order.end(), rows.begin(), rows.end());
     order.insert(order.end(), cols.begin(), cols.end());
-    scratch = std::make_unique<Scratch>(size_t(x.size()) * es);
-    permute_copy(raw_ptr(x), x.shape(), order, es, scratch->p);
-    op = GemmOperand{scratch->p, false, std::max<int64_t>(ncols, 1), nrows * ncols, {}};
+    scratch.reserve(size_t(x.size()) * es);
+    permute_copy(raw_ptr(x), x.shape(), order, es, scratch.data());
+    op = GemmOperand{scratch.data(), false, std::max<int64_t>(ncols, 1), nrows * ncols, {}};
   };
   view(lhs, dn.lhs_batch, d.lhs_free, dn.lhs_contracting, g.M, g.K, g.A, g.la);    // lhs as [B, M, K]
   view(rhs, dn.rhs_batch, dn.rhs_contracting, d.rhs_free, g.K, g.N, g.Bop, g.rb);  // rhs as [B, K, N]
@@ -317,23 +310,23 @@ void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t 
     auto run = [&](auto ctag) {
       using CT = typename decltype(ctag)::type;
       DType ct = dtype_v<CT>;
-      std::unique_ptr<Scratch> sa, sb, sc;
+      ScratchBuffer sa, sb, sc;
       GemmOperand a = A, b = B;
       if (in != ct) {  // widen (bf16/f16 -> f32, f32 -> f64, ints -> float) into canonical layout
-        sa = std::make_unique<Scratch>(size_t(batch * M * K) * sizeof(CT));
-        sb = std::make_unique<Scratch>(size_t(batch * K * N) * sizeof(CT));
+        sa.reserve(size_t(batch * M * K) * sizeof(CT));
+        sb.reserve(size_t(batch * K * N) * sizeof(CT));
         visit_dtype(in, [&](auto stag) {
           using S = typename decltype(stag)::type;
-          gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<CT*>(sa->p));
-          gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<CT*>(sb->p));
+          gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<CT*>(sa.data()));
+          gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<CT*>(sb.data()));
         });
-        a = GemmOperand{sa->p, false, K, M * K, {}};
-        b = GemmOperand{sb->p, false, N, K * N, {}};
+        a = GemmOperand{sa.data(), false, K, M * K, {}};
+        b = GemmOperand{sb.data(), false, N, K * N, {}};
       }
       CT* c = static_cast<CT*>(C);
       if (out != ct) {
-        sc = std::make_unique<Scratch>(size_t(csize) * sizeof(CT));
-        c = reinterpret_cast<CT*>(sc->p);
+        sc.reserve(size_t(csize) * sizeof(CT));
+        c = reinterpret_cast<CT*>(sc.data());
       }
       float_gemm<CT>(batch, M, N, K, a, b, c);
       if (out != ct) store_convert<CT>(c, C, out, csize);
@@ -348,26 +341,26 @@ void cpu_gemm(DType in, DType out, int64_t batch, int64_t M, int64_t N, int64_t 
   visit_dtype(out, [&](auto otag) {
     using T = typename decltype(otag)::type;
     if constexpr (!is_float_like_v<T>) {
-      std::unique_ptr<Scratch> sa, sb;
+      ScratchBuffer sa, sb;
       const T* a = static_cast<const T*>(A.ptr);
       const T* b = static_cast<const T*>(B.ptr);
       if (in != out || !is_canonical(A, batch, M, K)) {
-        sa = std::make_unique<Scratch>(size_t(batch * M * K) * sizeof(T));
+        sa.reserve(size_t(batch * M * K) * sizeof(T));
         visit_dtype(in, [&](auto stag) {
           using S = typename decltype(stag)::type;
           if constexpr (!is_float_like_v<S>)
-            gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<T*>(sa->p));
+            gather_convert(static_cast<const S*>(A.ptr), A, batch, M, K, reinterpret_cast<T*>(sa.data()));
         });
-        a = reinterpret_cast<const T*>(sa->p);
+        a = reinterpret_cast<const T*>(sa.data());
       }
       if (in != out || !is_canonical(B, batch, K, N)) {
-        sb = std::make_unique<Scratch>(size_t(batch * K * N) * sizeof(T));
+        sb.reserve(size_t(batch * K * N) * sizeof(T));
         visit_dtype(in, [&](auto stag) {
           using S = typename decltype(stag)::type;
           if constexpr (!is_float_like_v<S>)
-            gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<T*>(sb->p));
+            gather_convert(static_cast<const S*>(B.ptr), B, batch, K, N, reinterpret_cast<T*>(sb.data()));
         });
-        b = reinterpret_cast<const T*>(sb->p);
+        b = reinterpret_cast<const T*>(sb.data());
       }
       int_gemm<T>(batch, M, N, K, a, b, static_cast<T*>(C));
     }

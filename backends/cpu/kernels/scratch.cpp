@@ -1,30 +1,21 @@
 #include "backends/cpu/kernels/scratch.h"
 
-#include <algorithm>
-#include <bit>
 #include <new>
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/size_classes.h"
+
 namespace cjax::cpu {
 namespace {
 
-constexpr std::align_val_t kAlign{64};
-
-// Sizes rounded up to 1/8 of their power of two (4 KiB at least), so that requests of similar
-// sizes share blocks.
-size_t round_capacity(size_t n) {
-  size_t step = std::max<size_t>(std::bit_floor(std::max<size_t>(n, 1)) / 8, 4096);
-  return (n + step - 1) / step * step;
-}
+constexpr std::align_val_t kAlign{kBlockAlignment};
 
 struct ThreadCache {
   std::vector<std::pair<size_t, std::byte*>> blocks;  // (capacity, block), unordered
   size_t bytes = 0;
   ~ThreadCache() {
     for (auto& [cap, p] : blocks) ::operator delete(p, kAlign);
-    blocks.clear();
-    bytes = 0;
     gone = true;
   }
   // Set once the thread's cache is destroyed (thread exit): later releases free directly.
@@ -33,7 +24,7 @@ struct ThreadCache {
   // The smallest cached block that holds n bytes and is at most twice the block n would get new,
   // removed from the cache; of equal ones the last given back (its lines may still be in cache).
   std::byte* take(size_t n, size_t& capacity) {
-    size_t best = blocks.size(), most = 2 * round_capacity(n);
+    size_t best = blocks.size(), most = 2 * block_size_class(n);
     for (size_t i = blocks.size(); i-- > 0;)
       if (blocks[i].first >= n && blocks[i].first <= most &&
           (best == blocks.size() || blocks[i].first < blocks[best].first))
@@ -69,7 +60,7 @@ void ScratchBuffer::reserve(size_t nbytes) {
   if (nbytes == 0) return;
   if (!ThreadCache::gone) p_ = thread_cache().take(nbytes, capacity_);
   if (!p_) {
-    capacity_ = round_capacity(nbytes);
+    capacity_ = block_size_class(nbytes);
     p_ = static_cast<std::byte*>(::operator new(capacity_, kAlign));
   }
 }

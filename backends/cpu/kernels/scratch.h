@@ -47,7 +47,6 @@ class ScratchArray {
   explicit ScratchArray(int64_t n) : buf_(size_t(n) * sizeof(T)) {}
   void resize(int64_t n) { buf_.reserve(size_t(n) * sizeof(T)); }
   T* data() const { return buf_.as<T>(); }
-  T* get() const { return data(); }
   T& operator[](int64_t i) const { return data()[i]; }
   explicit operator bool() const { return bool(buf_); }
 
