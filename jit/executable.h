@@ -151,23 +151,30 @@ class Executable {
   bool has_effects_ = false;
   bool cheap_ = false;
   bool lockstep_ = false;
-  // A lockstep run: each phase runs program_[begin, end) per device, then its collectives (one
-  // group: none reads another's result) once for all devices, side by side.
-  // Steps whose values are the same on every device (every operand invariant: a replicated
-  // parameter's optimizer update) run once, on device 0, before the others' per-device steps;
-  // the other devices get views of their results.
+  // A lockstep run (jit/executable_lockstep.cpp): each phase runs program_[begin, end) per device,
+  // then its collectives (one group: none reads another's result) once for all devices, side by
+  // side. Steps whose results vary along no manual axis run once, on device 0, before the
+  // others; steps whose results vary along some axes only run on one device per class of devices
+  // that differ only along those axes; the other devices get views of their results.
   struct LockstepPhase {
     size_t begin = 0, end = 0;
     std::vector<size_t> collectives;
-    std::vector<size_t> once, each;      // the segment's invariant steps, and the others
-    std::vector<std::vector<int>> held;  // per `once` step: its dying operands a per-device step still reads
-    std::vector<int> shared_outputs;     // results of `once` steps
-    std::vector<int> late_release;       // operands dying at `once` steps, released after the segment
+    std::vector<size_t> once, each;               // the segment's steps the same everywhere, and per device
+    std::vector<std::vector<int>> held;           // per `once` step: its dying operands a later-run step still reads
+    std::vector<int> shared_outputs;              // results of `once` steps
+    std::vector<size_t> by_class;                 // the steps run once per class
+    std::vector<uint64_t> by_class_axes;          // per such step: the axes its class devices differ along
+    std::vector<std::vector<int>> by_class_held;  // per such step: its dying operands a per-device step reads
+    std::vector<int> late_release;  // operands dying at steps run ahead of their place, released after the segment
   };
-  // Per instruction: its results are the same on every device (false where the body's varying
-  // axes are unchecked, or outside shard_map bodies).
-  std::vector<bool> find_invariant_steps() const;
+  // Per instruction: the manual axes (bit k: axes[k]) along which its results differ between
+  // devices; every bit where the body's varying axes are unchecked.
+  std::vector<uint64_t> step_variation(const std::vector<ManualAxis>& axes) const;
   std::vector<LockstepPhase> lockstep_phases_;
+  std::vector<std::string> lockstep_axes_;  // the manual axes, in the order of the class bits
+  std::vector<uint64_t> lockstep_classes_;  // the distinct classes of by_class steps
+  // Per class: each device's class leader (flat mesh index), which runs the class's steps.
+  std::vector<std::vector<int64_t>> class_leaders(const Mesh& mesh) const;
   void plan_lockstep_phases();
   void run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,
                             bool backward, std::vector<std::vector<Array>>& slots) const;

@@ -891,3 +891,56 @@ TEST_CASE("steps whose operands are the same on every device run once, the devic
   CHECK(sqrt_kernels() == 4);
   CHECK(fv(all[0]) == fv(once[0]));
 }
+
+TEST_CASE("steps the same along one mesh axis run once per class of devices, the others sharing the result") {
+  // Megatron-style tensor parallelism under FSDP on a (fsdp 4, tensor 2) mesh: after the psum over
+  // 'tensor', the residual add and the norm are the same on both tensor devices (computed on the
+  // devices of tensor index 0); the all-gathered weight is the same along 'fsdp' (its scaling
+  // computed on the devices of fsdp index 0).
+  Mesh mesh = make_mesh({4, 2}, {"fsdp", "tensor"});
+  auto body = [](const Array& x, const Array& w_in, const Array& w_out) {
+    Array w = jnp::cos(lax::all_gather(w_in, "fsdp", {.axis = 0, .tiled = true}));  // [8, 6 / 2]
+    Array y = lax::psum(jnp::matmul(jnp::tanh(jnp::matmul(x, w)), w_out), "tensor");
+    Array z = y + x;
+    return z * lax::rsqrt(jnp::mean(z * z, {-1}, true) + 1e-6f);
+  };
+  SpecTree in_specs{P("fsdp"), P("fsdp", "tensor"), P("tensor")};
+  auto f = jit(shard_map(body, mesh, in_specs, P("fsdp")));
+  Array x = random::normal(random::key(1), {16, 8}), w_in = random::normal(random::key(2), {8, 6}) * 0.5f,
+        w_out = random::normal(random::key(3), {6, 8}) * 0.5f;
+  auto runs_of = [](const char* op) {
+    int k = 0;
+    for (const profiler::Event& e : profiler::events()) k += e.name.find(op) != std::string::npos;
+    return k;
+  };
+  f(x, w_in, w_out).block_until_ready();  // compiled
+  profiler::start();
+  Array by_class = f(x, w_in, w_out);
+  by_class.block_until_ready();
+  profiler::stop();
+  CHECK(runs_of("reduce_sum") == 4);  // the norm: one per fsdp index
+  CHECK(runs_of("cos") == 2);         // one per tensor index
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  profiler::start();
+  Array threaded = f(x, w_in, w_out);
+  threaded.block_until_ready();
+  profiler::stop();
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(runs_of("reduce_sum") == 8);
+  CHECK(runs_of("cos") == 8);
+  CHECK(fv(by_class) == fv(threaded));  // bit for bit
+  std::vector<float> got = fv(by_class), want = fv(shard_map(body, mesh, in_specs, P("fsdp"))(x, w_in, w_out));
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  // The gradient's bodies (the transposed psum and all_gather among them) agree with the threaded run too.
+  auto loss = [&](const Array& a, const Array& b, const Array& c) {
+    return jnp::sum(jnp::square(shard_map(body, mesh, in_specs, P("fsdp"))(a, b, c)));
+  };
+  auto g = jit(grad(loss, argnums<0, 1, 2>));
+  auto [gx, gw_in, gw_out] = g(x, w_in, w_out);
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  auto [tx, tw_in, tw_out] = g(x, w_in, w_out);
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(fv(gx) == fv(tx));
+  CHECK(fv(gw_in) == fv(tw_in));
+  CHECK(fv(gw_out) == fv(tw_out));
+}

@@ -1,0 +1,328 @@
+// Lockstep runs of shard_map bodies (Executable::run_lockstep): the body's instructions between two
+// collectives run for every device, devices spread over the thread pool, then the collectives run
+// once for all devices.
+//
+// Values that are the same on several devices are computed once and shared. A step's results
+// vary along a set of the body's manual axes, worked out from how values flow at run time rather
+// than from their types: an all_gather's or a psum's result is the same on every member of its
+// group (the group is combined once and every member gets a view), so it varies only along the
+// axes its operand varies along, less the collective's axes; a pvary changes the type, not the
+// value. Each step then runs
+//  - once, on device 0, with its kernels spread over the pool, when its results vary along no
+//    axis (an optimizer update of a replicated parameter, the transpose of an all-gathered weight
+//    in FSDP);
+//  - on one device per class, when they vary along some axes only: the devices whose coordinates
+//    along the other axes are 0 compute it, and the devices that differ from them only along
+//    those axes get views of their results. Under tensor parallelism, the activations after the
+//    psum over 'tensor' (the residual add, the norm, the logits and the loss) are computed on the
+//    fsdp devices of tensor index 0, not twice over, as Megatron's sequence parallelism would
+//    avoid too, without changing the program;
+//  - on every device otherwise.
+// A step that a class-wise step of the same segment reads runs on every device that reads it (its
+// class includes the reader's), so each device's class-wise steps need no other device's results.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <string_view>
+#include <unordered_map>
+
+#include "cjax/profiler.h"
+#include "cjax/sharding.h"
+#include "core/array/array_impl.h"
+#include "core/array/spmd.h"
+#include "core/array/trace.h"
+#include "core/backend/parallel.h"
+#include "core/spmd/collectives.h"
+#include "jit/executable.h"
+#include "jit/profile_internal.h"
+
+namespace cjax {
+namespace {
+
+// How a collective's result varies across its group: the same on every member (combined or
+// gathered once), one per member, or as its type says (a collective this table does not know).
+enum class GroupResult { Same, PerMember, Typed };
+GroupResult group_result(const PrimitiveDef& def) {
+  static const std::unordered_map<std::string_view, GroupResult> known{
+      {"psum", GroupResult::Same},
+      {"psum_invariant", GroupResult::Same},
+      {"pmax", GroupResult::Same},
+      {"pmin", GroupResult::Same},
+      {"all_gather", GroupResult::Same},
+      {"all_gather_invariant", GroupResult::Same},
+      {"pbroadcast", GroupResult::Same},
+      {"reduce_scatter", GroupResult::PerMember},
+      {"ppermute", GroupResult::PerMember},
+      {"all_to_all", GroupResult::PerMember},
+      {"axis_index", GroupResult::PerMember},
+  };
+  auto it = known.find(def.name);
+  return it == known.end() ? GroupResult::Typed : it->second;
+}
+
+}  // namespace
+
+std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& axes) const {
+  constexpr uint64_t kEveryAxis = ~uint64_t(0);
+  std::vector<uint64_t> vary(program_.size(), kEveryAxis);
+  // Types say how body inputs vary only where every manual axis checks varying axes (with
+  // check_vma off, every type is unvarying).
+  if (axes.empty() || axes.size() > 64 ||
+      !std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma && !a.batch; }))
+    return vary;
+  auto mask_of = [&](const std::vector<std::string>& names) {
+    uint64_t m = 0;
+    for (const std::string& n : names)
+      for (size_t k = 0; k < axes.size(); ++k)
+        if (axes[k].name == n) m |= uint64_t(1) << k;
+    return m;
+  };
+  const Jaxpr& j = *optimized_;
+  std::vector<uint64_t> slot(num_slots_, 0);  // constants: the same everywhere
+  for (size_t k = 0; k < in_slots_.size(); ++k) slot[size_t(in_slots_[k])] = mask_of(j.invars()[k].aval().vma);
+  for (size_t i = 0; i < program_.size(); ++i) {
+    const Instr& instr = program_[i];
+    uint64_t in = 0;
+    for (int s : instr.inputs)
+      if (s >= 0) in |= slot[size_t(s)];
+    uint64_t out = in;
+    if (instr.def && needs_all_devices(*instr.def)) {
+      uint64_t group = mask_of(collective_axes(instr.params));
+      switch (group_result(*instr.def)) {
+        case GroupResult::Same: out = in & ~group; break;
+        case GroupResult::PerMember: out = in | group; break;
+        case GroupResult::Typed:
+          out = 0;
+          for (const Var& v : plan_.steps[i].eqn.outputs) out |= mask_of(v.aval().vma);
+          break;
+      }
+    }
+    vary[i] = out;
+    for (int s : instr.outputs)
+      if (s >= 0) slot[size_t(s)] = out;
+  }
+  return vary;
+}
+
+void Executable::plan_lockstep_phases() {
+  LockstepPhase phase;
+  std::vector<bool> group_output(num_slots_, false);
+  auto next_phase = [&](size_t i) {
+    lockstep_phases_.push_back(std::move(phase));
+    phase = LockstepPhase();
+    phase.begin = phase.end = i;
+    std::fill(group_output.begin(), group_output.end(), false);
+  };
+  for (size_t i = 0; i < program_.size(); ++i) {
+    const Instr& instr = program_[i];
+    if (!instr.def || !needs_all_devices(*instr.def)) {
+      if (!phase.collectives.empty()) next_phase(i);  // compute after a group
+      phase.end = i + 1;
+      continue;
+    }
+    bool reads_group =
+        std::any_of(instr.inputs.begin(), instr.inputs.end(), [&](int s) { return s >= 0 && group_output[size_t(s)]; });
+    if (reads_group) next_phase(i);  // a collective of a collective's result: a group of its own
+    phase.collectives.push_back(i);
+    for (int s : instr.outputs)
+      if (s >= 0) group_output[size_t(s)] = true;
+  }
+  lockstep_phases_.push_back(std::move(phase));
+
+  std::vector<ManualAxis> axes = manual_axes_in_scope();
+  uint64_t every_axis = 0;  // the axes along which devices differ (size 1 axes never do)
+  for (size_t k = 0; k < axes.size() && k < 64; ++k) {
+    lockstep_axes_.push_back(axes[k].name);
+    if (axes[k].size > 1) every_axis |= uint64_t(1) << k;
+  }
+  std::vector<uint64_t> vary = step_variation(axes);
+  for (LockstepPhase& p : lockstep_phases_) {
+    // Classes, last step first: a step runs wherever a class-wise reader in its segment does.
+    std::unordered_map<int, uint64_t> readers_class;
+    std::vector<uint64_t> cls(p.end - p.begin);
+    for (size_t i = p.end; i-- > p.begin;) {
+      uint64_t c = vary[i] & every_axis;
+      if (c != 0)
+        for (int s : program_[i].outputs)
+          if (auto it = readers_class.find(s); s >= 0 && it != readers_class.end()) c |= it->second;
+      cls[i - p.begin] = c;
+      if (c != 0 && c != every_axis)
+        for (int s : program_[i].inputs)
+          if (s >= 0) readers_class[s] |= c;
+    }
+    for (size_t i = p.begin; i < p.end; ++i) {
+      uint64_t c = cls[i - p.begin];
+      if (c == 0) {
+        p.once.push_back(i);
+      } else if (c == every_axis) {
+        p.each.push_back(i);
+      } else {
+        p.by_class.push_back(i);
+        p.by_class_axes.push_back(c);
+        if (std::find(lockstep_classes_.begin(), lockstep_classes_.end(), c) == lockstep_classes_.end())
+          lockstep_classes_.push_back(c);
+      }
+    }
+    // Steps run ahead of per-device steps that precede them in the program keep the operands
+    // those still read, and release theirs after the segment.
+    auto held_operands = [&](size_t i, const std::vector<size_t>& earlier_readers) {
+      std::vector<int> held;
+      for (int s : program_[i].release) {
+        p.late_release.push_back(s);
+        bool read_before = std::any_of(earlier_readers.begin(), earlier_readers.end(), [&](size_t e) {
+          return e < i && std::count(program_[e].inputs.begin(), program_[e].inputs.end(), s) > 0;
+        });
+        if (read_before) held.push_back(s);
+      }
+      return held;
+    };
+    std::vector<size_t> after_once = p.each;
+    after_once.insert(after_once.end(), p.by_class.begin(), p.by_class.end());
+    for (size_t i : p.once) {
+      p.held.push_back(held_operands(i, after_once));
+      for (int s : program_[i].outputs)
+        if (s >= 0) p.shared_outputs.push_back(s);
+    }
+    for (size_t i : p.by_class) p.by_class_held.push_back(held_operands(i, p.each));
+  }
+}
+void Executable::run_collective_group(const LockstepPhase& phase, const Mesh& mesh, const std::vector<ManualAxis>& axes,
+                                      bool backward, std::vector<std::vector<Array>>& slots) const {
+  size_t n = slots.size(), m = phase.collectives.size();
+  std::vector<std::vector<std::vector<Array>>> outs(m);
+  auto run_one = [&](size_t g) {
+    const Instr& instr = program_[phase.collectives[g]];
+    std::vector<std::vector<Array>> group_in(n);
+    for (size_t d = 0; d < n; ++d)
+      for (size_t k = 0; k < instr.inputs.size(); ++k)
+        group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
+    bool profiling = profiler::enabled();
+    ProfileScope timing(profiling);
+    outs[g] = run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
+                                            backward || instr.backward);
+    if (profiling) timing.record(instr.def->name, name_);
+  };
+  // Each collective of the group on its own pool task (its own work then runs serially); the
+  // collective recorder sees them one at a time, in program order.
+  if (m == 1 || collective_observer_set()) {
+    for (size_t g = 0; g < m; ++g) run_one(g);
+  } else {
+    parallel_for(int64_t(m), 1, [&](int64_t b, int64_t e) {
+      AxisEnvScope env(axes);
+      TraceScope eval(eval_trace());
+      for (int64_t g = b; g < e; ++g) run_one(size_t(g));
+    });
+  }
+  for (size_t g = 0; g < m; ++g) {
+    const Instr& instr = program_[phase.collectives[g]];
+    for (size_t d = 0; d < n; ++d) {
+      for (size_t k = 0; k < outs[g][d].size(); ++k) slots[d][size_t(instr.outputs[k])] = std::move(outs[g][d][k]);
+    }
+  }
+  for (size_t c : phase.collectives)
+    for (size_t d = 0; d < n; ++d)
+      for (int s : program_[c].release) slots[d][size_t(s)] = Array();
+}
+
+std::vector<std::vector<int64_t>> Executable::class_leaders(const Mesh& mesh) const {
+  size_t n = size_t(mesh.size());
+  std::vector<std::vector<int64_t>> leaders;
+  for (uint64_t c : lockstep_classes_) {
+    // The mesh axes a class keeps (the others are set to 0 in its leader's coordinates).
+    std::vector<bool> kept(mesh.shape().size(), false);
+    for (size_t k = 0; k < lockstep_axes_.size(); ++k)
+      if (int a = mesh.axis_index(lockstep_axes_[k]); a >= 0 && (c >> k & 1)) kept[size_t(a)] = true;
+    std::vector<int64_t> leader(n);
+    for (size_t d = 0; d < n; ++d) {
+      std::vector<int64_t> coords = mesh.coords(int64_t(d));
+      int64_t flat = 0;
+      for (size_t a = 0; a < coords.size(); ++a) flat = flat * mesh.shape()[a] + (kept[a] ? coords[a] : 0);
+      leader[d] = flat;
+    }
+    leaders.push_back(std::move(leader));
+  }
+  return leaders;
+}
+
+std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const std::vector<ManualAxis>& axes,
+                                                         bool backward, bool parallel,
+                                                         std::vector<std::vector<Array>> inputs) const {
+  size_t n = inputs.size();
+  AxisEnvScope env(axes);
+  std::vector<std::vector<Array>> slots(n);
+  std::vector<std::vector<bool>> donated(n);
+  for (size_t d = 0; d < n; ++d) {
+    bind_inputs(inputs[d], {}, slots[d], donated[d]);
+    inputs[d].clear();
+  }
+  TraceScope scope(eval_trace());
+  std::vector<std::vector<int64_t>> leaders = class_leaders(mesh);
+  auto leader_of = [&](uint64_t c, size_t d) {
+    size_t k = size_t(std::find(lockstep_classes_.begin(), lockstep_classes_.end(), c) - lockstep_classes_.begin());
+    return size_t(leaders[k][d]);
+  };
+  // Runs `body(d)` for every device, one pool task per device when `parallel`.
+  auto for_devices = [&](const auto& body) {
+    auto range = [&](int64_t b, int64_t e) {
+      for (int64_t d = b; d < e; ++d) {
+        SpmdScope spmd({&mesh, d, nullptr, backward});
+        body(size_t(d));
+      }
+    };
+    if (!parallel) return range(0, int64_t(n));
+    parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
+      AxisEnvScope env(axes);
+      TraceScope eval(eval_trace());
+      range(b, e);
+    });
+  };
+  // Runs a step ahead of its place in the program, keeping the operands in `held` alive.
+  auto run_ahead = [&](size_t i, const std::vector<int>& held_slots, size_t d) {
+    std::vector<Array> held;
+    for (int s : held_slots) held.push_back(slots[d][size_t(s)]);
+    run_instr(program_[i], slots[d], donated[d]);
+    for (size_t h = 0; h < held.size(); ++h) slots[d][size_t(held_slots[h])] = std::move(held[h]);
+  };
+  // The program splits at its collectives into segments in which the devices are independent:
+  // each device runs a whole segment on one pool thread (its kernels serially: the devices are
+  // the parallelism), and the devices meet only at the collectives, which schedule_collectives
+  // gathered into as few groups as the data allows. Meeting at every instruction instead cost a
+  // pool barrier per instruction (~25% idle time in the transformer's FSDP step, mostly in small
+  // optimizer kernels).
+  auto run_segment = [&](const LockstepPhase& phase) {
+    if (!phase.once.empty()) {  // on device 0, each kernel spread over the pool
+      SpmdScope spmd({&mesh, 0, nullptr, backward});
+      for (size_t k = 0; k < phase.once.size(); ++k) run_ahead(phase.once[k], phase.held[k], 0);
+      for (int s : phase.shared_outputs)
+        if (slots[0][size_t(s)].defined())
+          for (size_t d = 1; d < n; ++d) slots[d][size_t(s)] = shared_on_device(slots[0][size_t(s)], mesh.devices()[d]);
+    }
+    if (!phase.by_class.empty()) {  // on each class's leader, then shared with its members
+      for_devices([&](size_t d) {
+        for (size_t k = 0; k < phase.by_class.size(); ++k)
+          if (leader_of(phase.by_class_axes[k], d) == d) run_ahead(phase.by_class[k], phase.by_class_held[k], d);
+      });
+      for (size_t k = 0; k < phase.by_class.size(); ++k)
+        for (int s : program_[phase.by_class[k]].outputs)
+          for (size_t d = 0; s >= 0 && d < n; ++d)
+            if (size_t l = leader_of(phase.by_class_axes[k], d); l != d && slots[l][size_t(s)].defined())
+              slots[d][size_t(s)] = shared_on_device(slots[l][size_t(s)], mesh.devices()[d]);
+    }
+    if (!phase.each.empty())
+      for_devices([&](size_t d) {
+        for (size_t i : phase.each) run_instr(program_[i], slots[d], donated[d]);
+      });
+    for (int s : phase.late_release)
+      for (size_t d = 0; d < n; ++d) slots[d][size_t(s)] = Array();
+  };
+  for (const LockstepPhase& phase : lockstep_phases_) {
+    run_segment(phase);
+    if (!phase.collectives.empty()) run_collective_group(phase, mesh, axes, backward, slots);
+  }
+  std::vector<std::vector<Array>> outs(n);
+  for (size_t d = 0; d < n; ++d) outs[d] = collect_outputs(slots[d]);
+  return outs;
+}
+
+}  // namespace cjax
