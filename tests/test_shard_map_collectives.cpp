@@ -786,22 +786,28 @@ TEST_CASE("an FSDP body meets the other devices twice: weights gathered together
 
 TEST_CASE("psum_scatter sums each member's chunk along any dimension, in member order") {
   Mesh mesh = mesh_i();
-  // Blocks [2, 8, 3] per device; member k gets columns [2k, 2k+2) of dimension 1, summed over
-  // the devices in order 0..3.
-  Array x = random::normal(random::key(7), {8, 8, 3});
-  auto f = shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.scatter_dimension = 1, .tiled = true}); },
-                     mesh, P("i"), P(None, "i"));
-  std::vector<float> got = fv(jit(f)(x)), all = fv(x);
-  REQUIRE(got.size() == size_t(2 * 8 * 3));
-  for (int64_t r = 0; r < 2; ++r)
-    for (int64_t c = 0; c < 8; ++c)
-      for (int64_t e = 0; e < 3; ++e) {
-        float want = 0;
-        for (int64_t d = 0; d < 4; ++d)
-          want =
-              d == 0 ? all[size_t(((d * 2 + r) * 8 + c) * 3 + e)] : want + all[size_t(((d * 2 + r) * 8 + c) * 3 + e)];
-        CHECK(got[size_t((r * 8 + c) * 3 + e)] == want);
-      }
+  // Blocks [rows, 8, 3] per device; member k gets columns [2k, 2k+2) of dimension 1, summed over
+  // the devices in order 0..3 (with 700 rows, the runs of 6 elements span several blocks of the
+  // combination).
+  for (int64_t rows : {2, 700}) {
+    CAPTURE(rows);
+    Array x = random::normal(random::key(7), {4 * rows, 8, 3});
+    auto f =
+        shard_map([](const Array& b) { return lax::psum_scatter(b, "i", {.scatter_dimension = 1, .tiled = true}); },
+                  mesh, P("i"), P(None, "i"));
+    std::vector<float> got = fv(jit(f)(x)), all = fv(x);
+    REQUIRE(got.size() == size_t(rows * 8 * 3));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < 8; ++c)
+        for (int64_t e = 0; e < 3; ++e) {
+          float want = 0;
+          for (int64_t d = 0; d < 4; ++d) {
+            float v = all[size_t(((d * rows + r) * 8 + c) * 3 + e)];
+            want = d == 0 ? v : want + v;
+          }
+          CHECK(got[size_t((r * 8 + c) * 3 + e)] == want);
+        }
+  }
 }
 
 TEST_CASE("a psum's result is one buffer that the group's CPU devices share, never written in place") {

@@ -63,7 +63,25 @@ void combine_range(ReduceOp op, std::span<const Array> xs, const Array& out, int
       std::vector<const T*> in(xs.size());
       for (size_t j = 0; j < xs.size(); ++j) in[j] = data_ptr<const T>(xs[j]);
       for (int64_t b = lo; b < hi;) {
-        int64_t within = b % c.run, e = std::min({hi, b + kBlock, b - within + c.run});
+        int64_t within = b % c.run;
+        if (within == 0 && c.run < kBlock / 2 && hi - b >= 2 * c.run) {
+          // Short runs (a reduce_scatter along a minor dimension): whole rows per block, so each
+          // member's pass covers a block, not one run.
+          int64_t rows = std::min((hi - b) / c.run, kBlock / c.run), row0 = b / c.run;
+          T* o = first + b;
+          for (size_t j = 0; j < in.size(); ++j)
+            for (int64_t r = 0; r < rows; ++r) {
+              const T* x = in[j] + (row0 + r) * c.stride + c.offset;
+              T* orow = o + r * c.run;
+              if (j == 0)
+                for (int64_t i = 0; i < c.run; ++i) orow[i] = x[i];
+              else
+                for (int64_t i = 0; i < c.run; ++i) orow[i] = combine(orow[i], x[i]);
+            }
+          b += rows * c.run;
+          continue;
+        }
+        int64_t e = std::min({hi, b + kBlock, b - within + c.run});
         int64_t src = (b / c.run) * c.stride + c.offset + within, len = e - b;
         T* o = first + b;
         std::copy(in[0] + src, in[0] + src + len, o);
@@ -578,18 +596,35 @@ std::vector<std::vector<Array>> run_collective_on_all_devices(const PrimitiveDef
   bool same_for_group =
       !inputs[0].empty() && (is_reduction(def) || &def == &g_all_gather || &def == &g_all_gather_invariant);
   if (same_for_group && is_reduction(def)) {
-    // Each group is combined once, in member order, element ranges in parallel: the same values,
-    // bit for bit, as one thread per device, without each member summing the whole group again.
+    // Each group is combined once, in member order, element ranges of every group in parallel
+    // (the groups of a psum over 'tensor' under FSDP are small, but there are several): the same
+    // values, bit for bit, as one thread per device, without each member summing the whole group
+    // again.
+    struct Piece {
+      size_t group;
+      int64_t lo, hi;
+    };
+    constexpr int64_t kPiece = int64_t(1) << 13;
+    std::vector<std::vector<Array>> members;
+    std::vector<Array> results;
+    std::vector<Piece> pieces;
     for (size_t d = 0; d < n; ++d) {
       if (first[d] != int64_t(d)) continue;
       std::vector<Array> xs;
       for (int64_t m : axis_group(mesh, axes, int64_t(d))) xs.push_back(inputs[size_t(m)][0]);
-      SpmdScope on_device({&mesh, int64_t(d), nullptr, backward});
       Array out = make_uninitialized(local_aval(xs[0].aval()), concrete(xs[0])->device());
-      parallel_for(out.size(), int64_t(1) << 15,
-                   [&](int64_t lo, int64_t hi) { combine_range(reduce_op_of(def), xs, out, lo, hi); });
+      for (int64_t lo = 0; lo < out.size(); lo += kPiece)
+        pieces.push_back({results.size(), lo, std::min(out.size(), lo + kPiece)});
+      members.push_back(std::move(xs));
+      results.push_back(out);
       outs[d] = {out};
     }
+    parallel_for(int64_t(pieces.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const Piece& pc = pieces[size_t(k)];
+        combine_range(reduce_op_of(def), members[pc.group], results[pc.group], pc.lo, pc.hi);
+      }
+    });
   } else {
     parallel_for(int64_t(n), 1, [&](int64_t b, int64_t e) {
       for (int64_t d = b; d < e; ++d) {
