@@ -107,8 +107,9 @@ bool fusion_enabled() {
   return !env_flag("CJAX_DISABLE_FUSION");
 }
 
-Executable::Executable(const ClosedJaxpr& traced, std::string name)
-    : name_(std::move(name)),
+Executable::Executable(const ClosedJaxpr& traced, std::string name, std::vector<std::vector<std::string>> input_axes)
+    : input_axes_(std::move(input_axes)),
+      name_(std::move(name)),
       optimized_(optimize(*splat_constants(*traced, traced.consts), traced.consts)),
       consts_(traced.consts) {
   const Jaxpr& j = *optimized_;

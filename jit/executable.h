@@ -40,7 +40,10 @@ namespace cjax {
 class Executable {
  public:
   // `name` labels dumps and profiles (the jit function's name).
-  explicit Executable(const ClosedJaxpr& traced, std::string name = "jit");
+  // `input_axes`: for a shard_map body, the mesh axes each input's block varies along (its
+  // in_spec's), where known; they decide which steps a lockstep run shares between devices.
+  explicit Executable(const ClosedJaxpr& traced, std::string name = "jit",
+                      std::vector<std::vector<std::string>> input_axes = {});
   // Runs on concrete inputs (one per invar of the traced jaxpr) on the caller's thread. The
   // buffers of `donated` arguments may be reused for outputs. Arguments on a device platform
   // (a GPU) run the program there: see run_on_device.
@@ -131,6 +134,7 @@ class Executable {
   // Whether output o of the kernel may take its input's buffer (nothing else holds it).
   bool may_write_in_place(const Instr& in, const std::vector<Array>& slots, const std::vector<bool>& donated) const;
 
+  std::vector<std::vector<std::string>> input_axes_;  // as given to the constructor
   std::string name_;
   std::shared_ptr<const Jaxpr> optimized_;
   FusionPlan plan_;
@@ -167,9 +171,12 @@ class Executable {
     std::vector<std::vector<int>> by_class_held;  // per such step: its dying operands a per-device step reads
     std::vector<int> late_release;  // operands dying at steps run ahead of their place, released after the segment
   };
-  // Per instruction: the manual axes (bit k: axes[k]) along which its results differ between
-  // devices; every bit where the body's varying axes are unchecked.
-  std::vector<uint64_t> step_variation(const std::vector<ManualAxis>& axes) const;
+  // The manual axes (bit k: axes[k]) along which values differ between devices, per instruction
+  // (any of its results) and per slot; every bit where unknown.
+  struct Variation {
+    std::vector<uint64_t> step, slot;
+  };
+  Variation step_variation(const std::vector<ManualAxis>& axes) const;
   std::vector<LockstepPhase> lockstep_phases_;
   std::vector<std::string> lockstep_axes_;  // the manual axes, in the order of the class bits
   std::vector<uint64_t> lockstep_classes_;  // the distinct classes of by_class steps

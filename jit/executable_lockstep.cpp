@@ -7,7 +7,9 @@
 // than from their types: an all_gather's or a psum's result is the same on every member of its
 // group (the group is combined once and every member gets a view), so it varies only along the
 // axes its operand varies along, less the collective's axes; a pvary changes the type, not the
-// value. Each step then runs
+// value; a body input varies along the axes its in_spec names (also where the body's types are
+// unchecked, as sharded jit's are); each result of a fused kernel varies as the inputs it reads.
+// Each step then runs
 //  - once, on device 0, with its kernels spread over the pool, when its results vary along no
 //    axis (an optimizer update of a replicated parameter, the transpose of an all-gathered weight
 //    in FSDP);
@@ -63,14 +65,17 @@ GroupResult group_result(const PrimitiveDef& def) {
 
 }  // namespace
 
-std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& axes) const {
+Executable::Variation Executable::step_variation(const std::vector<ManualAxis>& axes) const {
   constexpr uint64_t kEveryAxis = ~uint64_t(0);
-  std::vector<uint64_t> vary(program_.size(), kEveryAxis);
-  // Types say how body inputs vary only where every manual axis checks varying axes (with
-  // check_vma off, every type is unvarying).
-  if (axes.empty() || axes.size() > 64 ||
-      !std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma && !a.batch; }))
-    return vary;
+  Variation v{std::vector<uint64_t>(program_.size(), kEveryAxis), std::vector<uint64_t>(num_slots_, kEveryAxis)};
+  // How the body's inputs vary: by their in_specs where the runner gave them, else by their types,
+  // which say so only where every manual axis checks varying axes (with check_vma off, every type
+  // is unvarying).
+  bool typed = std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma; });
+  bool by_spec = input_axes_.size() == in_slots_.size() && !in_slots_.empty();
+  if (axes.empty() || axes.size() > 64 || (!typed && !by_spec) ||
+      std::any_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.batch; }))
+    return v;
   auto mask_of = [&](const std::vector<std::string>& names) {
     uint64_t m = 0;
     for (const std::string& n : names)
@@ -79,30 +84,45 @@ std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& 
     return m;
   };
   const Jaxpr& j = *optimized_;
-  std::vector<uint64_t> slot(num_slots_, 0);  // constants: the same everywhere
-  for (size_t k = 0; k < in_slots_.size(); ++k) slot[size_t(in_slots_[k])] = mask_of(j.invars()[k].aval().vma);
+  std::vector<uint64_t>& slot = v.slot;
+  std::fill(slot.begin(), slot.end(), 0);  // constants: the same everywhere
+  for (size_t k = 0; k < in_slots_.size(); ++k)
+    slot[size_t(in_slots_[k])] = mask_of(by_spec ? input_axes_[k] : j.invars()[k].aval().vma);
   for (size_t i = 0; i < program_.size(); ++i) {
     const Instr& instr = program_[i];
     uint64_t in = 0;
     for (int s : instr.inputs)
       if (s >= 0) in |= slot[size_t(s)];
-    uint64_t out = in;
-    if (instr.def && needs_all_devices(*instr.def)) {
-      uint64_t group = mask_of(collective_axes(instr.params));
-      switch (group_result(*instr.def)) {
-        case GroupResult::Same: out = in & ~group; break;
-        case GroupResult::PerMember: out = in | group; break;
-        case GroupResult::Typed:
-          out = 0;
-          for (const Var& v : plan_.steps[i].eqn.outputs) out |= mask_of(v.aval().vma);
-          break;
+    std::vector<uint64_t> out(instr.outputs.size(), in);
+    if (instr.kernel >= 0) {
+      // A fused kernel may compute independent results side by side: each varies only as the
+      // inputs it reads do.
+      const KernelSpec& spec = plan_.kernels[size_t(instr.kernel)].spec;
+      std::vector<uint64_t> node(spec.nodes.size(), 0);
+      for (size_t n = 0; n < spec.nodes.size(); ++n) {
+        const KernelNode& kn = spec.nodes[n];
+        if (kn.op == KernelNode::Op::Load && instr.inputs[size_t(kn.input)] >= 0)
+          node[n] = slot[size_t(instr.inputs[size_t(kn.input)])];
+        for (int a : kn.args) node[n] |= node[size_t(a)];
       }
+      for (size_t o = 0; o < out.size(); ++o) out[o] = node[size_t(spec.outputs[o].node)];
+    } else if (instr.def && needs_all_devices(*instr.def)) {
+      uint64_t group = mask_of(collective_axes(instr.params));
+      for (size_t o = 0; o < out.size(); ++o) switch (group_result(*instr.def)) {
+          case GroupResult::Same: out[o] = in & ~group; break;
+          case GroupResult::PerMember: out[o] = in | group; break;
+          case GroupResult::Typed:
+            out[o] = (typed ? 0 : kEveryAxis) | mask_of(plan_.steps[i].eqn.outputs[o].aval().vma);
+            break;
+        }
     }
-    vary[i] = out;
-    for (int s : instr.outputs)
-      if (s >= 0) slot[size_t(s)] = out;
+    v.step[i] = 0;
+    for (size_t o = 0; o < out.size(); ++o) {
+      v.step[i] |= out[o];
+      if (instr.outputs[o] >= 0) slot[size_t(instr.outputs[o])] = out[o];
+    }
   }
-  return vary;
+  return v;
 }
 
 void Executable::plan_lockstep_phases() {
@@ -136,20 +156,34 @@ void Executable::plan_lockstep_phases() {
     lockstep_axes_.push_back(axes[k].name);
     if (axes[k].size > 1) every_axis |= uint64_t(1) << k;
   }
-  std::vector<uint64_t> vary = step_variation(axes);
+  std::vector<uint64_t> vary = step_variation(axes).step;
   for (LockstepPhase& p : lockstep_phases_) {
-    // Classes, last step first: a step runs wherever a class-wise reader in its segment does.
-    std::unordered_map<int, uint64_t> readers_class;
+    // Classes: a step runs wherever a class-wise reader in its segment does (its class grows to
+    // include the reader's), and a step reading a result of its segment runs where that result's
+    // step does, or on every device if that step does (it runs after them); until neither changes.
     std::vector<uint64_t> cls(p.end - p.begin);
-    for (size_t i = p.end; i-- > p.begin;) {
-      uint64_t c = vary[i] & every_axis;
-      if (c != 0)
-        for (int s : program_[i].outputs)
-          if (auto it = readers_class.find(s); s >= 0 && it != readers_class.end()) c |= it->second;
-      cls[i - p.begin] = c;
-      if (c != 0 && c != every_axis)
-        for (int s : program_[i].inputs)
-          if (s >= 0) readers_class[s] |= c;
+    std::unordered_map<int, size_t> producer;  // slot -> step of this segment
+    for (size_t i = p.begin; i < p.end; ++i) {
+      cls[i - p.begin] = vary[i] & every_axis;
+      for (int s : program_[i].outputs)
+        if (s >= 0) producer[s] = i;
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      auto widen = [&](size_t i, uint64_t c) {
+        uint64_t& mine = cls[i - p.begin];
+        if ((mine | c) != mine) mine |= c, changed = true;
+      };
+      for (size_t i = p.end; i-- > p.begin;) {
+        uint64_t c = cls[i - p.begin];
+        for (int s : program_[i].inputs) {
+          auto it = s >= 0 ? producer.find(s) : producer.end();
+          if (it == producer.end()) continue;
+          uint64_t pc = cls[it->second - p.begin];
+          if (c != 0 && c != every_axis && pc != 0) widen(it->second, c);
+          if (pc != 0) widen(i, pc == every_axis ? every_axis : pc);
+        }
+      }
     }
     for (size_t i = p.begin; i < p.end; ++i) {
       uint64_t c = cls[i - p.begin];

@@ -18,7 +18,8 @@ namespace cjax {
 namespace {
 
 std::shared_ptr<const Executable> executable_for(const std::shared_ptr<const Jaxpr>& body,
-                                                 const std::vector<ManualAxis>& axes) {
+                                                 const std::vector<ManualAxis>& axes,
+                                                 const std::vector<std::vector<std::string>>& input_axes) {
   static std::mutex mu;
   static std::unordered_map<const Jaxpr*, std::pair<std::shared_ptr<const Jaxpr>, std::shared_ptr<const Executable>>>
       cache;
@@ -30,7 +31,7 @@ std::shared_ptr<const Executable> executable_for(const std::shared_ptr<const Jax
   std::shared_ptr<const Executable> exe;
   {
     AxisEnvScope env(axes);
-    exe = std::make_shared<const Executable>(ClosedJaxpr{body, {}});
+    exe = std::make_shared<const Executable>(ClosedJaxpr{body, {}}, "jit", input_axes);
   }
   std::lock_guard lk(mu);
   if (cache.size() >= 512) cache.clear();  // bodies of eager one-equation programs come and go
@@ -39,8 +40,10 @@ std::shared_ptr<const Executable> executable_for(const std::shared_ptr<const Jax
 }
 
 std::vector<std::vector<Array>> run_spmd(const std::shared_ptr<const Jaxpr>& body, const Mesh& mesh,
-                                         const std::vector<ManualAxis>& axes, std::vector<std::vector<Array>> inputs) {
-  std::shared_ptr<const Executable> exe = executable_for(body, axes);
+                                         const std::vector<ManualAxis>& axes,
+                                         const std::vector<std::vector<std::string>>& input_axes,
+                                         std::vector<std::vector<Array>> inputs) {
+  std::shared_ptr<const Executable> exe = executable_for(body, axes, input_axes);
   size_t n = size_t(mesh.size());
   bool backward = is_transposed_body(body.get());
   // At run time values are concrete (their types carry no varying axes): the axes are bound for

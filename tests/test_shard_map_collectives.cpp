@@ -887,14 +887,15 @@ TEST_CASE("steps whose operands are the same on every device run once, the devic
     std::vector<float> a = fv(once[k]), b = fv(eager[k]);
     for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
   }
-  // Unchecked varying axes say nothing about which values agree: every device runs every step.
+  // With varying axes unchecked (as sharded jit's bodies are), the in_specs still say which
+  // inputs agree: the update runs once too.
   auto unchecked = jit(shard_map(body, mesh, {P(), P(), P("i")}, {P(), P(), P("i")}, {.check_vma = false}));
   for (const Array& a : unchecked(w, v, x)) a.block_until_ready();
   profiler::start();
   std::vector<Array> all = unchecked(w, v, x);
   for (const Array& a : all) a.block_until_ready();
   profiler::stop();
-  CHECK(sqrt_kernels() == 4);
+  CHECK(sqrt_kernels() == 1);
   CHECK(fv(all[0]) == fv(once[0]));
 }
 

@@ -422,7 +422,10 @@ std::vector<Array> shard_map_impl(std::span<const Array> in, std::span<const Abs
     std::vector<Array> blocks = slice_blocks(in[i], info.mesh, info.in_specs[i]);
     for (size_t d = 0; d < n; ++d) per_device[d].push_back(std::move(blocks[d]));
   }
-  std::vector<std::vector<Array>> outs = spmd_runner()(info.body, info.mesh, info.axis_frame(), std::move(per_device));
+  std::vector<std::vector<std::string>> input_axes;
+  for (const PartitionSpec& s : info.in_specs) input_axes.push_back(s.mentioned_axes());
+  std::vector<std::vector<Array>> outs =
+      spmd_runner()(info.body, info.mesh, info.axis_frame(), input_axes, std::move(per_device));
   std::vector<Array> result;
   for (size_t k = 0; k < out_avals.size(); ++k) {
     std::vector<Array> blocks;

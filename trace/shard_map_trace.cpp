@@ -154,7 +154,7 @@ class ShardMapTrace final : public Trace {
       per_device[d] = call.consts;
       for (auto& b : blocks) per_device[d].push_back(b[d]);
     }
-    return spmd_runner()(call.jaxpr, ctx_->mesh, ctx_->frame(), std::move(per_device));
+    return spmd_runner()(call.jaxpr, ctx_->mesh, ctx_->frame(), {}, std::move(per_device));
   }
   std::shared_ptr<EagerContext> ctx_;
 };

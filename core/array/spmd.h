@@ -126,8 +126,13 @@ class Jaxpr;
 // on the thread pool, then the collective once for all devices. The others run concurrently on every device's worker
 // thread, their collectives meeting through one communicator (with a timeout instead of a hang). CJAX_SPMD_THREADS=1
 // runs every body on the device workers.
+// `input_axes`, where known: per body input, the mesh axes its block varies along (the axes its
+// in_spec names; a block is the same on devices that differ only along the others), which lets
+// the lockstep run share work between devices also where the body's types are unchecked; empty:
+// the body's input types say.
 using SpmdRunner = std::vector<std::vector<Array>> (*)(const std::shared_ptr<const Jaxpr>& body, const Mesh& mesh,
                                                        const std::vector<ManualAxis>& axes,
+                                                       const std::vector<std::vector<std::string>>& input_axes,
                                                        std::vector<std::vector<Array>> inputs);
 void set_spmd_runner(SpmdRunner runner);
 SpmdRunner spmd_runner();  // raises BackendError if no runner was linked in
