@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "cjax/make_jaxpr.h"
@@ -111,6 +112,11 @@ class Partitioner {
   std::vector<InsertedCollective> inserted;
   std::vector<EquationLayout> layouts;
   std::vector<std::string> run_whole;  // equations without a rule that gathered split operands (where())
+  // Variables (ids) that some elementwise equation needs reduced (a square, a product with
+  // itself, a denominator): when one is a pending sum, a linear use reduces it too, so that
+  // every use shares one psum and what follows is the same on every device (Adam's moments of
+  // a data-parallel gradient: one psum, not one per moment).
+  std::unordered_set<const void*> reduced_anyway;
   // The source info of the equation that produced a value (its output reshards are attributed to it).
   void remember_source(const Array& value, std::shared_ptr<const SourceInfo> source);
   std::shared_ptr<const SourceInfo> source_of(const Array& value) const;

@@ -88,7 +88,11 @@ std::vector<Value> elementwise_rule(Partitioner& p, const JaxprEqn& eqn, std::ve
   const size_t rank = out.shape.size();
   bool any_pending = std::any_of(ins.begin(), ins.end(), [](const Value& v) { return !v.layout.unreduced.empty(); });
   Axes pending;
-  if (any_pending && linear_in_pending(eqn, ins)) {
+  bool reduced_anyway = false;  // an operand some other equation needs reduced: one psum serves both
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (auto* v = std::get_if<Var>(&eqn.inputs[i]); v && !ins[i].layout.unreduced.empty())
+      reduced_anyway = reduced_anyway || p.reduced_anyway.count(v->id()) > 0;
+  if (any_pending && !reduced_anyway && linear_in_pending(eqn, ins)) {
     for (const Value& v : ins)
       if (!v.layout.unreduced.empty()) pending = v.layout.unreduced;
   } else if (any_pending) {
