@@ -167,19 +167,16 @@ class Executable {
     std::vector<std::vector<int>> held;           // per `once` step: its dying operands a later-run step still reads
     std::vector<int> shared_outputs;              // results of `once` steps
     std::vector<size_t> by_class;                 // the steps run once per class
-    std::vector<uint64_t> by_class_axes;          // per such step: the axes its class devices differ along
+    std::vector<size_t> by_class_kind;            // per such step: its class, an index into lockstep_classes_
     std::vector<std::vector<int>> by_class_held;  // per such step: its dying operands a per-device step reads
     std::vector<int> late_release;  // operands dying at steps run ahead of their place, released after the segment
   };
-  // The manual axes (bit k: axes[k]) along which values differ between devices, per instruction
-  // (any of its results) and per slot; every bit where unknown.
-  struct Variation {
-    std::vector<uint64_t> step, slot;
-  };
-  Variation step_variation(const std::vector<ManualAxis>& axes) const;
+  // Per instruction: the manual axes (bit k: axes[k]) along which any of its results differs
+  // between devices; every bit where unknown.
+  std::vector<uint64_t> step_variation(const std::vector<ManualAxis>& axes) const;
   std::vector<LockstepPhase> lockstep_phases_;
   std::vector<std::string> lockstep_axes_;  // the manual axes, in the order of the class bits
-  std::vector<uint64_t> lockstep_classes_;  // the distinct classes of by_class steps
+  std::vector<uint64_t> lockstep_classes_;  // the distinct classes of by_class steps (their axes)
   // Per class: each device's class leader (flat mesh index), which runs the class's steps.
   std::vector<std::vector<int64_t>> class_leaders(const Mesh& mesh) const;
   void plan_lockstep_phases();

@@ -22,10 +22,7 @@
 //  - on every device otherwise.
 // A step that a class-wise step of the same segment reads runs on every device that reads it (its
 // class includes the reader's), so each device's class-wise steps need no other device's results.
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <map>
 #include <string_view>
 #include <unordered_map>
 
@@ -65,9 +62,9 @@ GroupResult group_result(const PrimitiveDef& def) {
 
 }  // namespace
 
-Executable::Variation Executable::step_variation(const std::vector<ManualAxis>& axes) const {
+std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& axes) const {
   constexpr uint64_t kEveryAxis = ~uint64_t(0);
-  Variation v{std::vector<uint64_t>(program_.size(), kEveryAxis), std::vector<uint64_t>(num_slots_, kEveryAxis)};
+  std::vector<uint64_t> vary(program_.size(), kEveryAxis);
   // How the body's inputs vary: by their in_specs where the runner gave them, else by their types,
   // which say so only where every manual axis checks varying axes (with check_vma off, every type
   // is unvarying).
@@ -75,7 +72,7 @@ Executable::Variation Executable::step_variation(const std::vector<ManualAxis>& 
   bool by_spec = input_axes_.size() == in_slots_.size() && !in_slots_.empty();
   if (axes.empty() || axes.size() > 64 || (!typed && !by_spec) ||
       std::any_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.batch; }))
-    return v;
+    return vary;
   auto mask_of = [&](const std::vector<std::string>& names) {
     uint64_t m = 0;
     for (const std::string& n : names)
@@ -84,8 +81,7 @@ Executable::Variation Executable::step_variation(const std::vector<ManualAxis>& 
     return m;
   };
   const Jaxpr& j = *optimized_;
-  std::vector<uint64_t>& slot = v.slot;
-  std::fill(slot.begin(), slot.end(), 0);  // constants: the same everywhere
+  std::vector<uint64_t> slot(num_slots_, 0);  // constants: the same everywhere
   for (size_t k = 0; k < in_slots_.size(); ++k)
     slot[size_t(in_slots_[k])] = mask_of(by_spec ? input_axes_[k] : j.invars()[k].aval().vma);
   for (size_t i = 0; i < program_.size(); ++i) {
@@ -116,13 +112,13 @@ Executable::Variation Executable::step_variation(const std::vector<ManualAxis>& 
             break;
         }
     }
-    v.step[i] = 0;
+    vary[i] = 0;
     for (size_t o = 0; o < out.size(); ++o) {
-      v.step[i] |= out[o];
+      vary[i] |= out[o];
       if (instr.outputs[o] >= 0) slot[size_t(instr.outputs[o])] = out[o];
     }
   }
-  return v;
+  return vary;
 }
 
 void Executable::plan_lockstep_phases() {
@@ -156,7 +152,7 @@ void Executable::plan_lockstep_phases() {
     lockstep_axes_.push_back(axes[k].name);
     if (axes[k].size > 1) every_axis |= uint64_t(1) << k;
   }
-  std::vector<uint64_t> vary = step_variation(axes).step;
+  std::vector<uint64_t> vary = step_variation(axes);
   for (LockstepPhase& p : lockstep_phases_) {
     // Classes: a step runs wherever a class-wise reader in its segment does (its class grows to
     // include the reader's), and a step reading a result of its segment runs where that result's
@@ -192,10 +188,10 @@ void Executable::plan_lockstep_phases() {
       } else if (c == every_axis) {
         p.each.push_back(i);
       } else {
+        auto known = std::find(lockstep_classes_.begin(), lockstep_classes_.end(), c);
         p.by_class.push_back(i);
-        p.by_class_axes.push_back(c);
-        if (std::find(lockstep_classes_.begin(), lockstep_classes_.end(), c) == lockstep_classes_.end())
-          lockstep_classes_.push_back(c);
+        p.by_class_kind.push_back(size_t(known - lockstep_classes_.begin()));
+        if (known == lockstep_classes_.end()) lockstep_classes_.push_back(c);
       }
     }
     // Steps run ahead of per-device steps that precede them in the program keep the operands
@@ -291,11 +287,7 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const
     inputs[d].clear();
   }
   TraceScope scope(eval_trace());
-  std::vector<std::vector<int64_t>> leaders = class_leaders(mesh);
-  auto leader_of = [&](uint64_t c, size_t d) {
-    size_t k = size_t(std::find(lockstep_classes_.begin(), lockstep_classes_.end(), c) - lockstep_classes_.begin());
-    return size_t(leaders[k][d]);
-  };
+  std::vector<std::vector<int64_t>> leaders = class_leaders(mesh);  // per class kind, per device
   // Runs `body(d)` for every device, one pool task per device when `parallel`.
   auto for_devices = [&](const auto& body) {
     auto range = [&](int64_t b, int64_t e) {
@@ -335,12 +327,12 @@ std::vector<std::vector<Array>> Executable::run_lockstep(const Mesh& mesh, const
     if (!phase.by_class.empty()) {  // on each class's leader, then shared with its members
       for_devices([&](size_t d) {
         for (size_t k = 0; k < phase.by_class.size(); ++k)
-          if (leader_of(phase.by_class_axes[k], d) == d) run_ahead(phase.by_class[k], phase.by_class_held[k], d);
+          if (size_t(leaders[phase.by_class_kind[k]][d]) == d) run_ahead(phase.by_class[k], phase.by_class_held[k], d);
       });
       for (size_t k = 0; k < phase.by_class.size(); ++k)
         for (int s : program_[phase.by_class[k]].outputs)
           for (size_t d = 0; s >= 0 && d < n; ++d)
-            if (size_t l = leader_of(phase.by_class_axes[k], d); l != d && slots[l][size_t(s)].defined())
+            if (size_t l = size_t(leaders[phase.by_class_kind[k]][d]); l != d && slots[l][size_t(s)].defined())
               slots[d][size_t(s)] = shared_on_device(slots[l][size_t(s)], mesh.devices()[d]);
     }
     if (!phase.each.empty())

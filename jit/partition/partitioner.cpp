@@ -343,25 +343,6 @@ std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vect
   return r;
 }
 
-namespace {
-// An elementwise equation that is not linear in its operand `i`, which must therefore be reduced
-// wherever it is a pending sum (elementwise_rule's linear cases, by their operands).
-bool needs_reduced_operand(const JaxprEqn& eqn, size_t i) {
-  if (eqn.primitive->kind != PrimKind::Elementwise) return false;
-  const std::string& n = eqn.primitive->name;
-  if (n == "add" || n == "sub" || n == "add_any" || n == "neg" || n == "stop_gradient" || n == "convert_element_type")
-    return false;
-  auto same_as_other = [&] {
-    const Var* a = std::get_if<Var>(&eqn.inputs[0]);
-    const Var* b = std::get_if<Var>(&eqn.inputs[1]);
-    return a && b && a->id() == b->id();
-  };
-  if (n == "mul" && eqn.inputs.size() == 2) return same_as_other();
-  if (n == "div" && eqn.inputs.size() == 2) return i == 1 || same_as_other();
-  return true;
-}
-}  // namespace
-
 std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vector<Value>& consts,
                              const std::vector<Value>& args) {
   std::unordered_map<const void*, Value> env;
@@ -371,9 +352,10 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
     if (auto* l = std::get_if<Literal>(&a)) return Value{l->value(), Layout::replicated(0)};
     return env.at(std::get<Var>(a).id());
   };
-  for (const JaxprEqn& eqn : jaxpr.eqns())
+  for (const JaxprEqn& eqn : jaxpr.eqns())  // what elementwise equations need reduced (Partitioner::reduced_anyway)
     for (size_t i = 0; i < eqn.inputs.size(); ++i)
-      if (auto* v = std::get_if<Var>(&eqn.inputs[i]); v && needs_reduced_operand(eqn, i))
+      if (auto* v = std::get_if<Var>(&eqn.inputs[i]);
+          v && eqn.primitive->kind == PrimKind::Elementwise && !elementwise_linear_in(eqn, i))
         p.reduced_anyway.insert(v->id());
   for (const JaxprEqn& eqn : jaxpr.eqns()) {
     std::vector<Value> ins;

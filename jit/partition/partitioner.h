@@ -148,6 +148,11 @@ const ShardingRule* find_sharding_rule(const PrimitiveDef& def);
 std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vector<Value>& consts,
                              const std::vector<Value>& args);
 
+// Whether the elementwise `eqn` is linear in its operand `i` whatever the layouts (add, sub,
+// neg, a float convert, a product with another value, a quotient's numerator): where that
+// operand is a pending sum, the sum may pass through (elementwise_rule decides by the layouts).
+bool elementwise_linear_in(const JaxprEqn& eqn, size_t i);
+
 // Runs `eqn` whole on every device: every operand gathered (warned about when one was split).
 std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins);
 

@@ -59,28 +59,23 @@ void merge_into(Partitioner& p, Layout& target, const Layout& other, const Shape
 
 // ---- elementwise ----
 
-// Operands that may stay pending sums through this primitive, or empty (reduce them first).
+// Whether the pending operands may stay pending sums through this primitive (else they are reduced first).
 bool linear_in_pending(const JaxprEqn& eqn, const std::vector<Value>& ins) {
   const std::string& n = eqn.primitive->name;
   auto pending = [&](size_t i) { return !ins[i].layout.unreduced.empty(); };
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (pending(i) && !elementwise_linear_in(eqn, i)) return false;
   if (n == "add" || n == "sub" || n == "add_any") {
     for (const Value& v : ins)
       if (v.layout.unreduced != ins[0].layout.unreduced) return false;
     return true;
   }
-  if (ins.size() == 1) {
-    if (n == "neg" || n == "stop_gradient") return true;
-    if (n == "convert_element_type")
-      return is_floating(ins[0].local.dtype()) && is_floating(eqn.params.get<DType>("new_dtype"));
-    return false;
-  }
-  if (n == "mul" && ins.size() == 2 && pending(0) != pending(1)) {
+  if (n == "mul" || n == "div") {  // one pending operand (a div's numerator), the other splitting none of its axes
+    if (pending(0) == pending(1)) return false;
     size_t u = pending(0) ? 0 : 1;
     return !layout_uses_any(ins[1 - u].layout, ins[u].layout.unreduced);
   }
-  if (n == "div" && ins.size() == 2 && pending(0) && !pending(1))
-    return !layout_uses_any(ins[1].layout, ins[0].layout.unreduced);
-  return false;
+  return true;  // neg, stop_gradient, float converts
 }
 
 std::vector<Value> elementwise_rule(Partitioner& p, const JaxprEqn& eqn, std::vector<Value>& ins) {
@@ -651,4 +646,19 @@ const bool g_rules = [] {
 }();
 
 }  // namespace
+
+bool elementwise_linear_in(const JaxprEqn& eqn, size_t i) {
+  const std::string& n = eqn.primitive->name;
+  if (n == "add" || n == "sub" || n == "add_any" || n == "neg" || n == "stop_gradient") return true;
+  if (n == "convert_element_type")
+    return is_floating(atom_aval(eqn.inputs[0]).dtype) && is_floating(eqn.params.get<DType>("new_dtype"));
+  if ((n == "mul" || n == "div") && eqn.inputs.size() == 2) {
+    const Var* a = std::get_if<Var>(&eqn.inputs[0]);
+    const Var* b = std::get_if<Var>(&eqn.inputs[1]);
+    bool squared = a && b && a->id() == b->id();
+    return !squared && (n == "mul" || i == 0);
+  }
+  return false;
+}
+
 }  // namespace cjax::partition
