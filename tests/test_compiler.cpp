@@ -579,6 +579,9 @@ TEST_CASE("row values cross shard_map boundaries at row size (unbroadcast_shard_
   // As a forward body returning softmax's row sums broadcast (a residual) and a backward body
   // reading them: the first returns the [rows] sums, the caller broadcasts, the second takes the
   // sums and broadcasts in its body; the full-size array is never written.
+  // jit would run the two as one shard_map (merge_shard_maps): kept apart here, as where they
+  // cannot be merged (other meshes, a caller's equation between them).
+  setenv("CJAX_MERGE_SHARD_MAPS", "0", 1);
   Mesh mesh = make_mesh({4}, {"i"});
   auto row_sums = shard_map([](const Array& xb) { return lax::broadcast_in_dim(jnp::sum(xb, -1), xb.shape(), {0}); },
                             mesh, P("i"), P("i"));
@@ -602,6 +605,7 @@ TEST_CASE("row values cross shard_map boundaries at row size (unbroadcast_shard_
   for (const JaxprEqn& e : exe2.jaxpr().eqns())
     if (e.primitive->name == "shard_map") CHECK(e.outputs[0].aval().shape == Shape{32, 24});
   check_same(jit(g)(x), g(x), 1e-6, "x / block column sums");
+  unsetenv("CJAX_MERGE_SHARD_MAPS");
 }
 
 TEST_CASE("pvary fuses as the value itself: constants cast to varying are kernel constants") {
@@ -1079,10 +1083,13 @@ TEST_CASE("grad of a shard_map: the backward body computes a GELU's residuals ag
     }
     return out;
   };
+  // The forward and backward bodies kept apart, as where merge_shard_maps cannot join them.
+  setenv("CJAX_MERGE_SHARD_MAPS", "0", 1);
   setenv("CJAX_RECOMPUTE_ELEMENTWISE", "0", 1);
   auto kept = boundaries();
   unsetenv("CJAX_RECOMPUTE_ELEMENTWISE");
   auto recomputed = boundaries();
+  unsetenv("CJAX_MERGE_SHARD_MAPS");
   REQUIRE(kept.size() == 2);  // forward and backward
   REQUIRE(recomputed.size() == 2);
   CHECK(kept[0].second == 1);

@@ -1,10 +1,14 @@
 // Differentiating shard_map (docs/shard_map.md §3): the worked examples A–V of §3.5 with both
 // check_vma settings — values, gradients, and the collectives in the transposed bodies — plus
-// jvp, vmap and jit compositions.
+// jvp, vmap and jit compositions, and jit running consecutive shard_maps as one.
+#include <fmt/format.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include "core/spmd/collectives.h"
+#include "jit/passes/passes.h"
 #include "test_util.h"
 #include "trace/jaxpr.h"
 #include "trace/shard_map.h"
@@ -482,5 +486,109 @@ TEST_CASE("grad of a nested partial-manual shard_map (issue 16 item 2)") {
     // By hand at one element: d/dl [ (l^3 + r^3) (l + r) ] = 3l^2 (l + r) + (l^3 + r^3).
     double l = xv[1], r = xv[5];
     CHECK(v(want)[1] == doctest::Approx(3 * l * l * (l + r) + l * l * l + r * r * r).epsilon(1e-5));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// jit runs grad's forward and backward bodies and an update shard_map after them as one
+// shard_map (jit/passes/merge_shard_maps.cpp): same values, same collectives in the same phases.
+
+namespace {
+std::vector<std::string> moving_collectives(const std::vector<debug::CollectiveRecord>& rs) {
+  std::vector<std::string> out;
+  for (const auto& r : rs)
+    if (r.communicates)
+      out.push_back(
+          fmt::format("{} {} {}", r.phase == debug::Phase::Backward ? "bwd" : "fwd", r.kind, shape_str(r.in_shape)));
+  return out;
+}
+int shard_maps_in(const Jaxpr& j) {
+  int n = 0;
+  for (const JaxprEqn& e : j.eqns()) n += e.primitive == &g_shard_map;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("grad of a shard_map and the update shard_map after it run as one shard_map under jit") {
+  Mesh mesh = make_mesh({8}, {"d"});
+  // FSDP: w0 sharded by rows and gathered in the body, w1 replicated; rows of x over 'd'.
+  auto loss = [&](const std::vector<Array>& w, const Array& x) {
+    auto body = [](const std::vector<Array>& w, const Array& xb) {
+      Array w0 = lax::all_gather(w[0], "d", {.axis = 0, .tiled = true});
+      return lax::psum(jnp::sum(jnp::square(jnp::matmul(jnp::tanh(jnp::matmul(xb, w0)), w[1]))), "d");
+    };
+    return shard_map(body, mesh, SpecTree{SpecTree{P("d", None), P()}, P("d")}, P())(w, x);
+  };
+  auto sgd = shard_map(
+      [](const Array& w0, const Array& w1, const Array& g0, const Array& g1) {
+        return std::vector<Array>{w0 - 0.1f * g0, w1 - 0.1f * g1};
+      },
+      mesh, SpecTree{P("d", None), P(), P("d", None), P()}, SpecTree{P("d", None), P()});
+  auto step = [&](const std::vector<Array>& w, const Array& x) {
+    std::vector<Array> g = grad(loss)(w, x);
+    return sgd(w[0], w[1], g[0], g[1]);
+  };
+  Array x = random::normal(random::key(61), {32, 16});
+  std::vector<Array> w = {random::normal(random::key(62), {16, 24}) * 0.3f,
+                          random::normal(random::key(63), {24, 8}) * 0.3f};
+  bool capture = true;
+  SUBCASE("with source info") {}
+  SUBCASE("without source info: the backward's collectives are still recorded as such") { capture = false; }
+  config::set_capture_source_info(capture);
+
+  ClosedJaxpr traced = make_jaxpr(step)(w, x);
+  CHECK(shard_maps_in(*traced.jaxpr) == 3);  // forward, backward, update
+  CHECK(shard_maps_in(*optimize(*traced.jaxpr, traced.consts)) == 1);
+  std::vector<Array> merged, separate;
+  std::vector<std::string> merged_collectives, separate_collectives;
+  {
+    debug::CollectiveRecorder rec;
+    merged = jit(step)(w, x);
+    for (Array& a : merged) a.block_until_ready();  // a jit call returns before its program has run
+    merged_collectives = moving_collectives(rec.records());
+  }
+
+  setenv("CJAX_MERGE_SHARD_MAPS", "0", 1);
+  CHECK(shard_maps_in(*optimize(*traced.jaxpr, traced.consts)) == 3);
+  {
+    debug::CollectiveRecorder rec;
+    separate = jit(step)(w, x);
+    for (Array& a : separate) a.block_until_ready();
+    separate_collectives = moving_collectives(rec.records());
+  }
+  unsetenv("CJAX_MERGE_SHARD_MAPS");
+  config::set_capture_source_info(true);
+
+  std::vector<std::string> want = {"fwd all_gather (2, 24)", "fwd psum_invariant ()", "bwd psum_invariant (24, 8)",
+                                   "bwd reduce_scatter (16, 24)"};
+  CHECK(separate_collectives == want);
+  CHECK(merged_collectives == want);
+  // The update against one device's SGD step.
+  auto plain = [](const std::vector<Array>& w, const Array& x) {
+    return jnp::sum(jnp::square(jnp::matmul(jnp::tanh(jnp::matmul(x, w[0])), w[1])));
+  };
+  std::vector<Array> g = grad(plain)(w, x);
+  REQUIRE(merged.size() == 2);
+  for (size_t k = 0; k < 2; ++k) {
+    check_all_close(merged[k], separate[k], 1e-6);
+    check_all_close(merged[k], w[k] - 0.1f * g[k], 1e-5);
+  }
+}
+
+TEST_CASE("shard_maps that cannot run as one stay apart under jit") {
+  Mesh mesh = make_mesh({8}, {"d"});
+  Array x = random::normal(random::key(64), {16, 8});
+  auto rows = shard_map([](const Array& xb) { return jnp::sin(xb); }, mesh, P("d"), P("d"));
+  // Another spec for the value between them: blocks of columns, not of rows.
+  auto cols = shard_map([](const Array& xb) { return xb * 2.f; }, mesh, P(None, "d"), P(None, "d"));
+  // A value between them that the caller reads first.
+  auto twice = [&](const Array& x) { return rows(rows(x) + 1.f); };
+  for (auto [f, want] :
+       std::vector<std::pair<std::function<Array(const Array&)>, Array>>{{[&](const Array& x) { return cols(rows(x)); },
+                                                                          jnp::sin(x) * 2.f},
+                                                                         {twice, jnp::sin(jnp::sin(x) + 1.f)}}) {
+    ClosedJaxpr traced = make_jaxpr(f)(x);
+    CHECK(shard_maps_in(*optimize(*traced.jaxpr, traced.consts)) == 2);
+    check_all_close(jit(f)(x), want, 1e-6);
   }
 }

@@ -24,6 +24,7 @@ using namespace passes_detail;
 std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Array>& consts) {
   auto j = inline_calls(jaxpr);
   j = fuse_attention(*j, consts);
+  if (env_not_off("CJAX_MERGE_SHARD_MAPS")) j = merge_shard_maps(*j);  // =0: off (A/B runs)
   j = unbroadcast_shard_map_boundaries(*j);
   if (env_not_off("CJAX_RECOMPUTE_ELEMENTWISE")) j = recompute_shard_map_residuals(*j);
   j = sink_broadcasts(*j);

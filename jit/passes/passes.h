@@ -15,6 +15,11 @@
 //                    backward one at row size instead of per element; a replicated operand that
 //                    broadcasts a scalar literal is dropped and built in the body (recursively),
 //                    so neither the caller materializes it nor the body's kernels load it,
+//   merge_shard_maps : consecutive shard_maps over the same mesh and manual axes (grad's forward
+//                    and backward bodies, an optimizer's shard_map after them) become one, whose
+//                    body reads a value that crossed between them under one spec directly: the
+//                    lockstep runner no longer stops every device, assembles the results and cuts
+//                    them into blocks again at each boundary,
 //   sink_broadcasts: an elementwise equation whose operands are all the same broadcast_in_dim
 //                    (of equal-shaped sources; scalar literals aside) runs on the sources and is
 //                    broadcast after: a softmax's 1 / sum^2, kept for the backward pass, is one
@@ -76,6 +81,7 @@ std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr);
 // residuals). Runs after cse, which would merge the copies back.
 std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> merge_shard_maps(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 // dce: trace/jaxpr.h.
