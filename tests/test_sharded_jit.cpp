@@ -674,3 +674,32 @@ TEST_CASE("sharded jit: an update of replicated weights after the gradient's psu
     for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
   }
 }
+
+TEST_CASE("sharded jit: an FSDP gradient is reduce-scattered onto its optimizer state, not summed and sliced") {
+  // Adam's moments of a weight split by rows: the gradient (a pending sum over 'data') meets
+  // them first as 0.1 * g and g * g, which name no layout; the moments it is headed for do.
+  Mesh mesh = make_mesh({8}, {"data"});
+  auto step = [](const Array& w, const Array& m, const Array& v, const Array& x) {
+    Array g = jnp::matmul(jnp::transpose(x), jnp::tanh(jnp::matmul(x, w)));
+    Array m2 = 0.9f * m + 0.1f * g;  // traced right to left or left to right: both find m's layout
+    Array v2 = 0.99f * v + 0.01f * jnp::square(g);
+    Array w2 = w - 0.01f * m2 / (jnp::sqrt(v2) + 1e-6f);
+    return std::vector<Array>{w2, m2, v2};
+  };
+  Array w = random::normal(random::key(5), {16, 16}) * 0.3f, m = random::normal(random::key(6), {16, 16}) * 0.1f,
+        v = jnp::ones({16, 16}) * 0.5f, x = random::normal(random::key(7), {64, 16});
+  auto rows = [&](const Array& a) { return device_put(a, NamedSharding(mesh, P("data"))); };
+  Array ws = rows(w), ms = rows(m), vs = rows(v), xs = rows(x);
+  auto f = jit(step);
+  for (const Array& a : f(ws, ms, vs, xs)) a.block_until_ready();  // compiled
+  debug::CollectiveRecorder rec;
+  std::vector<Array> got = f(ws, ms, vs, xs);
+  for (const Array& a : got) a.block_until_ready();
+  // The forward's all_gather of w's rows, the gradient's one reduce_scatter: no psum.
+  CHECK(moving(rec.records()) == "all_gather data (2, 16)->(16, 16); reduce_scatter data (16, 16)->(2, 16)");
+  std::vector<Array> want = step(w, m, v, x);
+  for (size_t k = 0; k < 3; ++k) {
+    CHECK(layout_of(got[k]) == P("data").str());
+    check_all_close(got[k], want[k], 1e-5);
+  }
+}

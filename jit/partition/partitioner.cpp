@@ -176,6 +176,16 @@ Value Partitioner::reduced(const Value& v) {
   return reshard(v, it != reduced_to_.end() ? it->second : v.layout.without_pending());
 }
 
+Value Partitioner::reduced_for(const Value& v, const void* var) {
+  if (v.layout.unreduced.empty() || reduced_to_.count(v.local.impl()) || !var || !value_of) return reduced(v);
+  auto peers = reduce_peers.find(var);
+  if (peers == reduce_peers.end()) return reduced(v);
+  for (const void* peer : peers->second)
+    if (const Value* w = value_of(peer); w && w->layout.unreduced.empty() && w->layout.split())
+      return reshard(v, w->layout);
+  return reduced(v);
+}
+
 Value Partitioner::gathered_along(const Value& v, const std::vector<int64_t>& dims) {
   Value r = reduced(v);
   Layout t = r.layout;
@@ -343,6 +353,66 @@ std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vect
   return r;
 }
 
+namespace {
+// Partitioner::reduce_peers of the reduced_anyway variables of `jaxpr`: a walk along the
+// elementwise equations of the variable's shape that read it or what they made of it (at most
+// kSteps on), collecting the other variables of that shape they read, each followed by the
+// variables of that shape it is made of (a few elementwise equations back: `b1 * m` may be
+// traced after `(1 - b1) * g`, while m, an argument, is there from the start).
+void find_reduce_peers(Partitioner& p, const Jaxpr& jaxpr) {
+  constexpr int kSteps = 4, kBack = 3;
+  std::unordered_map<const void*, std::vector<const JaxprEqn*>> readers;
+  std::unordered_map<const void*, const JaxprEqn*> maker;
+  for (const JaxprEqn& eqn : jaxpr.eqns())
+    if (eqn.primitive->kind == PrimKind::Elementwise && eqn.outputs.size() == 1) {
+      maker[eqn.outputs[0].id()] = &eqn;
+      for (const Atom& a : eqn.inputs)
+        if (auto* v = std::get_if<Var>(&a)) readers[v->id()].push_back(&eqn);
+    }
+  auto add_with_sources = [&](std::vector<const void*>& peers, const Var& w,
+                              const std::unordered_set<const void*>& not_these) {
+    std::vector<const void*> level{w.id()};
+    peers.push_back(w.id());
+    for (int back = 0; back < kBack && !level.empty(); ++back) {
+      std::vector<const void*> up;
+      for (const void* x : level) {
+        auto m = maker.find(x);
+        if (m == maker.end()) continue;
+        for (const Atom& b : m->second->inputs)
+          if (auto* y = std::get_if<Var>(&b); y && !not_these.count(y->id()) && y->aval().shape == w.aval().shape) {
+            peers.push_back(y->id());
+            up.push_back(y->id());
+          }
+      }
+      level = std::move(up);
+    }
+  };
+  for (const JaxprEqn& eqn : jaxpr.eqns())
+    for (const Atom& a : eqn.inputs) {
+      auto* g = std::get_if<Var>(&a);
+      if (!g || !p.reduced_anyway.count(g->id()) || p.reduce_peers.count(g->id())) continue;
+      std::vector<const void*>& peers = p.reduce_peers[g->id()];
+      std::unordered_set<const void*> derived{g->id()};
+      std::vector<const void*> frontier{g->id()};
+      for (int step = 0; step < kSteps && !frontier.empty(); ++step) {
+        std::vector<const void*> next;
+        for (const void* d : frontier) {
+          auto r = readers.find(d);
+          if (r == readers.end()) continue;
+          for (const JaxprEqn* q : r->second) {
+            if (q->outputs[0].aval().shape != g->aval().shape) continue;
+            for (const Atom& b : q->inputs)
+              if (auto* w = std::get_if<Var>(&b); w && !derived.count(w->id()) && w->aval().shape == g->aval().shape)
+                add_with_sources(peers, *w, derived);
+            if (derived.insert(q->outputs[0].id()).second) next.push_back(q->outputs[0].id());
+          }
+        }
+        frontier = std::move(next);
+      }
+    }
+}
+}  // namespace
+
 std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vector<Value>& consts,
                              const std::vector<Value>& args) {
   std::unordered_map<const void*, Value> env;
@@ -357,6 +427,17 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
       if (auto* v = std::get_if<Var>(&eqn.inputs[i]);
           v && eqn.primitive->kind == PrimKind::Elementwise && !elementwise_linear_in(eqn, i))
         p.reduced_anyway.insert(v->id());
+  find_reduce_peers(p, jaxpr);
+  auto outer_value_of = p.value_of;
+  p.value_of = [&](const void* var) -> const Value* {
+    auto it = env.find(var);
+    return it == env.end() ? nullptr : &it->second;
+  };
+  struct Restore {
+    Partitioner& p;
+    std::function<const Value*(const void*)> saved;
+    ~Restore() { p.value_of = std::move(saved); }
+  } restore{p, std::move(outer_value_of)};
   for (const JaxprEqn& eqn : jaxpr.eqns()) {
     std::vector<Value> ins;
     for (const Atom& a : eqn.inputs) ins.push_back(read(a));

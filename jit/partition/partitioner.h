@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -117,6 +118,16 @@ class Partitioner {
   // every use shares one psum and what follows is the same on every device (Adam's moments of
   // a data-parallel gradient: one psum, not one per moment).
   std::unordered_set<const void*> reduced_anyway;
+  // For such a variable, the variables of its shape that the elementwise equations reading it (and
+  // what they make of it, a few equations on) combine it with: when it is reduced, the layout of
+  // the first of them already computed is where it is headed, so the pending sum becomes a
+  // reduce-scatter onto that layout instead of a psum and a slice (Adam's moments of an FSDP
+  // gradient). `value_of` finds a computed variable's value (null when not yet computed).
+  std::unordered_map<const void*, std::vector<const void*>> reduce_peers;
+  std::function<const Value*(const void*)> value_of;
+  // `v` reduced (no pending sum), to the layout of var's first computed peer when it has one
+  // (else as reduced()).
+  Value reduced_for(const Value& v, const void* var);
   // The source info of the equation that produced a value (its output reshards are attributed to it).
   void remember_source(const Array& value, std::shared_ptr<const SourceInfo> source);
   std::shared_ptr<const SourceInfo> source_of(const Array& value) const;

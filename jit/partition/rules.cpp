@@ -91,7 +91,10 @@ std::vector<Value> elementwise_rule(Partitioner& p, const JaxprEqn& eqn, std::ve
     for (const Value& v : ins)
       if (!v.layout.unreduced.empty()) pending = v.layout.unreduced;
   } else if (any_pending) {
-    for (Value& v : ins) v = p.reduced(v);
+    for (size_t i = 0; i < ins.size(); ++i) {
+      auto* var = std::get_if<Var>(&eqn.inputs[i]);
+      ins[i] = p.reduced_for(ins[i], var ? var->id() : nullptr);
+    }
   }
   // The most split operand leads; the others are resharded to it (widened where they split more).
   const Value* lead = nullptr;
