@@ -35,6 +35,12 @@ SourceInfoOverride::~SourceInfoOverride() {
   t_override_set = previous_set_;
 }
 
+std::shared_ptr<const SourceInfo> SourceInfo::copy_of(const SourceInfo* info) {
+  auto s = std::make_shared<SourceInfo>();
+  if (info) s->pcs_ = info->pcs_;
+  return s;
+}
+
 std::shared_ptr<const SourceInfo> SourceInfo::capture() {
   if (t_override_set) return t_override;
   if (!config::capture_source_info()) return nullptr;

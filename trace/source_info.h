@@ -19,6 +19,9 @@ class SourceInfo {
   static std::shared_ptr<const SourceInfo> capture();
   // "file.cpp:12 (function)" of the first frame outside cjax, or "".
   const std::string& str() const;
+  // A distinct object for the same call site (null for null): marks keyed by the object
+  // (trace/phase.h) then apply to one equation, not to every equation that shares `info`.
+  static std::shared_ptr<const SourceInfo> copy_of(const SourceInfo* info);
 
  private:
   std::vector<uintptr_t> pcs_;

@@ -41,12 +41,15 @@ bool same_type_but_vma(const AbstractValue& a, const AbstractValue& b) {
 
 // The body's equations with every collective marked as a backward pass's (trace/phase.h), or
 // nullopt where a collective sits in a nested jaxpr, where a mark would not reach the executor.
+// Each marked equation gets its own copy of its source info: a forward collective recomputed in
+// the backward body (a checkpointed all_gather) shares the forward equation's, which must stay
+// unmarked.
 std::optional<std::vector<JaxprEqn>> marked_backward(const Jaxpr& body) {
   std::vector<JaxprEqn> eqns = body.eqns();
   for (JaxprEqn& e : eqns) {
     if (contains_collective(e.params)) return std::nullopt;
     if (e.primitive->kind != PrimKind::Collective || is_backward(e.source_info.get())) continue;
-    if (!e.source_info) e.source_info = std::make_shared<const SourceInfo>();
+    e.source_info = SourceInfo::copy_of(e.source_info.get());
     mark_backward(e.source_info);
   }
   return eqns;
