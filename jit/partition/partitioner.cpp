@@ -177,12 +177,12 @@ Value Partitioner::reduced(const Value& v) {
 }
 
 Value Partitioner::reduced_for(const Value& v, const void* var) {
-  if (v.layout.unreduced.empty() || reduced_to_.count(v.local.impl()) || !var || !value_of) return reduced(v);
   auto peers = reduce_peers.find(var);
-  if (peers == reduce_peers.end()) return reduced(v);
+  if (v.layout.unreduced.empty() || reduced_to_.count(v.local.impl()) || !env || peers == reduce_peers.end())
+    return reduced(v);
   for (const void* peer : peers->second)
-    if (const Value* w = value_of(peer); w && w->layout.unreduced.empty() && w->layout.split())
-      return reshard(v, w->layout);
+    if (auto w = env->find(peer); w != env->end() && w->second.layout.unreduced.empty() && w->second.layout.split())
+      return reshard(v, w->second.layout);
   return reduced(v);
 }
 
@@ -354,21 +354,26 @@ std::vector<Value> run_replicated(Partitioner& p, const JaxprEqn& eqn, std::vect
 }
 
 namespace {
-// Partitioner::reduce_peers of the reduced_anyway variables of `jaxpr`: a walk along the
+// What the elementwise equations of `jaxpr` need: Partitioner::reduced_anyway, and the
+// Partitioner::reduce_peers of those variables: a walk along the
 // elementwise equations of the variable's shape that read it or what they made of it (at most
 // kSteps on), collecting the other variables of that shape they read, each followed by the
 // variables of that shape it is made of (a few elementwise equations back: `b1 * m` may be
 // traced after `(1 - b1) * g`, while m, an argument, is there from the start).
-void find_reduce_peers(Partitioner& p, const Jaxpr& jaxpr) {
+void look_ahead(Partitioner& p, const Jaxpr& jaxpr) {
   constexpr int kSteps = 4, kBack = 3;
   std::unordered_map<const void*, std::vector<const JaxprEqn*>> readers;
   std::unordered_map<const void*, const JaxprEqn*> maker;
-  for (const JaxprEqn& eqn : jaxpr.eqns())
-    if (eqn.primitive->kind == PrimKind::Elementwise && eqn.outputs.size() == 1) {
-      maker[eqn.outputs[0].id()] = &eqn;
-      for (const Atom& a : eqn.inputs)
-        if (auto* v = std::get_if<Var>(&a)) readers[v->id()].push_back(&eqn);
-    }
+  for (const JaxprEqn& eqn : jaxpr.eqns()) {
+    if (eqn.primitive->kind != PrimKind::Elementwise) continue;
+    for (size_t i = 0; i < eqn.inputs.size(); ++i)
+      if (auto* v = std::get_if<Var>(&eqn.inputs[i]); v && !elementwise_linear_in(eqn, i))
+        p.reduced_anyway.insert(v->id());
+    if (eqn.outputs.size() != 1) continue;
+    maker[eqn.outputs[0].id()] = &eqn;
+    for (const Atom& a : eqn.inputs)
+      if (auto* v = std::get_if<Var>(&a)) readers[v->id()].push_back(&eqn);
+  }
   auto add_with_sources = [&](std::vector<const void*>& peers, const Var& w,
                               const std::unordered_set<const void*>& not_these) {
     std::vector<const void*> level{w.id()};
@@ -422,22 +427,13 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
     if (auto* l = std::get_if<Literal>(&a)) return Value{l->value(), Layout::replicated(0)};
     return env.at(std::get<Var>(a).id());
   };
-  for (const JaxprEqn& eqn : jaxpr.eqns())  // what elementwise equations need reduced (Partitioner::reduced_anyway)
-    for (size_t i = 0; i < eqn.inputs.size(); ++i)
-      if (auto* v = std::get_if<Var>(&eqn.inputs[i]);
-          v && eqn.primitive->kind == PrimKind::Elementwise && !elementwise_linear_in(eqn, i))
-        p.reduced_anyway.insert(v->id());
-  find_reduce_peers(p, jaxpr);
-  auto outer_value_of = p.value_of;
-  p.value_of = [&](const void* var) -> const Value* {
-    auto it = env.find(var);
-    return it == env.end() ? nullptr : &it->second;
-  };
-  struct Restore {
+  look_ahead(p, jaxpr);
+  struct EnvScope {  // a control-flow body's run_jaxpr restores its caller's
     Partitioner& p;
-    std::function<const Value*(const void*)> saved;
-    ~Restore() { p.value_of = std::move(saved); }
-  } restore{p, std::move(outer_value_of)};
+    const std::unordered_map<const void*, Value>* outer;
+    ~EnvScope() { p.env = outer; }
+  } env_scope{p, p.env};
+  p.env = &env;
   for (const JaxprEqn& eqn : jaxpr.eqns()) {
     std::vector<Value> ins;
     for (const Atom& a : eqn.inputs) ins.push_back(read(a));

@@ -122,9 +122,9 @@ class Partitioner {
   // what they make of it, a few equations on) combine it with: when it is reduced, the layout of
   // the first of them already computed is where it is headed, so the pending sum becomes a
   // reduce-scatter onto that layout instead of a psum and a slice (Adam's moments of an FSDP
-  // gradient). `value_of` finds a computed variable's value (null when not yet computed).
+  // gradient). `env`: the values computed so far by the run_jaxpr in progress.
   std::unordered_map<const void*, std::vector<const void*>> reduce_peers;
-  std::function<const Value*(const void*)> value_of;
+  const std::unordered_map<const void*, Value>* env = nullptr;
   // `v` reduced (no pending sum), to the layout of var's first computed peer when it has one
   // (else as reduced()).
   Value reduced_for(const Value& v, const void* var);
