@@ -1,7 +1,10 @@
 // CPU runtime: virtual devices, memory accounting, caching allocator, thread pool, config errors.
 #include <doctest/doctest.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +13,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 
 #include "cjax/cjax.h"
 #include "core/array/array_impl.h"
@@ -154,6 +158,53 @@ TEST_CASE("nested parallel_for runs inline and exceptions propagate") {
                                  }),
                     doctest::Contains("boom"));
   CHECK_FALSE(in_parallel_region());
+}
+
+// The caller places the workers (core/backend/parallel.cpp): a worker pinned to the CPU its next
+// caller then ran on waited behind that caller for a whole time slice.
+TEST_CASE("the pool's workers run anywhere but on the CPU of the thread that hands them a job") {
+  cpu_set_t process;
+  REQUIRE(sched_getaffinity(0, sizeof process, &process) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &process)) cpus.push_back(c);
+  int workers = num_threads() - 1;
+  if (cpus.size() < 2 || workers < 1 || size_t(workers) + 1 > cpus.size()) {
+    MESSAGE("needs at least 2 allowed CPUs and no more pool threads than CPUs; skipped");
+    return;
+  }
+  auto job = [] {
+    std::atomic<int64_t> covered{0};
+    parallel_for(int64_t(1) << 20, int64_t(1) << 10, [&](int64_t b, int64_t e) { covered += e - b; });
+    CHECK(covered.load() == int64_t(1) << 20);
+  };
+  auto started = [] {
+    std::vector<int> tids = thread_pool_worker_tids();
+    return std::all_of(tids.begin(), tids.end(), [](int t) { return t > 0; });
+  };
+  for (int i = 0; i < 1000 && !started(); ++i) {
+    job();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(started());
+  // The second caller sits on the CPU the first one's workers were moved to, then the first again.
+  for (int caller_cpu : {cpus[0], cpus[1], cpus[0]}) {
+    std::thread caller([&] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(caller_cpu, &one);
+      REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+      job();
+    });
+    caller.join();
+    for (int tid : thread_pool_worker_tids()) {
+      cpu_set_t mask;
+      REQUIRE(sched_getaffinity(tid, sizeof mask, &mask) == 0);
+      CHECK_MESSAGE(!CPU_ISSET(caller_cpu, &mask), "a worker may run on its caller's CPU ", caller_cpu);
+      for (int c : cpus)
+        if (c != caller_cpu) CHECK_MESSAGE(CPU_ISSET(c, &mask), "a worker may not run on CPU ", c);
+    }
+  }
 }
 
 TEST_CASE("empty array handles raise ValueError") {

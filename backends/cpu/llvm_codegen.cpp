@@ -369,6 +369,11 @@ class KernelEmitter : private cpu::ScalarCodegen {
       writes = writes || stored_in_pass(out, pass);
     }
     if (!writes || bytes < kStreamingBytes) return false;
+    // A pass with an inline transcendental is bound by its arithmetic, not by memory: it keeps
+    // the vectorizer's loop with four vectors in flight (transcendental_pass), which the
+    // one-vector streaming loop lacks (10-op chain with tanh and logistic on f32[16M], AVX-512
+    // Zen 5, 2 threads: 11.2-12.2 ms streamed, 6.3-7.1 ms not).
+    if (transcendental_pass(pass)) return false;
     for (const KernelNode& n : spec_.nodes) {
       if (n.row_level || n.pass != pass) continue;
       if (n.op == Op::Scalar && calls_libm(n.scalar_op, spec_.nodes[size_t(n.args[0])].dtype)) return false;

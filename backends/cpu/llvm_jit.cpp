@@ -39,7 +39,7 @@
 namespace cjax::cpu {
 namespace {
 
-constexpr const char* kCjaxCodegenVersion = "cjax-codegen-15";
+constexpr const char* kCjaxCodegenVersion = "cjax-codegen-16";
 
 [[noreturn]] void fail(std::string_view what, llvm::Error err) {
   std::string msg;
@@ -87,6 +87,14 @@ struct Host {
       jtmb->setFeatures("");
     }
     jtmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+    // A TargetMachine made for a JIT defaults to the large code model on x86-64: every constant
+    // is then reached through a 64-bit absolute address in a register, and in a vector loop with
+    // many constants (exp's polynomial) the registers run out, so each iteration rematerialized
+    // ~10 addresses and reloaded the constants (a row softmax ran 1.6x slower than the same IR
+    // compiled ahead of time). JITLink places an object's code and constants in one block and
+    // builds stubs and GOT entries for external symbols, so the small PIC model links anywhere.
+    jtmb->setCodeModel(llvm::CodeModel::Small);
+    jtmb->setRelocationModel(llvm::Reloc::PIC_);
     jtmb->getOptions().AllowFPOpFusion = llvm::FPOpFusion::Fast;
     cpu = jtmb->getCPU();
     features = jtmb->getFeatures().getString();

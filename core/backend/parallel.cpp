@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -46,10 +47,16 @@ void spin_until(Done done) {
 // own), it does not look for an idle CPU when a thread wakes another: the woken worker lands on
 // its waker's CPU, and the load balancer left the two sharing one CPU for tens of milliseconds
 // while the other idled. A GEMM then ran at one core's speed in bursty eager code (the GEMM
-// benchmark's 256^3 row: 340 us instead of 150 us, in most of its runs). A worker that finds
-// itself on its caller's CPU moves (sched_setaffinity on itself) to the caller's CPU + its index
-// among the allowed CPUs, and stays there until it meets its caller again. Only the pool's own
-// threads are pinned; the caller's affinity is never changed.
+// benchmark's 256^3 row: 340 us instead of 150 us, in most of its runs).
+//
+// The caller places the workers before it publishes a job: each may run on any allowed CPU but
+// the caller's. This is redone only when the caller runs on another CPU than at the last job, so
+// a loop of jobs from one thread makes no system call. The caller must do it, not the worker: a
+// worker pinned to one CPU that its next caller then occupies (a jit call's dispatch thread
+// placed where the worker was pinned) cannot even run to move itself; it waited behind its own
+// caller for a whole time slice (1.5-5 ms), and a row softmax of f32[4096,4096] took 5-6 ms
+// instead of 3.3. Only when the pool has fewer threads than allowed CPUs; with more, workers
+// share CPUs anyway and are left to the scheduler. The caller's own affinity is never changed.
 class CpuSpread {
  public:
   CpuSpread() {
@@ -58,28 +65,42 @@ class CpuSpread {
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set)) allowed_.push_back(c);
   }
-  static int current_cpu() { return sched_getcpu(); }
-  // Called by worker `index` (1..n-1) with its caller's CPU, on the worker's own thread.
-  void keep_off(int caller_cpu, int index) const {
-    if (allowed_.size() < 2 || caller_cpu < 0 || current_cpu() != caller_cpu) return;
-    auto at = std::find(allowed_.begin(), allowed_.end(), caller_cpu);
-    if (at == allowed_.end()) return;
-    size_t target = (size_t(at - allowed_.begin()) + size_t(index)) % allowed_.size();
-    if (allowed_[target] == caller_cpu) return;  // more workers than CPUs: this one shares anyway
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(allowed_[target], &one);
-    sched_setaffinity(0, sizeof one, &one);  // best effort: a failure leaves the thread where it is
+  // On each worker's own thread, before it takes any job.
+  void register_worker(int index) { worker_tids_[size_t(index - 1)].store(int(gettid()), std::memory_order_release); }
+  std::vector<int> worker_tids() const {
+    std::vector<int> out;
+    for (const auto& t : worker_tids_) out.push_back(t.load(std::memory_order_acquire));
+    return out;
+  }
+  void set_workers(int n) { worker_tids_ = std::vector<std::atomic<int>>(size_t(std::max(n, 0))); }
+  // On the caller's thread, under the pool's run lock.
+  void place_workers() {
+    int cpu = sched_getcpu();
+    if (cpu < 0 || cpu == placed_for_ || worker_tids_.size() + 1 > allowed_.size()) return;
+    cpu_set_t others;
+    CPU_ZERO(&others);
+    for (int c : allowed_)
+      if (c != cpu) CPU_SET(c, &others);
+    bool all = true;
+    for (auto& tid : worker_tids_) {
+      int t = tid.load(std::memory_order_acquire);
+      // Best effort: a worker not started yet, or a failed call, is placed at the next change.
+      all = all && t > 0 && sched_setaffinity(t, sizeof others, &others) == 0;
+    }
+    if (all) placed_for_ = cpu;
   }
 
  private:
   std::vector<int> allowed_;
+  std::vector<std::atomic<int>> worker_tids_;
+  int placed_for_ = -1;
 };
 
 // The thread pool: workers wait for a job (a chunked range); the caller takes part too.
 class ThreadPool {
  public:
   explicit ThreadPool(int n) : n_(n) {
+    spread_.set_workers(n - 1);
     for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
   }
   ~ThreadPool() {
@@ -91,13 +112,14 @@ class ThreadPool {
     for (auto& t : workers_) t.join();
   }
   int size() const { return n_; }
+  std::vector<int> worker_tids() const { return spread_.worker_tids(); }
 
   void run(int64_t n, int64_t nchunks, RangeFn fn) {
     std::unique_lock<std::mutex> run_lock(run_mu_);  // one parallel job at a time
     Job job(fn);
     job.n = n;
     job.nchunks = nchunks;
-    job.caller_cpu = CpuSpread::current_cpu();
+    spread_.place_workers();
     {
       std::lock_guard<std::mutex> lock(mu_);
       job_ = &job;
@@ -118,7 +140,6 @@ class ThreadPool {
     explicit Job(RangeFn f) : fn(f) {}
     RangeFn fn;
     int64_t n = 0, nchunks = 0;
-    int caller_cpu = -1;
     std::atomic<int64_t> next{0};
     int64_t finished = 0;              // guarded by mu_
     int active = 0;                    // workers inside work_on; guarded by mu_
@@ -153,6 +174,7 @@ class ThreadPool {
     }
   }
   void worker_loop(int index) {
+    spread_.register_worker(index);
     uint64_t seen = 0;
     for (;;) {
       Job* job;
@@ -165,7 +187,6 @@ class ThreadPool {
         job = job_;
         ++job->active;
       }
-      spread_.keep_off(job->caller_cpu, index);
       work_on(*job);
       std::lock_guard<std::mutex> lock(mu_);
       if (--job->active == 0) {
@@ -175,7 +196,7 @@ class ThreadPool {
     }
   }
   int n_;
-  CpuSpread spread_;  // before workers_: the workers read it
+  CpuSpread spread_;  // before workers_: the workers register with it
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_, done_cv_;
@@ -213,6 +234,7 @@ void set_num_threads(int n) {
 
 int num_threads() { return pool().size(); }
 bool in_parallel_region() { return ThreadPool::tl_in_region; }
+std::vector<int> thread_pool_worker_tids() { return pool().worker_tids(); }
 
 void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn) {
   if (n <= 0) return;

@@ -3,11 +3,15 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace cjax {
 
 int num_threads();
 bool in_parallel_region();
+// The kernel thread ids of the pool's workers (the caller of a job is not one of them), for tests
+// of their placement: each may run on every allowed CPU except the one its last caller ran on.
+std::vector<int> thread_pool_worker_tids();
 // A non-owning reference to a callable taking (begin, end): no allocation, unlike std::function.
 class RangeFn {
  public:
