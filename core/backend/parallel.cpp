@@ -59,11 +59,12 @@ void spin_until(Done done) {
 // share CPUs anyway and are left to the scheduler. The caller's own affinity is never changed.
 class CpuSpread {
  public:
-  CpuSpread() {
+  explicit CpuSpread(int workers) : worker_tids_(size_t(std::max(workers, 0))) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0) return;
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set)) allowed_.push_back(c);
+    enabled_ = workers >= 1 && size_t(workers) + 1 <= allowed_.size();
   }
   // On each worker's own thread, before it takes any job.
   void register_worker(int index) { worker_tids_[size_t(index - 1)].store(int(gettid()), std::memory_order_release); }
@@ -72,11 +73,11 @@ class CpuSpread {
     for (const auto& t : worker_tids_) out.push_back(t.load(std::memory_order_acquire));
     return out;
   }
-  void set_workers(int n) { worker_tids_ = std::vector<std::atomic<int>>(size_t(std::max(n, 0))); }
   // On the caller's thread, under the pool's run lock.
   void place_workers() {
+    if (!enabled_) return;
     int cpu = sched_getcpu();
-    if (cpu < 0 || cpu == placed_for_ || worker_tids_.size() + 1 > allowed_.size()) return;
+    if (cpu < 0 || cpu == placed_for_) return;
     cpu_set_t others;
     CPU_ZERO(&others);
     for (int c : allowed_)
@@ -93,14 +94,14 @@ class CpuSpread {
  private:
   std::vector<int> allowed_;
   std::vector<std::atomic<int>> worker_tids_;
+  bool enabled_ = false;  // fewer pool threads than allowed CPUs
   int placed_for_ = -1;
 };
 
 // The thread pool: workers wait for a job (a chunked range); the caller takes part too.
 class ThreadPool {
  public:
-  explicit ThreadPool(int n) : n_(n) {
-    spread_.set_workers(n - 1);
+  explicit ThreadPool(int n) : n_(n), spread_(n - 1) {
     for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
   }
   ~ThreadPool() {
