@@ -2,18 +2,24 @@
 #include <cblas.h>
 #include <doctest/doctest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <set>
+#include <string>
+#include <string_view>
 
 #include "backends/cpu/kernels/gemm_choice.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
 #include "backends/cpu/kernels/scratch.h"
 #include "cjax/cjax.h"
 #include "core/array/primitive.h"
+#include "core/backend/backend.h"
 #include "core/backend/parallel.h"
 #include "core/lax/linalg.h"
+#include "jit/executable.h"
 #include "test_util.h"
 
 using namespace cjax;
@@ -435,4 +441,39 @@ TEST_CASE("repeated GEMMs with copied operands touch no fresh pages after the fi
     CHECK(c.shape() == Shape{64, 128, 8});
   }
   CHECK(minor_faults() - before < 2000);  // 5 x 8192 with a fresh temporary per call
+}
+
+// LIBXSMM's one-time initialization (~7 ms) runs while jit compiles a program with a GEMM, not in
+// its first run. Needs a process whose GEMMs have not started yet: the next test case runs this
+// one in a child process (skipped otherwise).
+TEST_CASE("fresh process: compiling a program with a GEMM prepares LIBXSMM before its first run" * doctest::skip()) {
+  REQUIRE_FALSE(xsmm_prepared());  // no GEMM has run in this process
+  REQUIRE(backend_for(Platform::cpu).preparation(std::vector<std::string_view>{"add", "exp"}) == nullptr);
+  REQUIRE(backend_for(Platform::cpu).preparation(std::vector<std::string_view>{"dot_general"}) != nullptr);
+  Array x = (jnp::arange(24).astype(DType::float32) - 8.0f).reshape({6, 4});
+  Array w = jnp::ones({4, 3});
+  auto layer = [](const Array& a, const Array& b) { return nn::relu(jnp::matmul(a, b)) * 2.0f; };
+  Executable ex(make_jaxpr(layer)(x, w), "layer");
+  CHECK(xsmm_prepared());  // before any run
+  CHECK(backend_for(Platform::cpu).preparation(std::vector<std::string_view>{"dot_general"}) == nullptr);
+  std::vector<Array> out = ex.run(std::vector<Array>{x, w});
+  // Row i of x sums to 4 (4 i - 8) + 6 = 16 i - 26; relu, times 2, in each of the 3 columns.
+  std::vector<float> want;
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 3; ++j) want.push_back(2.0f * std::max(0.0f, 16.0f * float(i) - 26.0f));
+  CHECK(out[0].to_vector<float>() == want);
+}
+
+TEST_CASE("compiling a program with a GEMM prepares LIBXSMM before its first run (in a fresh process)") {
+  std::string cmd = "/proc/" + std::to_string(::getpid()) +
+                    "/exe --no-skip=true --no-version=true -tc='fresh process: compiling a program*' 2>&1";
+  FILE* child = ::popen(cmd.c_str(), "r");
+  REQUIRE(child != nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, child)) > 0;) out.append(buf, n);
+  int status = ::pclose(child);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("test cases: 1 | 1 passed | 0 failed") != std::string::npos);
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "backends/cpu/buffer_communicator.h"
+#include "backends/cpu/kernels/gemm_xsmm.h"
 #include "backends/cpu/llvm_codegen.h"
 #include "backends/cpu/process_communicator.h"
 #include "backends/cpu/size_classes.h"
@@ -206,6 +207,14 @@ class CpuBackend final : public Backend {
     return *runtime().streams[size_t(d.id() - runtime().first_id)];
   }
   KernelCompiler* kernel_compiler() override { return &llvm_kernel_compiler(); }
+  // GEMMs (dot_general, its accumulating form, convolutions) may run on LIBXSMM.
+  std::function<void()> preparation(std::span<const std::string_view> names) override {
+    bool gemm = std::any_of(names.begin(), names.end(), [](std::string_view n) {
+      return n == "dot_general" || n == "dot_general_accumulate" || n == "conv_general_dilated";
+    });
+    if (!gemm || xsmm_prepared()) return {};
+    return [] { prepare_xsmm(); };
+  }
   std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group) override {
     auto timeout = std::chrono::milliseconds(int64_t(config::collective_timeout_seconds() * 1000));
     std::vector<Device> devs(group.begin(), group.end());

@@ -154,6 +154,15 @@ class Backend {
   virtual Stream& stream(const Device& d) = 0;
   // The fused-kernel compiler jit uses for this platform's devices.
   virtual KernelCompiler* kernel_compiler() = 0;
+  // The one-time set-up that primitives `names` need before their first run here (the CPU's
+  // GEMMs: LIBXSMM's initialization, ~7 ms), as a job that jit runs on a thread of its own while
+  // it compiles a program's kernels, so that the program's first run does not wait for it. Empty
+  // when there is nothing left to set up. The job must be safe to run concurrently with the
+  // primitives themselves (a first run meanwhile waits for the set-up).
+  virtual std::function<void()> preparation(std::span<const std::string_view> names) {
+    (void)names;
+    return {};
+  }
   // A communicator between `group`'s devices (rank i = group[i]). Raises BackendError where the
   // platform has none yet (CUDA: NCCL is future work).
   virtual std::shared_ptr<BufferCommunicator> communicator(std::span<const Device> group);

@@ -3,6 +3,7 @@
 #include <libxsmm.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -42,10 +43,12 @@ Kernel<T> dispatch(int64_t tm, int64_t tn, int64_t K, int64_t ldb, int64_t lda, 
     return libxsmm_dmmdispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, nullptr);
 }
 
+std::atomic<bool> g_initialized{false};
 void init_once() {
   static const bool done = [] {
     if (requested_cpu_isa() == CpuIsa::Avx2) libxsmm_set_target_arch("hsw");  // LIBXSMM's AVX2 kernels
     libxsmm_init();
+    g_initialized.store(true, std::memory_order_release);
     return true;
   }();
   (void)done;
@@ -149,6 +152,9 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   });
   return true;
 }
+
+void prepare_xsmm() { init_once(); }
+bool xsmm_prepared() { return g_initialized.load(std::memory_order_acquire); }
 
 template bool xsmm_gemm<float>(int64_t, int64_t, int64_t, int64_t, const GemmOperand&, const GemmOperand&, float*,
                                float, float);

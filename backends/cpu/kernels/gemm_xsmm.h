@@ -28,4 +28,10 @@ template <class T>
 bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                T alpha, T beta);
 
+// LIBXSMM's one-time initialization (its code registry and CPU dispatch: ~7 ms on a Zen 5), which
+// the first GEMM otherwise pays. Thread safe: a GEMM that starts meanwhile waits for it.
+void prepare_xsmm();
+// Whether prepare_xsmm (or a GEMM) has initialized LIBXSMM already.
+bool xsmm_prepared();
+
 }  // namespace cjax
