@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Training throughput of samples/train_transformer against its PyTorch CPU peer
 # (bench/peers/torch_transformer.py), same model and config, measured in the same run.
-#   bench/train_transformer_vs_torch.sh [build dir] [steps]
+#   bench/train_transformer_vs_torch.sh [build dir] [steps] [runs]
+# With runs > 1 every configuration runs that many times, each run followed by a PyTorch run of
+# its own; the table gives the median tokens/s and the median and lowest of the ratios (on a
+# shared VM one run's ratio moves by 10-20% with the neighbours' load).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
 steps=${2:-60}
+runs=${3:-1}
 bin=$build/samples/train_transformer
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -24,7 +28,11 @@ model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 isa=AVX2
 grep -qw avx512f /proc/cpuinfo && isa=AVX-512
 echo "host: $model, $isa, $(nproc) logical cores; cjax kernels: CJAX_ISA=${CJAX_ISA:-native}"
-printf "%-22s %14s %10s %14s\n" "config" "tokens/s" "vs torch" "torch tokens/s"
+if [ "$runs" -gt 1 ]; then
+  printf "%-22s %14s %10s %14s %10s\n" "config" "tokens/s" "vs torch" "torch tokens/s" "lowest"
+else
+  printf "%-22s %14s %10s %14s\n" "config" "tokens/s" "vs torch" "torch tokens/s"
+fi
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   for t in 1 $(nproc); do
     tps=$(torch_run "$t")
@@ -35,21 +43,36 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     fi
   done
 fi
+median() { python3 -c "import statistics, sys; print(statistics.median(float(v) for v in sys.argv[1:]))" "$@"; }
 # The sharded layouts twice: as the sample's shard_maps, and as plain jit partitioned by cjax (--mode auto).
 for run in single dp fsdp fsdp_tp dp:auto fsdp:auto fsdp_tp:auto; do
   layout=${run%%:*}
   mode=shard_map
   [ "$run" != "$layout" ] && mode=auto
-  line=$("$bin" --layout "$layout" --mode "$mode" --steps "$steps" --checkpoint-every 0 --sample-len 0 \
-           --out "$out/$run" 2>/dev/null | grep '^final loss')
-  tps=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
-  if [ -n "$torch_tps" ]; then
-    torch_tps=$(torch_run "$torch_threads")
-    ratio=$(python3 -c "print('%.2fx' % ($tps / $torch_tps))")
-  else
-    ratio="-"
-  fi
+  all_tps=() all_torch=() all_ratio=()
+  for ((r = 0; r < runs; ++r)); do
+    line=$("$bin" --layout "$layout" --mode "$mode" --steps "$steps" --checkpoint-every 0 --sample-len 0 \
+             --out "$out/$run" 2>/dev/null | grep '^final loss')
+    tps=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
+    all_tps+=("$tps")
+    if [ -n "$torch_tps" ]; then
+      torch_tps=$(torch_run "$torch_threads")
+      all_torch+=("$torch_tps")
+      all_ratio+=("$(python3 -c "print($tps / $torch_tps)")")
+    fi
+  done
   name="cjax $layout"
   [ "$mode" = auto ] && name="cjax $layout (auto)"
-  printf "%-22s %14.0f %10s %14.0f\n" "$name" "$tps" "$ratio" "${torch_tps:-0}"
+  if [ -n "$torch_tps" ]; then
+    ratio=$(python3 -c "print('%.2fx' % $(median "${all_ratio[@]}"))")
+    lowest=$(python3 -c "print('%.2fx' % min(${all_ratio[*]/%/,}))")
+    torch_col=$(median "${all_torch[@]}")
+  else
+    ratio="-" lowest="-" torch_col=0
+  fi
+  if [ "$runs" -gt 1 ]; then
+    printf "%-22s %14.0f %10s %14.0f %10s\n" "$name" "$(median "${all_tps[@]}")" "$ratio" "$torch_col" "$lowest"
+  else
+    printf "%-22s %14.0f %10s %14.0f\n" "$name" "$(median "${all_tps[@]}")" "$ratio" "$torch_col"
+  fi
 done
