@@ -65,7 +65,7 @@ for run in single dp fsdp fsdp_tp dp:auto fsdp:auto fsdp_tp:auto; do
   [ "$mode" = auto ] && name="cjax $layout (auto)"
   if [ -n "$torch_tps" ]; then
     ratio=$(python3 -c "print('%.2fx' % $(median "${all_ratio[@]}"))")
-    lowest=$(python3 -c "print('%.2fx' % min(${all_ratio[*]/%/,}))")
+    lowest=$(python3 -c "import sys; print('%.2fx' % min(float(v) for v in sys.argv[1:]))" "${all_ratio[@]}")
     torch_col=$(median "${all_torch[@]}")
   else
     ratio="-" lowest="-" torch_col=0
