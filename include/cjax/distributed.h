@@ -45,9 +45,7 @@ struct Options {
 // malformed address).
 void initialize(const Options& options = {});
 // Waits for every process to reach shutdown, then closes the connections. Without it a process
-// that exits looks to the others like one that crashed. After a process died, process 0 (the
-// coordinator) keeps serving until the other processes have left too (up to the collective
-// timeout), so that each can still learn which process failed; then it raises CollectiveError.
+// that exits looks to the others like one that crashed.
 void shutdown();
 bool is_initialized();
 }  // namespace distributed
