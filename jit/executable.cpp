@@ -151,11 +151,10 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name, std::vector<
     write_file(dump_base_ + ".fusion.txt", fusion);
   }
   // The CPU's kernels are compiled now (a CPU call needs no further compilation); a device's on
-  // its first call there (device_program).
-  // Meanwhile, on a thread of its own, the one-time set-up of the libraries the program's
-  // primitives run on (backend.h: preparation), which its first run would otherwise wait for:
-  // LIBXSMM's ~7 ms for a GEMM (bench_compiler's MLP step, the first call in a fresh process
-  // with its kernels in the disk cache: 21-23 ms -> 17-18 ms on a 2-core Zen 5).
+  // its first call there (device_program). Meanwhile, on a thread of its own, the backend sets up
+  // the libraries the program's primitives run on (backend.h: preparation), which the first run
+  // would otherwise wait for: LIBXSMM's ~7 ms for a GEMM (a fresh process's first MLP step from
+  // the disk cache: 21-23 ms -> 17-18 ms on a 2-core Zen 5).
   if (!plan_.kernels.empty()) {
     std::vector<std::string_view> primitives;
     for (const Instr& i : program_)
