@@ -59,6 +59,16 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
     return kv_.get(prefix_ + key, timeout_);
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  // Returns once every rank of the group has called it. Gloo's connectFullMesh connects to each
+  // peer as soon as that peer's address is in the store; a process that gave up on the group
+  // (because another one died) leaves an address behind that nobody answers, and a late process
+  // would wait on it. With this rendezvous first, no process connects until all have arrived.
+  void arrive(int rank, int size) {
+    set(fmt::format("arrived/{}", rank), {});
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(fmt::format("arrived/{}", r));
+    wait(keys, timeout_);
+  }
   // Polls rather than blocking in the client: groups connect on several threads at once, and a
   // blocked request would hold up the client for the others.
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
@@ -540,6 +550,7 @@ class ProcessBufferCommunicator final : public RendezvousCommunicator {
       CoordinatorStore store(*kv, fmt::format("gloo{}/{}/", distributed::generation(), group_ids()), timeout_);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(me_, int(processes_.size()));
       ctx->setTimeout(timeout_);
+      store.arrive(me_, int(processes_.size()));
       ctx->connectFullMesh(store, connections().device);
       entry->context = std::move(ctx);
     });

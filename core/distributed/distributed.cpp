@@ -156,6 +156,10 @@ void shutdown() {
   }
   for (void (*hook)() : shutdown_hooks()) hook();
   st->client.reset();
+  // A process died: the coordinator keeps serving until the others have left too (up to the
+  // timeout), so that a process still in a collective with the dead one learns from the store
+  // which process failed, rather than only that the coordinator is gone.
+  if (error && st->server) st->server->wait_for_others_to_leave(st->process_id, st->timeout);
   st->server.reset();
   if (error) std::rethrow_exception(error);
 }

@@ -441,6 +441,14 @@ KvStoreServer::~KvStoreServer() {
 
 int KvStoreServer::port() const { return impl_->port; }
 
+bool KvStoreServer::wait_for_others_to_leave(int self, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mutex);
+  auto others_left = [&] {
+    return std::all_of(impl_->connected.begin(), impl_->connected.end(), [&](int id) { return id == self; });
+  };
+  return impl_->changed.wait_until(lock, deadline_after(timeout), others_left);
+}
+
 void KvStoreServer::Impl::reap_finished_connections() {
   std::lock_guard lock(connections_mutex);
   auto finished_end = std::partition(connections.begin(), connections.end(),
@@ -552,8 +560,11 @@ std::optional<std::vector<char>> KvStoreServer::Impl::handle(Session& session, c
       request.expect_end();
       session.said_goodbye = true;
       // Before the reply, so that the id is free to register again once the client's destructor returns.
-      std::lock_guard lock(mutex);
-      connected.erase(session.process_id);
+      {
+        std::lock_guard lock(mutex);
+        connected.erase(session.process_id);
+      }
+      changed.notify_all();
       return FrameWriter(Status::ok).finish();
     }
     case Op::hello: break;

@@ -35,6 +35,9 @@ class KvStoreServer {
   KvStoreServer& operator=(const KvStoreServer&) = delete;
 
   int port() const;  // the bound port (the chosen one when constructed with port 0)
+  // Waits until no process but `self` is connected (each said goodbye or lost its connection),
+  // or until `timeout`; returns whether they all left.
+  bool wait_for_others_to_leave(int self, std::chrono::milliseconds timeout);
 
  private:
   struct Impl;
