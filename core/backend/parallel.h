@@ -1,5 +1,8 @@
-// The one intra-op thread pool (sized to the cores). Kernels split index ranges over it; a
-// parallel_for inside another runs serially on the calling thread (no oversubscription).
+// The one intra-op thread pool (sized to the cores). Kernels split index ranges over it. A
+// parallel_for inside another runs on the calling thread (no oversubscription), except in the
+// outer one's tail: once the outer range's chunks are all taken, threads that finished theirs join
+// the inner range (a lockstep SPMD body's last device segment lends its kernels' chunks to the
+// threads that ran the other devices).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -27,9 +30,10 @@ class RangeFn {
 void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn);
 
 // Calls fn(begin, end) over [0, n) in chunks of at least `grain` elements. Runs inline when the
-// range is small, when one thread is configured, or when called from inside a parallel region.
-// Chunk boundaries depend only on n, grain and the thread count, so reductions that combine
-// per-chunk results in chunk order are deterministic.
+// range is small, when one thread is configured, or inside a parallel region (see above: the
+// inner range is then either one call over [0, n) or the top-level chunks). fn's results must not
+// depend on how [0, n) is split or on which thread runs a chunk: kernels give each index a fixed
+// piece of work (a tile, a block of rows, a fixed-size partial sum), never a per-chunk partial.
 template <class F>
 inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
   if (n <= 0) return;
