@@ -448,6 +448,11 @@ TEST_CASE("repeated GEMMs with copied operands touch no fresh pages after the fi
 // one in a child process (skipped otherwise).
 TEST_CASE("fresh process: compiling a program with a GEMM prepares LIBXSMM before its first run" * doctest::skip()) {
   REQUIRE_FALSE(xsmm_prepared());  // no GEMM has run in this process
+  // The parent starts this process without thread-affinity variables, which LIBXSMM's
+  // initialization would then add to the environment (putenv, racing with getenv on the compile's
+  // threads); libcjax set OMP_PROC_BIND when it was loaded, so the environment stays as it is.
+  char** const environment = environ;
+  REQUIRE(std::getenv("OMP_PROC_BIND") != nullptr);
   REQUIRE(backend_for(Platform::cpu).preparation(std::vector<std::string_view>{"add", "exp"}) == nullptr);
   REQUIRE(backend_for(Platform::cpu).preparation(std::vector<std::string_view>{"dot_general"}) != nullptr);
   Array x = (jnp::arange(24).astype(DType::float32) - 8.0f).reshape({6, 4});
@@ -455,6 +460,7 @@ TEST_CASE("fresh process: compiling a program with a GEMM prepares LIBXSMM befor
   auto layer = [](const Array& a, const Array& b) { return nn::relu(jnp::matmul(a, b)) * 2.0f; };
   Executable ex(make_jaxpr(layer)(x, w), "layer");
   CHECK(xsmm_prepared());  // before any run
+  CHECK(environ == environment);
   CHECK(backend_for(Platform::cpu).preparation(std::vector<std::string_view>{"dot_general"}) == nullptr);
   std::vector<Array> out = ex.run(std::vector<Array>{x, w});
   // Row i of x sums to 4 (4 i - 8) + 6 = 16 i - 26; relu, times 2, in each of the 3 columns.
@@ -465,7 +471,7 @@ TEST_CASE("fresh process: compiling a program with a GEMM prepares LIBXSMM befor
 }
 
 TEST_CASE("compiling a program with a GEMM prepares LIBXSMM before its first run (in a fresh process)") {
-  std::string cmd = "/proc/" + std::to_string(::getpid()) +
+  std::string cmd = "env -u OMP_PROC_BIND -u GOMP_CPU_AFFINITY -u KMP_AFFINITY /proc/" + std::to_string(::getpid()) +
                     "/exe --no-skip=true --no-version=true -tc='fresh process: compiling a program*' 2>&1";
   FILE* child = ::popen(cmd.c_str(), "r");
   REQUIRE(child != nullptr);
