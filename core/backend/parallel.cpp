@@ -147,11 +147,11 @@ class ThreadPool {
     if (job.error) std::rethrow_exception(job.error);
   }
 
-  // A parallel_for issued inside a job's chunk. While the job still has chunks nobody has taken,
-  // every thread has work of its own and this one runs inline (returns false). In the job's tail,
-  // threads that have finished their chunks would idle until the last chunk ends: the range is
-  // offered to them as a nested job, in the same chunks as at top level, and the caller works on
-  // it too. One nested job at a time; a kernel's results do not depend on who runs its chunks.
+  // A kernel_parallel_for issued inside a job's chunk. While the job still has chunks nobody has
+  // taken, every thread has work of its own and this one runs inline (returns false). In the
+  // job's tail, threads that have finished their chunks would idle until the last chunk ends: the
+  // range is offered to them as a nested job, in the same chunks as at top level, and the caller
+  // works on it too. One nested job at a time.
   bool try_run_nested(int64_t n, int64_t nchunks, RangeFn fn) {
     std::unique_lock<std::mutex> lock(mu_);
     if (nested_ || !job_ || job_->next.load(std::memory_order_relaxed) < job_->nchunks) return false;
@@ -297,7 +297,7 @@ int num_threads() { return pool().size(); }
 bool in_parallel_region() { return ThreadPool::tl_in_region; }
 std::vector<int> thread_pool_worker_tids() { return pool().worker_tids(); }
 
-void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn) {
+void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn, bool shareable) {
   if (n <= 0) return;
   ThreadPool& p = pool();
   grain = std::max<int64_t>(grain, 1);
@@ -307,7 +307,7 @@ void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn) {
     return;
   }
   if (in_parallel_region()) {
-    if (!p.try_run_nested(n, nchunks, fn)) fn(0, n);
+    if (!shareable || !p.try_run_nested(n, nchunks, fn)) fn(0, n);
     return;
   }
   p.run(n, nchunks, fn);

@@ -1,8 +1,9 @@
-// The one intra-op thread pool (sized to the cores). Kernels split index ranges over it. A
-// parallel_for inside another runs on the calling thread (no oversubscription), except in the
-// outer one's tail: once the outer range's chunks are all taken, threads that finished theirs join
-// the inner range (a lockstep SPMD body's last device segment lends its kernels' chunks to the
-// threads that ran the other devices).
+// The one intra-op thread pool (sized to the cores). Kernels split index ranges over it; a
+// parallel_for inside another runs on the calling thread (no oversubscription). A kernel over raw
+// memory uses kernel_parallel_for instead: inside another range's tail (once the outer chunks are
+// all taken) its chunks are shared with the threads that finished theirs, so a lockstep SPMD
+// body's last device segment lends its GEMM, attention and fused-kernel chunks to the threads
+// that ran the other devices.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -27,13 +28,11 @@ class RangeFn {
   void* obj_;
   void (*call_)(void*, int64_t, int64_t);
 };
-void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn);
+void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn, bool shareable);
 
 // Calls fn(begin, end) over [0, n) in chunks of at least `grain` elements. Runs inline when the
-// range is small, when one thread is configured, or inside a parallel region (see above: the
-// inner range is then either one call over [0, n) or the top-level chunks). fn's results must not
-// depend on how [0, n) is split or on which thread runs a chunk: kernels give each index a fixed
-// piece of work (a tile, a block of rows, a fixed-size partial sum), never a per-chunk partial.
+// range is small, when one thread is configured, or when called from inside a parallel region.
+// Chunk boundaries depend only on n, grain and the thread count.
 template <class F>
 inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
   if (n <= 0) return;
@@ -41,7 +40,22 @@ inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
     fn(int64_t(0), n);
     return;
   }
-  parallel_for_impl(n, grain, RangeFn(fn));
+  parallel_for_impl(n, grain, RangeFn(fn), false);
+}
+
+// parallel_for for a kernel whose chunks only read and write the memory they are given: no
+// arrays, traces, scopes or other thread-local state of the caller (a thread_local scratch
+// buffer of the kernel's own is fine), and results that do not depend on how [0, n) is split
+// (each index a fixed piece of work: a tile, a block of rows), since inside another range the
+// chunks run either as one call over [0, n) or, in that range's tail, on the idle threads.
+template <class F>
+inline void kernel_parallel_for(int64_t n, int64_t grain, F&& fn) {
+  if (n <= 0) return;
+  if (n <= grain) {
+    fn(int64_t(0), n);
+    return;
+  }
+  parallel_for_impl(n, grain, RangeFn(fn), true);
 }
 
 }  // namespace cjax
