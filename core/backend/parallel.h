@@ -30,17 +30,24 @@ class RangeFn {
 };
 void parallel_for_impl(int64_t n, int64_t grain, RangeFn fn, bool shareable);
 
-// Calls fn(begin, end) over [0, n) in chunks of at least `grain` elements. Runs inline when the
-// range is small, when one thread is configured, or when called from inside a parallel region.
-// Chunk boundaries depend only on n, grain and the thread count.
+namespace detail {
 template <class F>
-inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
+inline void split_range(int64_t n, int64_t grain, F& fn, bool shareable) {
   if (n <= 0) return;
   if (n <= grain) {
     fn(int64_t(0), n);
     return;
   }
-  parallel_for_impl(n, grain, RangeFn(fn), false);
+  parallel_for_impl(n, grain, RangeFn(fn), shareable);
+}
+}  // namespace detail
+
+// Calls fn(begin, end) over [0, n) in chunks of at least `grain` elements. Runs inline when the
+// range is small, when one thread is configured, or when called from inside a parallel region.
+// Chunk boundaries depend only on n, grain and the thread count.
+template <class F>
+inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
+  detail::split_range(n, grain, fn, false);
 }
 
 // parallel_for for a kernel whose chunks only read and write the memory they are given: no
@@ -50,12 +57,7 @@ inline void parallel_for(int64_t n, int64_t grain, F&& fn) {
 // chunks run either as one call over [0, n) or, in that range's tail, on the idle threads.
 template <class F>
 inline void kernel_parallel_for(int64_t n, int64_t grain, F&& fn) {
-  if (n <= 0) return;
-  if (n <= grain) {
-    fn(int64_t(0), n);
-    return;
-  }
-  parallel_for_impl(n, grain, RangeFn(fn), true);
+  detail::split_range(n, grain, fn, true);
 }
 
 }  // namespace cjax
