@@ -64,9 +64,10 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
   // (because another one died) leaves an address behind that nobody answers, and a late process
   // would wait on it. With this rendezvous first, no process connects until all have arrived.
   void arrive(int rank, int size) {
-    set(fmt::format("arrived/{}", rank), {});
+    auto arrived = [](int r) { return fmt::format("arrived/{}", r); };
+    set(arrived(rank), {});
     std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(fmt::format("arrived/{}", r));
+    for (int r = 0; r < size; ++r) keys.push_back(arrived(r));
     wait(keys, timeout_);
   }
   // Polls rather than blocking in the client: groups connect on several threads at once, and a

@@ -441,12 +441,11 @@ KvStoreServer::~KvStoreServer() {
 
 int KvStoreServer::port() const { return impl_->port; }
 
-bool KvStoreServer::wait_for_others_to_leave(int self, std::chrono::milliseconds timeout) {
+void KvStoreServer::wait_for_others_to_leave(int self, std::chrono::milliseconds timeout) {
   std::unique_lock lock(impl_->mutex);
-  auto others_left = [&] {
+  impl_->changed.wait_until(lock, deadline_after(timeout), [&] {
     return std::all_of(impl_->connected.begin(), impl_->connected.end(), [&](int id) { return id == self; });
-  };
-  return impl_->changed.wait_until(lock, deadline_after(timeout), others_left);
+  });
 }
 
 void KvStoreServer::Impl::reap_finished_connections() {

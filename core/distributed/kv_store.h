@@ -36,8 +36,8 @@ class KvStoreServer {
 
   int port() const;  // the bound port (the chosen one when constructed with port 0)
   // Waits until no process but `self` is connected (each said goodbye or lost its connection),
-  // or until `timeout`; returns whether they all left.
-  bool wait_for_others_to_leave(int self, std::chrono::milliseconds timeout);
+  // or until `timeout`.
+  void wait_for_others_to_leave(int self, std::chrono::milliseconds timeout);
 
  private:
   struct Impl;
