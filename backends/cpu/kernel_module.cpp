@@ -55,10 +55,10 @@ class CpuKernelModule final : public KernelModule {
     };
     constexpr int64_t kGrain = int64_t(1) << 14;  // elements per task
     if (!spec.has_reduction && rows < 4 * num_threads() && cols >= 2 * kGrain)
-      parallel_for(cols, kGrain, [&](int64_t b, int64_t e) { call(0, rows, b, e); });
+      kernel_parallel_for(cols, kGrain, [&](int64_t b, int64_t e) { call(0, rows, b, e); });
     else
-      parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                   [&](int64_t b, int64_t e) { call(b, e, 0, cols); });
+      kernel_parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                          [&](int64_t b, int64_t e) { call(b, e, 0, cols); });
   }
 
  private:

@@ -390,7 +390,7 @@ template <class T>
 void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, const Dims& d) {
   const int64_t qb = d.query_blocks(), hg = heads_per_task(d, qb), groups = d.K / hg;
   // A task: one query block of the query heads of key heads [kh0, kh0 + hg) of one batch entry.
-  parallel_for(d.B * groups * qb, 1, [&](int64_t begin, int64_t end) {
+  kernel_parallel_for(d.B * groups * qb, 1, [&](int64_t begin, int64_t end) {
     Scratch& scratch = thread_scratch();
     KeyPanels &kp = scratch.kp, &vp = scratch.vp;
     std::vector<float>&qrows = scratch.qrows, &orows = scratch.orows, &p = scratch.p, &m = scratch.m, &l = scratch.l;
@@ -469,7 +469,7 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
   const int64_t hg = heads_per_task(d, 1), groups = d.K / hg;
   // A task owns key heads [kh0, kh0 + hg) of one batch entry, so its dK and dV accumulate without
   // sharing and every sum runs in a fixed order.
-  parallel_for(d.B * groups, 1, [&](int64_t begin, int64_t end) {
+  kernel_parallel_for(d.B * groups, 1, [&](int64_t begin, int64_t end) {
     Scratch& scratch = thread_scratch();
     KeyPanels &kp = scratch.kp, &vp = scratch.vp;
     std::vector<float>&qrows = scratch.qrows, &orow = scratch.orows, &dorows = scratch.dorows, &dqrows = scratch.dqrows,

@@ -78,7 +78,7 @@ ScratchArray<T> pack(int64_t batch, int64_t rows, int64_t cols, const GemmOperan
   ScratchArray<T> out(batch * rows * cols);
   const T* src = static_cast<const T*>(X.ptr);
   int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (rows * cols));  // >= 64K elements per task
-  parallel_for(batch, grain, [&](int64_t s, int64_t e) {
+  kernel_parallel_for(batch, grain, [&](int64_t s, int64_t e) {
     for (int64_t b = s; b < e; ++b) {
       const T* sb = src + X.batch_offset(b);
       T* ob = out.data() + b * rows * cols;
@@ -106,7 +106,7 @@ ScratchArray<T> pack_panels(int64_t batch, int64_t K, int64_t N, int64_t tn, con
   ScratchArray<T> out(batch * K * N);
   const T* src = static_cast<const T*>(B.ptr);
   int64_t panels = (N + tn - 1) / tn;
-  parallel_for(batch * panels, 1, [&](int64_t s, int64_t e) {
+  kernel_parallel_for(batch * panels, 1, [&](int64_t s, int64_t e) {
     for (int64_t w = s; w < e; ++w) {
       int64_t bi = w / panels, j0 = (w % panels) * tn, width = std::min(tn, N - j0);
       const T* sb = src + B.batch_offset(bi) + j0;
@@ -158,7 +158,7 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   int64_t items = batch * per_batch, grain = std::max<int64_t>(1, kTaskWork / (tm * tn * K));
   if (double(items) * double(tm * tn * K) >= double(kMinShareWork) * num_threads())
     grain = std::min(grain, (items + num_threads() - 1) / num_threads());
-  parallel_for(items, grain, [&](int64_t s, int64_t e) {
+  kernel_parallel_for(items, grain, [&](int64_t s, int64_t e) {
     for (int64_t w = s; w < e; ++w) {
       int64_t bi = w / per_batch, t = w % per_batch, i0 = (t / tiles_n) * tm, j0 = (t % tiles_n) * tn;
       bool last_m = rm && i0 + tm > M, last_n = rn && j0 + tn > N;

@@ -108,7 +108,7 @@ void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOper
   double work = double(M) * double(N) * double(K);
   if (batch > 1) {
     int64_t grain = std::max<int64_t>(1, int64_t(65536.0 / std::max(work, 1.0)));
-    parallel_for(batch, grain, [&](int64_t s, int64_t e) {
+    kernel_parallel_for(batch, grain, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i)
         blas_gemm<T>(A.trans, B.trans, M, N, K, a + A.batch_offset(i), A.ld, b + B.batch_offset(i), B.ld, C + i * M * N,
                      alpha, beta);
@@ -118,7 +118,7 @@ void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOper
   // Row panels of at least 16 rows and ~2^21 multiply-adds each, at most one per thread.
   int64_t per_row = std::max<int64_t>(1, N * K);
   int64_t rows = std::max<int64_t>({16, (int64_t(1) << 21) / per_row, (M + num_threads() - 1) / num_threads()});
-  parallel_for(M, rows, [&](int64_t s, int64_t e) {
+  kernel_parallel_for(M, rows, [&](int64_t s, int64_t e) {
     blas_gemm<T>(A.trans, B.trans, e - s, N, K, a + (A.trans ? s : s * A.ld), A.ld, b, B.ld, C + s * N, alpha, beta);
   });
 }
