@@ -135,16 +135,13 @@ class ThreadPool {
       spin_until(
           [&] { return job.settled.load(std::memory_order_acquire) || nested_open_.load(std::memory_order_acquire); });
       lock.lock();
-      if (help_nested(lock)) {
-        lock.unlock();
-        continue;
+      if (!help_nested(lock)) {
+        done_cv_.wait(lock, [&] { return job.done() || nested_has_work(); });
+        // Only the job's end ends the wait. Woken for a nested job's chunks, the next round helps
+        // with them, if its owner (who takes them without the lock) has left any: leaving when it
+        // had not returned the job while its last chunk ran (1 run in 40 of the sharded sample).
+        if (job.done()) break;
       }
-      done_cv_.wait(lock, [&] { return (job.finished == job.nchunks && job.active == 0) || nested_has_work(); });
-      if (job.finished == job.nchunks && job.active == 0) break;
-      // Woken for a nested job's chunks. Its owner takes them without the lock, so none may be
-      // left by now; the job is still not done either way (ending the wait here returned the job
-      // while its last chunk ran, about 1 run in 40 of the sharded transformer sample).
-      help_nested(lock);
       lock.unlock();
     }
     job_ = nullptr;
@@ -170,7 +167,7 @@ class ThreadPool {
     work_on(nested);
     spin_until([&] { return nested.settled.load(std::memory_order_acquire); });
     lock.lock();
-    done_cv_.wait(lock, [&] { return nested.finished == nested.nchunks && nested.active == 0; });
+    done_cv_.wait(lock, [&] { return nested.done(); });
     nested_ = nullptr;
     nested_open_.store(false, std::memory_order_release);
     lock.unlock();
@@ -186,8 +183,9 @@ class ThreadPool {
     std::atomic<int64_t> next{0};
     int64_t finished = 0;              // guarded by mu_
     int active = 0;                    // workers inside work_on; guarded by mu_
-    std::atomic<bool> settled{false};  // finished == nchunks && active == 0 (for spinning)
+    std::atomic<bool> settled{false};  // done(), readable without mu_ (for spinning)
     std::exception_ptr error;
+    bool done() const { return finished == nchunks && active == 0; }  // under mu_
   };
   static thread_local bool tl_in_region;
   friend bool cjax::in_parallel_region();
@@ -212,7 +210,7 @@ class ThreadPool {
     if (done) {
       std::lock_guard<std::mutex> lock(mu_);
       job.finished += done;
-      if (job.finished == job.nchunks && job.active == 0) job.settled.store(true, std::memory_order_release);
+      if (job.done()) job.settled.store(true, std::memory_order_release);
       if (job.finished == job.nchunks) done_cv_.notify_all();
     }
   }
@@ -225,10 +223,14 @@ class ThreadPool {
     lock.unlock();
     work_on(*nested);
     lock.lock();
-    if (--nested->active == 0 && nested->finished == nested->nchunks)
-      nested->settled.store(true, std::memory_order_release);
-    done_cv_.notify_all();
+    leave(*nested);
     return true;
+  }
+  // A helping thread is done with `job`'s chunks (under mu_).
+  void leave(Job& job) {
+    --job.active;
+    if (job.done()) job.settled.store(true, std::memory_order_release);
+    done_cv_.notify_all();
   }
   void worker_loop(int index) {
     spread_.register_worker(index);
@@ -252,10 +254,7 @@ class ThreadPool {
       }
       work_on(*job);
       std::lock_guard<std::mutex> lock(mu_);
-      if (--job->active == 0) {
-        if (job->finished == job->nchunks) job->settled.store(true, std::memory_order_release);
-        done_cv_.notify_all();
-      }
+      leave(*job);
     }
   }
   int n_;
