@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <new>
@@ -107,7 +108,11 @@ struct Compiled : std::enable_shared_from_this<Compiled> {
   bool manual_spmd = false;      // a shard_map program: runs as written, never partitioned
   bool outputs_unsplit = false;  // its outputs come out on one device (known before they are ready)
   std::vector<std::shared_ptr<const Sharding>> out_shardings;  // a partitioned program's, known at dispatch
-  std::string report;                                          // a partitioned program's sharding report
+  // A partitioned program's sharding report, written at the first sharding_report(): its call
+  // sites are symbolized from debug info, which costs ~0.5 s the first time in a process.
+  std::function<std::string()> make_report;
+  mutable std::once_flag report_once;
+  mutable std::string report;
   mutable std::mutex partitions_mu;
   mutable std::unordered_map<std::string, std::shared_ptr<const Compiled>> partitions;
 };
@@ -523,7 +528,8 @@ std::string report_text(const std::string& name, const Mesh& mesh, const std::ve
   for (const partition::EquationLayout& e : part.layouts) {
     std::vector<std::string> outs;
     for (size_t k = 0; k < e.global.size(); ++k) outs.push_back(e.global[k].str() + " " + e.layouts[k].str());
-    s += fmt::format("  {}{} -> {}\n", e.primitive, e.source.empty() ? "" : " at " + e.source, fmt::join(outs, ", "));
+    std::string source = e.source();
+    s += fmt::format("  {}{} -> {}\n", e.primitive, source.empty() ? "" : " at " + source, fmt::join(outs, ", "));
   }
   int64_t bytes = 0;
   for (const auto& c : part.inserted) bytes += c.bytes;
@@ -582,7 +588,9 @@ std::shared_ptr<const Compiled> partitioned_for(const Compiled& c, const std::ve
   auto p = std::make_shared<Compiled>(c.signature, c.traced, Executable(part.program, name), c.result_like);
   p->mesh = mesh;
   for (const PartitionSpec& s : part.out_specs) p->out_shardings.push_back(std::make_shared<NamedSharding>(*mesh, s));
-  p->report = report_text(name, *mesh, specs, part);
+  p->make_report = [name, mesh = *mesh, specs, part = std::make_shared<const partition::Partitioned>(std::move(part))] {
+    return report_text(name, mesh, specs, *part);
+  };
   c.partitions.emplace(key, p);
   return p;
 }
@@ -595,6 +603,7 @@ std::string sharding_report(const Compiled& c, const std::vector<Array>& leaves,
     return fmt::format("jit '{}' is not partitioned: {}\n", name,
                        c.manual_spmd ? "its program is a shard_map (manual SPMD), run as written"
                                      : "no argument is split over a mesh and no shardings were given");
+  std::call_once(p->report_once, [&] { p->report = p->make_report(); });
   return p->report;
 }
 

@@ -12,6 +12,7 @@
 #include "cjax/collective_recorder.h"
 #include "core/array/primitive.h"
 #include "test_util.h"
+#include "trace/source_info.h"
 
 using namespace cjax;
 using namespace cjax::testing;
@@ -574,6 +575,24 @@ TEST_CASE("eager operations on split arrays run through the partitioner") {
     check_all_close(whole, a, 1e-7);
     CHECK(moving(rec.records()) == "all_gather x (2, 4)->(8, 4)");
   }
+}
+
+TEST_CASE("a sharded jit's first call symbolizes no call site; its report does, when asked") {
+  // Symbolizing reads the binary's debug info (about half a second the first time in a process),
+  // so the partitioner keeps the call sites as captured and the report turns them into text.
+  Mesh mesh = make_mesh({4}, {"fsdp"});
+  Array x = device_put(random::normal(random::key(4), {16, 8}), NamedSharding(mesh, P("fsdp")));
+  Array w = device_put(random::normal(random::key(5), {8, 32}), NamedSharding(mesh, P("fsdp", None)));
+  auto f = jit([](const Array& a, const Array& b) { return jnp::sum(jnp::dot(a, b) * 3.0f); }, {.name = "lazy"});
+  int64_t before = SourceInfo::symbolized_count();
+  Array y = f(x, w);
+  CHECK(y.item<float>() == doctest::Approx(3.0f * jnp::sum(jnp::dot(x, w)).item<float>()).epsilon(1e-5));
+  CHECK(SourceInfo::symbolized_count() == before);
+  std::string r = f.sharding_report(x, w);
+  CAPTURE(r);
+  CHECK(SourceInfo::symbolized_count() > before);
+  CHECK(r.find("all_gather over (fsdp) f32[2,32] -> f32[8,32] (256 bytes) for dot_general at test_sharded_jit.cpp:") !=
+        std::string::npos);
 }
 
 TEST_CASE("sharding report: layouts and inserted collectives with their source lines, before running") {

@@ -21,6 +21,7 @@ bool capture_source_info() { return g_capture; }
 }  // namespace config
 
 namespace {
+std::atomic<int64_t> g_symbolized{0};
 thread_local std::shared_ptr<const SourceInfo> t_override;
 thread_local bool t_override_set = false;
 }  // namespace
@@ -85,8 +86,11 @@ bool is_internal(const char* file) {
 #endif
 }  // namespace
 
+int64_t SourceInfo::symbolized_count() { return g_symbolized.load(); }
+
 const std::string& SourceInfo::str() const {
   std::call_once(once_, [this] {
+    g_symbolized.fetch_add(1);
 #ifdef CJAX_HAVE_LIBBACKTRACE
     // One symbolization at a time: libbacktrace's threaded mode synchronizes with atomics that
     // ThreadSanitizer cannot see (it is not instrumented), and symbolizing is rare (errors, dumps).

@@ -22,6 +22,9 @@ class SourceInfo {
   // A distinct object for the same call site (null for null): marks keyed by the object
   // (trace/phase.h) then apply to one equation, not to every equation that shares `info`.
   static std::shared_ptr<const SourceInfo> copy_of(const SourceInfo* info);
+  // How many SourceInfos this process has turned into text (tests check that a hot path such as
+  // a sharded jit's first call symbolizes nothing: the first symbolization reads the debug info).
+  static int64_t symbolized_count();
 
  private:
   std::vector<uintptr_t> pcs_;

@@ -66,7 +66,8 @@ std::string Layout::str() const {
 std::string InsertedCollective::str() const {
   return fmt::format("{} over ({}) {} -> {} ({} bytes) for {}{}{}", kind, fmt::join(axes, ", "),
                      AbstractValue{in_shape, dtype, false, {}}.str(), AbstractValue{out_shape, dtype, false, {}}.str(),
-                     bytes, primitive, source.empty() ? "" : " at " + source, why.empty() ? "" : ": " + why);
+                     bytes, primitive, source_info && !source().empty() ? " at " + source() : "",
+                     why.empty() ? "" : ": " + why);
 }
 
 // ---- rule table ----
@@ -146,7 +147,7 @@ Array Partitioner::emit(const std::string& kind, const std::vector<std::string>&
   c.bytes = in.aval().size() * int64_t(itemsize(in.dtype()));
   if (current) {
     c.primitive = current->primitive->name;
-    if (current->source_info) c.source = current->source_info->str();
+    c.source_info = current->source_info;
   }
   c.why = why + region;
   static const bool log = env_flag("CJAX_LOG_RESHARDS");
@@ -443,7 +444,7 @@ std::vector<Value> run_jaxpr(Partitioner& p, const Jaxpr& jaxpr, const std::vect
     std::vector<Value> outs = rule ? (*rule)(p, eqn, ins) : run_replicated(p, eqn, ins);
     EquationLayout el;
     el.primitive = eqn.primitive->name;
-    if (eqn.source_info) el.source = eqn.source_info->str();
+    el.source_info = eqn.source_info;
     for (size_t k = 0; k < outs.size(); ++k) {
       const AbstractValue& g = eqn.outputs[k].aval();
       Shape want = p.local_shape(g.shape, outs[k].layout);

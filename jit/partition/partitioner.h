@@ -24,6 +24,7 @@
 #include "cjax/make_jaxpr.h"
 #include "cjax/sharding.h"
 #include "trace/jaxpr.h"
+#include "trace/source_info.h"
 
 namespace cjax::partition {
 
@@ -56,14 +57,18 @@ struct InsertedCollective {
   DType dtype = DType::float32;
   int64_t bytes = 0;      // per-device operand bytes
   std::string primitive;  // the equation that needed it
-  std::string source;     // the user's call site of that equation ("" without debug info)
+  std::shared_ptr<const SourceInfo> source_info;
   std::string why;
+  // The user's call site of that equation ("" without debug info), symbolized when asked for.
+  std::string source() const { return source_info ? source_info->str() : ""; }
   std::string str() const;
 };
 
 // The layout of each equation's outputs, for the sharding report.
 struct EquationLayout {
-  std::string primitive, source;
+  std::string primitive;
+  std::shared_ptr<const SourceInfo> source_info;
+  std::string source() const { return source_info ? source_info->str() : ""; }
   std::vector<AbstractValue> global;
   std::vector<Layout> layouts;
 };
