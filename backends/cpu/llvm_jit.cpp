@@ -39,7 +39,7 @@
 namespace cjax::cpu {
 namespace {
 
-constexpr const char* kCjaxCodegenVersion = "cjax-codegen-17";
+constexpr const char* kCjaxCodegenVersion = "cjax-codegen-18";
 
 [[noreturn]] void fail(std::string_view what, llvm::Error err) {
   std::string msg;

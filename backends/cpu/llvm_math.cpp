@@ -286,8 +286,13 @@ class Em {
 
   Value* logistic(Value* x) {
     Value* xn = maxf(neg(fabs(x)), C(dbl_ ? -746 : -104));
-    Reduced e = exp_reduce(xn, nullptr, exp_poly());
-    Value* ex = scale2z(add(C(1), add(e.r, e.tail)), to_int(e.kf), lt(xn, C(exp_zero())));  // exp(-|x|)
+    Value* ex;  // exp(-|x|)
+    if (dbl_) {
+      Reduced e = exp_reduce(xn, nullptr, exp_poly());
+      ex = scale2z(add(C(1), add(e.r, e.tail)), to_int(e.kf), lt(xn, C(exp_zero())));
+    } else {  // the short f32 exp: the same 2.40 ulp exhaustively, the op ~20% faster
+      ex = exp_f32(xn);
+    }
     Value* num = sel(lt(x, C(0)), ex, C(1));
     return nan_pass(x, div(num, add(C(1), ex)));
   }
