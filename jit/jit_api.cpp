@@ -528,8 +528,7 @@ std::string report_text(const std::string& name, const Mesh& mesh, const std::ve
   for (const partition::EquationLayout& e : part.layouts) {
     std::vector<std::string> outs;
     for (size_t k = 0; k < e.global.size(); ++k) outs.push_back(e.global[k].str() + " " + e.layouts[k].str());
-    std::string source = e.source();
-    s += fmt::format("  {}{} -> {}\n", e.primitive, source.empty() ? "" : " at " + source, fmt::join(outs, ", "));
+    s += fmt::format("  {}{} -> {}\n", e.primitive, partition::at_call_site(e.source_info), fmt::join(outs, ", "));
   }
   int64_t bytes = 0;
   for (const auto& c : part.inserted) bytes += c.bytes;

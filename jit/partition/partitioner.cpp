@@ -63,11 +63,15 @@ std::string Layout::str() const {
   return s;
 }
 
+std::string at_call_site(const std::shared_ptr<const SourceInfo>& info) {
+  if (!info || info->str().empty()) return "";
+  return " at " + info->str();
+}
+
 std::string InsertedCollective::str() const {
   return fmt::format("{} over ({}) {} -> {} ({} bytes) for {}{}{}", kind, fmt::join(axes, ", "),
                      AbstractValue{in_shape, dtype, false, {}}.str(), AbstractValue{out_shape, dtype, false, {}}.str(),
-                     bytes, primitive, source_info && !source().empty() ? " at " + source() : "",
-                     why.empty() ? "" : ": " + why);
+                     bytes, primitive, at_call_site(source_info), why.empty() ? "" : ": " + why);
 }
 
 // ---- rule table ----
@@ -126,9 +130,7 @@ Shape Partitioner::local_shape(const Shape& global, const Layout& layout) const 
 
 std::string Partitioner::where() const {
   if (!current) return context.empty() ? "the program" : context;
-  std::string s = fmt::format("'{}'", current->primitive->name);
-  if (current->source_info && !current->source_info->str().empty()) s += " at " + current->source_info->str();
-  return s;
+  return fmt::format("'{}'{}", current->primitive->name, at_call_site(current->source_info));
 }
 
 void Partitioner::fail(const std::string& what) const {

@@ -49,18 +49,20 @@ struct Value {
   Layout layout;
 };
 
+// " at file.cpp:12 (function)" for a call site, "" without one or without debug info. Call sites
+// are kept as captured and symbolized only here, when a message or report is written.
+std::string at_call_site(const std::shared_ptr<const SourceInfo>& info);
+
 // One collective the partitioner inserted (for the sharding report and CJAX_LOG_RESHARDS=1).
 struct InsertedCollective {
   std::string kind;  // all_gather, reduce_scatter, psum, pmax, pmin, all_to_all
   std::vector<std::string> axes;
   Shape in_shape, out_shape;  // per-device blocks
   DType dtype = DType::float32;
-  int64_t bytes = 0;      // per-device operand bytes
-  std::string primitive;  // the equation that needed it
-  std::shared_ptr<const SourceInfo> source_info;
+  int64_t bytes = 0;                              // per-device operand bytes
+  std::string primitive;                          // the equation that needed it
+  std::shared_ptr<const SourceInfo> source_info;  // the user's call site of that equation
   std::string why;
-  // The user's call site of that equation ("" without debug info), symbolized when asked for.
-  std::string source() const { return source_info ? source_info->str() : ""; }
   std::string str() const;
 };
 
@@ -68,7 +70,6 @@ struct InsertedCollective {
 struct EquationLayout {
   std::string primitive;
   std::shared_ptr<const SourceInfo> source_info;
-  std::string source() const { return source_info ? source_info->str() : ""; }
   std::vector<AbstractValue> global;
   std::vector<Layout> layouts;
 };
