@@ -13,33 +13,42 @@ runs=${3:-1}
 bin=$build/samples/train_transformer
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-# PyTorch with one intra-op thread and with one per core; the faster thread count is then run again
-# right before each cjax configuration, and each ratio is against that neighbouring run (this VM's
-# speed drifts by 10-20% over a minute, so one PyTorch figure for the whole table skewed the ratios).
+# PyTorch's settings: ATen's intra-op threads (torch.set_num_threads) and, apart from them, the
+# threads of Debian's OpenBLAS (pthread build), which runs every GEMM on all cores unless
+# OPENBLAS_NUM_THREADS says otherwise. So "1 ATen thread" still uses every core for the GEMMs
+# (measured on a 2-core Zen 4: 25-27k tokens/s, against 19.5k with OPENBLAS_NUM_THREADS=1), and
+# 2 ATen threads with OpenBLAS's 2 oversubscribe the cores (11.6k). The three settings below are
+# measured once; the fastest is then run again right before each cjax configuration, and each ratio
+# is against that neighbouring run (this VM's speed drifts by 10-30% over a minute, so one PyTorch
+# figure for the whole table skewed the ratios).
 torch_tps=""
-torch_threads=1
-torch_run() {
-  /usr/bin/python3 "$here/peers/torch_transformer.py" --steps "$steps" --threads "$1" | sed -n 's/^tokens_per_s=//p'
+torch_setting=""
+torch_run() {  # torch_run ATEN_THREADS OPENBLAS_THREADS ("" = OpenBLAS's default: one per core)
+  env ${2:+OPENBLAS_NUM_THREADS=$2} /usr/bin/python3 "$here/peers/torch_transformer.py" --steps "$steps" --threads "$1" |
+    sed -n 's/^tokens_per_s=//p'
 }
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "PyTorch is not installed (python3-torch); cjax numbers only"
 fi
 model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+family=$(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -1)
+cpu_model=$(sed -n 's/^model[[:space:]]*: //p' /proc/cpuinfo | head -1)
 isa=AVX2
 grep -qw avx512f /proc/cpuinfo && isa=AVX-512
-echo "host: $model, $isa, $(nproc) logical cores; cjax kernels: CJAX_ISA=${CJAX_ISA:-native}"
+echo "host: $model (family $family, model $cpu_model), $isa, $(nproc) logical cores; cjax kernels: CJAX_ISA=${CJAX_ISA:-native}"
 if [ "$runs" -gt 1 ]; then
-  printf "%-22s %14s %10s %14s %10s\n" "config" "tokens/s" "vs torch" "torch tokens/s" "lowest"
+  printf "%-34s %14s %10s %14s %10s\n" "config" "tokens/s" "vs torch" "torch tokens/s" "lowest"
 else
-  printf "%-22s %14s %10s %14s\n" "config" "tokens/s" "vs torch" "torch tokens/s"
+  printf "%-34s %14s %10s %14s\n" "config" "tokens/s" "vs torch" "torch tokens/s"
 fi
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  for t in 1 $(nproc); do
-    tps=$(torch_run "$t")
-    printf "%-22s %14.0f\n" "pytorch 1.13, $t thr" "$tps"
+  for setting in "1:" "$(nproc):" "$(nproc):1"; do
+    aten=${setting%%:*} blas=${setting##*:}
+    tps=$(torch_run "$aten" "$blas")
+    printf "%-34s %14.0f\n" "pytorch 1.13, ATen $aten thr, BLAS ${blas:-$(nproc)}" "$tps"
     if [ -z "$torch_tps" ] || python3 -c "import sys; sys.exit(0 if $tps > $torch_tps else 1)"; then
       torch_tps=$tps
-      torch_threads=$t
+      torch_setting=$setting
     fi
   done
 fi
@@ -56,7 +65,7 @@ for run in single dp fsdp fsdp_tp dp:auto fsdp:auto fsdp_tp:auto; do
     tps=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
     all_tps+=("$tps")
     if [ -n "$torch_tps" ]; then
-      torch_tps=$(torch_run "$torch_threads")
+      torch_tps=$(torch_run "${torch_setting%%:*}" "${torch_setting##*:}")
       all_torch+=("$torch_tps")
       all_ratio+=("$(python3 -c "print($tps / $torch_tps)")")
     fi
@@ -71,8 +80,8 @@ for run in single dp fsdp fsdp_tp dp:auto fsdp:auto fsdp_tp:auto; do
     ratio="-" lowest="-" torch_col=0
   fi
   if [ "$runs" -gt 1 ]; then
-    printf "%-22s %14.0f %10s %14.0f %10s\n" "$name" "$(median "${all_tps[@]}")" "$ratio" "$torch_col" "$lowest"
+    printf "%-34s %14.0f %10s %14.0f %10s\n" "$name" "$(median "${all_tps[@]}")" "$ratio" "$torch_col" "$lowest"
   else
-    printf "%-22s %14.0f %10s %14.0f\n" "$name" "$(median "${all_tps[@]}")" "$ratio" "$torch_col"
+    printf "%-34s %14.0f %10s %14.0f\n" "$name" "$(median "${all_tps[@]}")" "$ratio" "$torch_col"
   fi
 done
