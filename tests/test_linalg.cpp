@@ -4,12 +4,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <tuple>
 
 #include "backends/cpu/kernels/gemm_choice.h"
 #include "backends/cpu/kernels/gemm_xsmm.h"
@@ -17,6 +20,7 @@
 #include "cjax/cjax.h"
 #include "core/array/primitive.h"
 #include "core/backend/backend.h"
+#include "core/backend/kernel_cache.h"
 #include "core/backend/parallel.h"
 #include "core/lax/linalg.h"
 #include "jit/executable.h"
@@ -390,6 +394,83 @@ TEST_CASE("the GEMM library is measured once per host and shape class, then read
   set_gemm_engine_override(std::nullopt);
   CHECK(gemm_class(DType::float32, 3, 1000, 1024, 1025, false, true).str() ==
         "f32 NT m<=1024 n<=1024 k<=2048 batch<=4");
+}
+
+TEST_CASE("a close GEMM decision is measured again in the steady state, keeping each library's least time") {
+  if (fixed_gemm_engine()) {
+    MESSAGE("CJAX_GEMM fixes the library: nothing is measured");
+    return;
+  }
+  // Stand-ins for the two libraries' runs: sleeps, so the faster one is known. Classes no other
+  // test uses (f64, both operands transposed, a batch of 2^19).
+  auto sleeping = [](int xsmm_us, int blas_us) {
+    return [=](GemmEngine e) {
+      std::this_thread::sleep_for(std::chrono::microseconds(e == GemmEngine::xsmm ? xsmm_us : blas_us));
+    };
+  };
+  auto must_not_run = [](GemmEngine) { FAIL("the libraries were measured where the record decides"); };
+  auto record = [](const GemmClass& c) {
+    double x = 0, b = 0;
+    int n = 0;
+    std::optional<std::string> r = cached_kernel(gemm_choice_cache_key(c));
+    REQUIRE(r);
+    REQUIRE(std::sscanf(r->c_str(), "%lf %lf %d", &x, &b, &n) == 3);
+    return std::tuple{x, b, n};
+  };
+  GemmClass decisive = gemm_class(DType::float64, 1 << 19, 3, 5, 7, true, true);
+  GemmClass close = gemm_class(DType::float64, 1 << 19, 3, 5, 9, true, true);
+  GemmClass settled = gemm_class(DType::float64, 1 << 19, 3, 5, 17, true, true);
+
+  // Nothing usable stored (a damaged record counts as none; an earlier run of this test left a
+  // record): measured at the first call. OpenBLAS 3x faster is decisive, so the record is settled
+  // and the class is not measured again, however often it is called.
+  store_kernel(gemm_choice_cache_key(decisive), "none");
+  int64_t measured = gemm_choice_stats().measured;
+  CHECK(choose_gemm_engine(decisive, sleeping(1500, 500)) == GemmEngine::blas);
+  CHECK(gemm_choice_stats().measured == measured + 1);
+  auto [x1, b1, n1] = record(decisive);
+  CHECK(n1 == 1);
+  CHECK(x1 >= 1500e-6);
+  CHECK(b1 >= 500e-6);
+  for (int call = 2; call <= 100; ++call) CHECK(choose_gemm_engine(decisive, must_not_run) == GemmEngine::blas);
+  clear_gemm_choices();
+  CHECK(choose_gemm_engine(decisive, must_not_run) == GemmEngine::blas);
+
+  // An earlier process found OpenBLAS 5.3% faster: a close call, one measurement, not settled.
+  // This process takes OpenBLAS from the record, and at the class's 64th call measures again,
+  // keeping its library for the rest of the run; the record now holds the least time of each
+  // library over both measurements, and tells the next process LIBXSMM.
+  store_kernel(gemm_choice_cache_key(close), "0.0019 0.0018 1");
+  clear_gemm_choices();
+  measured = gemm_choice_stats().measured;
+  for (int call = 1; call < 64; ++call) CHECK(choose_gemm_engine(close, must_not_run) == GemmEngine::blas);
+  CHECK(choose_gemm_engine(close, sleeping(300, 1200)) == GemmEngine::blas);
+  CHECK(gemm_choice_stats().measured == measured + 1);
+  auto [x2, b2, n2] = record(close);
+  CHECK(n2 == 2);
+  CHECK(x2 >= 300e-6);
+  CHECK(x2 < 1200e-6);
+  CHECK(b2 >= 1200e-6);
+  CHECK(b2 <= 0.0018);
+  for (int call = 65; call <= 200; ++call) CHECK(choose_gemm_engine(close, must_not_run) == GemmEngine::blas);
+  // What the next process sees (memory dropped); this process does not measure the class again.
+  clear_gemm_choices();
+  for (int call = 1; call <= 100; ++call) CHECK(choose_gemm_engine(close, must_not_run) == GemmEngine::xsmm);
+
+  // A close first measurement in this process: measured again at the 64th call, the same library kept.
+  GemmClass tie = gemm_class(DType::float64, 1 << 19, 3, 5, 33, true, true);
+  store_kernel(gemm_choice_cache_key(tie), "none");
+  CHECK(choose_gemm_engine(tie, sleeping(3000, 3300)) == GemmEngine::xsmm);
+  CHECK(std::get<2>(record(tie)) == 1);
+  for (int call = 2; call < 64; ++call) CHECK(choose_gemm_engine(tie, must_not_run) == GemmEngine::xsmm);
+  CHECK(choose_gemm_engine(tie, sleeping(3000, 600)) == GemmEngine::xsmm);
+  CHECK(std::get<2>(record(tie)) == 2);
+  CHECK(std::get<1>(record(tie)) < 3000e-6);
+
+  // Three measurements: settled however close, and read back as it stands.
+  store_kernel(gemm_choice_cache_key(settled), "0.0010 0.00094 3");
+  for (int call = 1; call <= 100; ++call) CHECK(choose_gemm_engine(settled, must_not_run) == GemmEngine::blas);
+  clear_gemm_choices();
 }
 
 TEST_CASE("kernel scratch memory comes back from the thread's cache") {

@@ -31,7 +31,11 @@ struct Cache {
 
   void remember(const std::string& key, std::string object) {
     std::lock_guard lk(mu);
-    if (index.count(key)) return;
+    if (auto it = index.find(key); it != index.end()) {  // stored again: the latest bytes win
+      bytes -= it->second->second.size() + key.size();
+      lru.erase(it->second);
+      index.erase(it);
+    }
     bytes += object.size() + key.size();
     lru.emplace_front(key, std::move(object));
     index[key] = lru.begin();

@@ -3,8 +3,9 @@
 // $CJAX_CACHE_DIR (default: $XDG_CACHE_HOME/cjax or ~/.cache/cjax; CJAX_CACHE_DIR="" turns the
 // disk cache off). The key is the caller's complete description of what was compiled, target and
 // compiler versions included; it is stored in the file and compared on reading, so a hash
-// collision or a damaged file is a miss, never wrong code. Files are written to a temporary name
-// and renamed, so concurrent processes never read a partial file. The disk cache is capped at
+// collision or a damaged file is a miss, never wrong code. Storing a key again replaces its bytes
+// (the GEMM library choice updates its measurement records so). Files are written to a temporary
+// name and renamed, so concurrent processes never read a partial file. The disk cache is capped at
 // CJAX_CACHE_MAX_MB (default 512): past it, the least recently used files go.
 #pragma once
 #include <cstdint>
