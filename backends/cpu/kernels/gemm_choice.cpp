@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "cjax/errors.h"
 #include "core/array/util.h"
@@ -23,14 +24,15 @@
 namespace cjax {
 namespace {
 
-// OpenBLAS must be this much faster to be chosen (a tie keeps LIBXSMM), in the least time per run
-// of each engine over two measurements one after the other: interference from outside only ever
-// slows a run, so the least of more runs is nearer each library's own speed.
+// OpenBLAS must be this much faster to be chosen (a tie keeps LIBXSMM), in the median time per
+// run of each engine, measured twice one after the other (the faster of the two medians each).
 constexpr double kBlasMargin = 0.95;
-// A decision closer than kDecisive is measured again until kSettledAfter measurements agree on
-// it, each record keeping the least time per engine over all of them. One measurement can fall in
-// a slow phase of a shared host (a neighbour, the first step's compile and prefetch threads): on a
-// Zen 4 VM one such chose OpenBLAS for a class where LIBXSMM was 10-15% faster in every later run.
+// A decision closer than kDecisive is measured again until kSettledAfter measurements are
+// recorded, the record keeping the least of the measurements' medians per engine: a slow phase
+// of the host slows both engines of one measurement alike, and the least drops that measurement.
+// One measurement can fall in such a phase (a neighbour, the first step's compile and prefetch
+// threads): on a Zen 4 VM one chose OpenBLAS for a class where LIBXSMM was 10-15% faster in every
+// later run.
 constexpr int kSettledAfter = 3;
 // Where a record is not settled, a process measures the class again at this call of it: in the
 // steady state, after the first steps' compiles and prefetches, which also ran during the first
@@ -74,12 +76,12 @@ std::atomic<int> g_override{-1};  // -1: none; else a GemmEngine
 
 std::string disk_key_of(const GemmClass& c) {
   static const std::string host = cpu_model();
-  return fmt::format("cjax-gemm-choice-3|{}|isa={}|threads={}|{}", host,
+  return fmt::format("cjax-gemm-choice-4|{}|isa={}|threads={}|{}", host,
                      requested_cpu_isa() == CpuIsa::Avx2 ? "avx2" : "native", num_threads(), c.str());
 }
 
-// What the disk cache keeps for a class: the least seconds per run of each engine over every
-// measurement of it, and how many there were. Written as "<xsmm> <blas> <measurements>".
+// What the disk cache keeps for a class: the least over its measurements of each engine's median
+// seconds per run, and how many measurements there were. Written as "<xsmm> <blas> <measurements>".
 struct Measurement {
   double xsmm = 0, blas = 0;
   int measurements = 0;
@@ -96,26 +98,37 @@ std::optional<Measurement> parse_measurement(const std::string& s) {
   return m;
 }
 
-// The least seconds per run of each engine (xsmm, blas), the two taking turns after a warm-up
+// The median seconds per run of each engine (xsmm, blas), the two taking turns after a warm-up
 // run each (which JIT-compiles LIBXSMM's kernels and wakes OpenBLAS's threads): interference
-// from outside, such as OpenBLAS's threads still spinning after an earlier call, then slows both
-// alike, and the least of several runs drops it.
+// from outside, such as a neighbour's load, then slows both alike. The median, not the least: an
+// engine whose runs vary costs its typical run in a training step, and the least of its runs
+// flattered it (Zen 4, AVX-512: the least chose OpenBLAS for the weight gradients' TN classes,
+// where bench_gemm's medians had LIBXSMM 15-20% faster; with medians LIBXSMM is chosen, and those
+// rows are 0.98-1.01x the better library).
 std::pair<double, double> seconds_per_run(absl::FunctionRef<void(GemmEngine)> run_once) {
   run_once(GemmEngine::xsmm);
   run_once(GemmEngine::blas);
-  double best[2] = {1e30, 1e30}, total = 0;
+  std::vector<double> runs[2];
+  double total = 0;
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
   // After three runs each, a gap of kDecisive decides: more runs only matter near a tie (a fresh
   // process measures every class it meets, 8 for an MLP train step).
-  auto decided = [&] { return std::max(best[0], best[1]) >= kDecisive * std::min(best[0], best[1]); };
+  auto decided = [&] {
+    double x = median(runs[0]), b = median(runs[1]);
+    return std::max(x, b) >= kDecisive * std::min(x, b);
+  };
   for (int r = 0; r < kMaxRuns && (r < 3 || (total < kMeasureSeconds && !decided())); ++r)
     for (GemmEngine e : {GemmEngine::xsmm, GemmEngine::blas}) {
       auto start = std::chrono::steady_clock::now();
       run_once(e);
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      best[int(e)] = std::min(best[int(e)], s);
+      runs[int(e)].push_back(s);
       total += s;
     }
-  return {best[0], best[1]};
+  return {median(runs[0]), median(runs[1])};
 }
 
 }  // namespace
@@ -160,7 +173,7 @@ void set_gemm_engine_override(std::optional<GemmEngine> engine) { g_override = e
 namespace {
 
 // Measures class c (its record's key: dkey) and merges the result into the record on disk: the
-// least time per run of each library over every measurement so far.
+// least of each library's median time per run over every measurement so far.
 Measurement measure_and_record(const GemmClass& c, const std::string& dkey,
                                absl::FunctionRef<void(GemmEngine)> run_once) {
   auto [xsmm, blas] = seconds_per_run(run_once);
