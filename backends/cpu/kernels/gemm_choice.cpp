@@ -74,12 +74,6 @@ Choices& choices() {
 
 std::atomic<int> g_override{-1};  // -1: none; else a GemmEngine
 
-std::string disk_key_of(const GemmClass& c) {
-  static const std::string host = cpu_model();
-  return fmt::format("cjax-gemm-choice-4|{}|isa={}|threads={}|{}", host,
-                     requested_cpu_isa() == CpuIsa::Avx2 ? "avx2" : "native", num_threads(), c.str());
-}
-
 // What the disk cache keeps for a class: the least over its measurements of each engine's median
 // seconds per run, and how many measurements there were. Written as "<xsmm> <blas> <measurements>".
 struct Measurement {
@@ -90,10 +84,12 @@ struct Measurement {
     return measurements >= kSettledAfter || std::max(xsmm, blas) >= kDecisive * std::min(xsmm, blas);
   }
 };
-std::optional<Measurement> parse_measurement(const std::string& s) {
+// The record stored under `key`, if there is one and it reads back whole.
+std::optional<Measurement> stored_measurement(const std::string& key) {
+  std::optional<std::string> bytes = cached_kernel(key);
   Measurement m;
-  if (std::sscanf(s.c_str(), "%lf %lf %d", &m.xsmm, &m.blas, &m.measurements) != 3 || !(m.xsmm > 0) || !(m.blas > 0) ||
-      m.measurements < 1)
+  if (!bytes || std::sscanf(bytes->c_str(), "%lf %lf %d", &m.xsmm, &m.blas, &m.measurements) != 3 || !(m.xsmm > 0) ||
+      !(m.blas > 0) || m.measurements < 1)
     return std::nullopt;
   return m;
 }
@@ -131,7 +127,35 @@ std::pair<double, double> seconds_per_run(absl::FunctionRef<void(GemmEngine)> ru
   return {median(runs[0]), median(runs[1])};
 }
 
+// Measures class c (its record's key: dkey) and merges the result into the record on disk: the
+// least of each library's median time per run over every measurement so far.
+Measurement measure_and_record(const GemmClass& c, const std::string& dkey,
+                               absl::FunctionRef<void(GemmEngine)> run_once) {
+  auto [xsmm, blas] = seconds_per_run(run_once);
+  if (blas < kBlasMargin * xsmm) {  // more runs of both before OpenBLAS is chosen
+    auto [xsmm2, blas2] = seconds_per_run(run_once);
+    xsmm = std::min(xsmm, xsmm2);
+    blas = std::min(blas, blas2);
+  }
+  Measurement m{xsmm, blas, 1};
+  if (std::optional<Measurement> stored = stored_measurement(dkey))
+    m = {std::min(xsmm, stored->xsmm), std::min(blas, stored->blas), stored->measurements + 1};
+  if (env_flag("CJAX_LOG_GEMM"))
+    std::fprintf(stderr, "cjax gemm: %s: LIBXSMM %.1f us, OpenBLAS %.1f us (least over %d measurement%s): %s\n",
+                 c.str().c_str(), m.xsmm * 1e6, m.blas * 1e6, m.measurements, m.measurements == 1 ? "" : "s",
+                 m.engine() == GemmEngine::xsmm ? "LIBXSMM" : "OpenBLAS");
+  store_kernel(dkey, fmt::format("{:.9g} {:.9g} {}", m.xsmm, m.blas, m.measurements));
+  choices().measured.fetch_add(1);
+  return m;
+}
+
 }  // namespace
+
+std::string gemm_choice_cache_key(const GemmClass& c) {
+  static const std::string host = cpu_model();
+  return fmt::format("cjax-gemm-choice-4|{}|isa={}|threads={}|{}", host,
+                     requested_cpu_isa() == CpuIsa::Avx2 ? "avx2" : "native", num_threads(), c.str());
+}
 
 uint64_t GemmClass::packed() const {
   return uint64_t(dtype) | uint64_t(a_trans) << 8 | uint64_t(b_trans) << 9 | uint64_t(log_m) << 16 |
@@ -170,33 +194,6 @@ std::optional<GemmEngine> fixed_gemm_engine() {
 
 void set_gemm_engine_override(std::optional<GemmEngine> engine) { g_override = engine ? int(*engine) : -1; }
 
-namespace {
-
-// Measures class c (its record's key: dkey) and merges the result into the record on disk: the
-// least of each library's median time per run over every measurement so far.
-Measurement measure_and_record(const GemmClass& c, const std::string& dkey,
-                               absl::FunctionRef<void(GemmEngine)> run_once) {
-  auto [xsmm, blas] = seconds_per_run(run_once);
-  if (blas < kBlasMargin * xsmm) {  // more runs of both before OpenBLAS is chosen
-    auto [xsmm2, blas2] = seconds_per_run(run_once);
-    xsmm = std::min(xsmm, xsmm2);
-    blas = std::min(blas, blas2);
-  }
-  Measurement m{xsmm, blas, 1};
-  std::optional<Measurement> stored;
-  if (std::optional<std::string> bytes = cached_kernel(dkey)) stored = parse_measurement(*bytes);
-  if (stored) m = {std::min(xsmm, stored->xsmm), std::min(blas, stored->blas), stored->measurements + 1};
-  if (env_flag("CJAX_LOG_GEMM"))
-    std::fprintf(stderr, "cjax gemm: %s: LIBXSMM %.1f us, OpenBLAS %.1f us (least over %d measurement%s): %s\n",
-                 c.str().c_str(), m.xsmm * 1e6, m.blas * 1e6, m.measurements, m.measurements == 1 ? "" : "s",
-                 m.engine() == GemmEngine::xsmm ? "LIBXSMM" : "OpenBLAS");
-  store_kernel(dkey, fmt::format("{:.9g} {:.9g} {}", m.xsmm, m.blas, m.measurements));
-  choices().measured.fetch_add(1);
-  return m;
-}
-
-}  // namespace
-
 GemmEngine choose_gemm_engine(const GemmClass& c, absl::FunctionRef<void(GemmEngine)> run_once) {
   if (std::optional<GemmEngine> fixed = fixed_gemm_engine()) return *fixed;
   Choices& ch = choices();
@@ -210,13 +207,12 @@ GemmEngine choose_gemm_engine(const GemmClass& c, absl::FunctionRef<void(GemmEng
       ch.remeasured_here.insert(key);
       GemmEngine e = d.engine;
       lock.unlock();  // not held while measuring: the runs use the thread pool, whose jobs may wait on it
-      measure_and_record(c, disk_key_of(c), run_once);
+      measure_and_record(c, gemm_choice_cache_key(c), run_once);
       return e;
     }
   }
-  std::string dkey = disk_key_of(c);
-  std::optional<Measurement> stored;
-  if (std::optional<std::string> bytes = cached_kernel(dkey)) stored = parse_measurement(*bytes);
+  std::string dkey = gemm_choice_cache_key(c);
+  std::optional<Measurement> stored = stored_measurement(dkey);
   Decision d;
   if (stored) {
     d.engine = stored->engine();
@@ -231,8 +227,6 @@ GemmEngine choose_gemm_engine(const GemmClass& c, absl::FunctionRef<void(GemmEng
   std::lock_guard lock(ch.mu);
   return ch.by_class.emplace(key, d).first->second.engine;  // a concurrent first call may have decided already
 }
-
-std::string gemm_choice_cache_key(const GemmClass& c) { return disk_key_of(c); }
 
 GemmChoiceStats gemm_choice_stats() {
   Choices& ch = choices();
