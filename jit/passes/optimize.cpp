@@ -31,9 +31,9 @@ std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Arra
   j = fold_constants(*j);
   j = cse(*j);
   j = concatenate_pads(*j);
-  if (env_not_off("CJAX_RECOMPUTE_ELEMENTWISE")) j = recompute_elementwise(*j);  // =0: off (A/B runs)
   j = simplify_transposes(*j);
   j = fuse_gemm_updates(*j);
+  if (env_not_off("CJAX_RECOMPUTE_ELEMENTWISE")) j = recompute_elementwise(*j);  // =0: off (A/B runs)
   return dce(*j);
 }
 

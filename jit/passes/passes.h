@@ -23,7 +23,9 @@
 //   sink_broadcasts: an elementwise equation whose operands are all the same broadcast_in_dim
 //                    (of equal-shaped sources; scalar literals aside) runs on the sources and is
 //                    broadcast after: a softmax's 1 / sum^2, kept for the backward pass, is one
-//                    value per row instead of one per element,
+//                    value per row instead of one per element; a reduce_sum over only the size-1
+//                    axes a broadcast_in_dim added (the transpose of x[..., None]) is the
+//                    broadcast's source, so a normalization's backward is not split there,
 //   fold_constants : equations whose inputs are all literals and whose outputs are scalars are
 //                    evaluated at compile time and become literals,
 //   cse            : an equation identical to an earlier one (primitive, params, inputs) reuses
@@ -32,14 +34,6 @@
 //                    transpose of slicing a tensor into pieces emits (the gradient of q, k, v
 //                    split from one projection), becomes one concatenate of the pieces: no
 //                    zero-filled full-size buffers, no adds,
-//   recompute_elementwise : an elementwise value that a kernel after a GEMM (or another library
-//                    step) reads is computed again in that kernel from its inputs, where it is a
-//                    short chain and that reads fewer bytes (GELU's residuals in a gradient):
-//                    one write and one read of it fewer (CJAX_RECOMPUTE_ELEMENTWISE=0: off),
-//   recompute_shard_map_residuals : the same between the forward and backward shard_maps that
-//                    grad of a shard_map makes: a residual the forward returns only for the
-//                    backward, an elementwise chain of other residuals it returns for it, is
-//                    dropped and computed again at the start of the backward body (same switch),
 //   simplify_transposes : identity transposes disappear, and a transpose that only swaps the
 //                    free dimensions of a dot_general's result (what the transpose rule of
 //                    dot_general emits for weight gradients) becomes the dot_general with its
@@ -52,6 +46,17 @@
 //                    `+`, without `s`, either operand order) becomes dot_general_accumulate, one
 //                    BLAS call with beta = 1 that the executable runs in place over a dying or
 //                    donated acc: the gradient is never materialized (f32/f64, single-use dot),
+//   recompute_elementwise : an elementwise value that a kernel after a GEMM (or another library
+//                    step) reads is computed again in that kernel from its inputs, where it is a
+//                    short chain and that reads fewer bytes (GELU's residuals in a gradient):
+//                    one write and one read of it fewer (CJAX_RECOMPUTE_ELEMENTWISE=0: off).
+//                    After fuse_gemm_updates: a residual sum folded into a GEMM is in memory
+//                    anyway and roots a chain (before, RMSNorm's 2x went back through every
+//                    residual add of the network and was kept),
+//   recompute_shard_map_residuals : the same between the forward and backward shard_maps that
+//                    grad of a shard_map makes: a residual the forward returns only for the
+//                    backward, an elementwise chain of other residuals it returns for it, is
+//                    dropped and computed again at the start of the backward body (same switch),
 //   dce            : equations none of whose outputs is used are dropped.
 // splat_constants runs first, with the closed jaxpr's values: a constant whose elements are all
 // equal (jnp::zeros, ones, full, full_like evaluated while tracing: an attention mask's fill
@@ -76,9 +81,10 @@ std::shared_ptr<const Jaxpr> concatenate_pads(const Jaxpr& jaxpr);
 // Elementwise values read after a GEMM or other library step by fusible equations are computed
 // again there from their inputs, when each is a short elementwise chain (at most 12 equations)
 // over variables of its shape and the run of fusible equations that reads them would read fewer
-// bytes that way (the chains' roots it does not read anyway, against the values): the earlier
-// kernel no longer writes them out, nor the later one reads them back (a gradient's forward
-// residuals). Runs after cse, which would merge the copies back.
+// bytes that way: candidates sharing a root the run does not read anyway are decided together,
+// the roots' bytes against the values'. The earlier kernel no longer writes them out, nor the
+// later one reads them back (a gradient's forward residuals). Runs after cse, which would merge
+// the copies back.
 std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> merge_shard_maps(const Jaxpr& jaxpr);

@@ -10,6 +10,7 @@
 // already. XLA makes the same trade when it duplicates
 // cheap producers into their consumers.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -96,22 +97,33 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
       by_region[region_start[j]].push_back({j, *v});
     }
   }
-  // A run recomputes its candidates where that reads fewer bytes than it stops reading: the
-  // roots it would not read anyway (by its own equations or later ones) against the distinct
-  // values recomputed.
+  // A run recomputes its candidates in groups: candidates that read a root the run would not read
+  // anyway (by its own equations or later ones) are grouped with every other candidate reading
+  // it (GELU's tanh, 1 - tanh and 3 h^2 all start from h), and a group is recomputed where its
+  // values are more bytes than those roots. Deciding the whole run at once let a row value whose
+  // chain needs its reduction's result kept (RMSNorm's rsqrt) keep a full-size value written
+  // out beside it.
   std::unordered_map<size_t, std::vector<Var>> recompute_at;
   for (const auto& [start, uses] : by_region) {
-    std::unordered_set<const void*> values, extra_roots;
-    for (const auto& [j, v] : uses) {
-      values.insert(v.id());
-      for (const void* r : roots_of.at(v.id()))
-        if (last_use[r] < start) extra_roots.insert(r);
-    }
-    size_t saved = 0, added = 0;
-    for (const void* v : values) saved += nbytes.at(v);
-    for (const void* r : extra_roots) added += nbytes.at(r);
-    if (added >= saved) continue;
-    for (const auto& [j, v] : uses) recompute_at[j].push_back(v);
+    std::vector<const void*> values;
+    for (const auto& [j, v] : uses)
+      if (std::find(values.begin(), values.end(), v.id()) == values.end()) values.push_back(v.id());
+    std::vector<size_t> group(values.size());
+    for (size_t i = 0; i < group.size(); ++i) group[i] = i;
+    std::function<size_t(size_t)> find = [&](size_t i) { return group[i] == i ? i : group[i] = find(group[i]); };
+    std::unordered_map<const void*, size_t> reader_of;  // an extra root -> a candidate reading it
+    for (size_t i = 0; i < values.size(); ++i)
+      for (const void* r : roots_of.at(values[i]))
+        if (last_use[r] < start)
+          if (auto [it, fresh] = reader_of.emplace(r, i); !fresh) group[find(i)] = find(it->second);
+    std::unordered_map<size_t, size_t> saved, added;  // per group
+    for (size_t i = 0; i < values.size(); ++i) saved[find(i)] += nbytes.at(values[i]);
+    for (const auto& [r, i] : reader_of) added[find(i)] += nbytes.at(r);
+    std::unordered_set<const void*> taken;
+    for (size_t i = 0; i < values.size(); ++i)
+      if (added[find(i)] < saved[find(i)]) taken.insert(values[i]);
+    for (const auto& [j, v] : uses)
+      if (taken.count(v.id())) recompute_at[j].push_back(v);
   }
   if (recompute_at.empty()) return std::make_shared<const Jaxpr>(jaxpr);
 

@@ -2,6 +2,7 @@
 #include <absl/hash/hash.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -20,6 +21,26 @@
 namespace cjax {
 using namespace passes_detail;
 
+namespace {
+
+// Whether `e` is reduce_sum over only size-1 axes that the broadcast_in_dim `b` added to its source
+// (in order, no other change): the sum of one element per row is the source itself.
+bool sums_added_unit_axes(const JaxprEqn& e, const JaxprEqn& b) {
+  if (e.primitive->name != "reduce_sum" || !std::holds_alternative<std::monostate>(e.params.at("out_sharding")))
+    return false;
+  const AbstractValue &src = atom_aval(b.inputs[0]), &out = e.outputs[0].aval();
+  if (src.shape != out.shape || src.dtype != out.dtype) return false;
+  const Shape& wide = b.params.ints("shape");
+  const std::vector<int64_t>& kept = b.params.ints("broadcast_dimensions");
+  const std::vector<int64_t>& axes = e.params.ints("axes");
+  if (!std::is_sorted(kept.begin(), kept.end()) || kept.size() + axes.size() != wide.size()) return false;
+  for (int64_t a : axes)
+    if (wide[size_t(a)] != 1 || std::find(kept.begin(), kept.end(), a) != kept.end()) return false;
+  return true;
+}
+
+}  // namespace
+
 std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
   auto elementwise = [](const JaxprEqn& e) {
     const std::string& n = e.primitive->name;
@@ -29,8 +50,18 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
   std::unordered_map<const void*, JaxprEqn> broadcast_of;  // a var -> the broadcast_in_dim defining it
   std::unordered_map<const void*, Literal> splat_of;       // a var -> the scalar literal it broadcasts
   std::vector<JaxprEqn> eqns;
+  Subst renamed;  // the outputs of dropped sums -> their broadcasts' sources
   std::function<void(JaxprEqn)> emit = [&](JaxprEqn e) {
+    e.inputs = renamed.all(e.inputs);
     if (broadcasts_a_var(e)) broadcast_of[e.outputs[0].id()] = e;
+    // The transpose of an expand_dims (x[..., None] * y) sums a row value broadcast to [..., 1]
+    // back over that axis: the row value itself, which then stays in the fused kernel of its
+    // reduction (a split there cost RMSNorm's backward a kernel and a full-size round trip).
+    if (auto* v = e.inputs.empty() ? nullptr : std::get_if<Var>(&e.inputs[0]))
+      if (auto it = broadcast_of.find(v->id()); it != broadcast_of.end() && sums_added_unit_axes(e, it->second)) {
+        renamed.map.emplace(e.outputs[0].id(), it->second.inputs[0]);
+        return;
+      }
     track_splat(e, splat_of);
     if (elementwise(e)) {
       const JaxprEqn* first = nullptr;
@@ -74,7 +105,8 @@ std::shared_ptr<const Jaxpr> sink_broadcasts(const Jaxpr& jaxpr) {
     eqns.push_back(std::move(e));
   };
   for (const JaxprEqn& e : jaxpr.eqns()) emit(e);
-  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns), jaxpr.outvars());
+  return std::make_shared<const Jaxpr>(jaxpr.constvars(), jaxpr.invars(), std::move(eqns),
+                                       renamed.all(jaxpr.outvars()));
 }
 
 }  // namespace cjax
