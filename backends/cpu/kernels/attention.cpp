@@ -436,13 +436,22 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
                 vf x = loadv(pi + j);
                 mx = x > mx ? x : mx;
               }
-              const float row_max = lane_max(mx), correction = exp1(m[size_t(i)] - row_max);
+              const float row_max = lane_max(mx);
               vf sum = splat(0.0f);
               for (int64_t j = 0; j < gn; j += kLanes) {
                 vf e = expv(loadv(pi + j) - row_max);
                 storev(pi + j, e);
                 sum += e;
               }
+              // A row's first key block (its only one at S <= kKeys): nothing to rescale. The
+              // correction would be exp(-inf) = 0 and l and o are 0: the same bits, without an
+              // exponential per row (a third of the forward's at T = S = 64).
+              if (m[size_t(i)] == -std::numeric_limits<float>::infinity()) {
+                m[size_t(i)] = row_max;
+                l[size_t(i)] = lane_sum(sum);
+                continue;
+              }
+              const float correction = exp1(m[size_t(i)] - row_max);
               m[size_t(i)] = row_max;
               l[size_t(i)] = l[size_t(i)] * correction + lane_sum(sum);
               float* o = acc + i * d.Hp;
