@@ -22,8 +22,8 @@ using Impl = nn::AttentionImplementation;
 namespace {
 
 std::map<std::string, double> torch_peer(int64_t B, int64_t T, int64_t N, int64_t H, const char* dtype, int reps) {
-  std::string cmd = fmt::format("/usr/bin/python3 {}/peers/torch_attention.py {} {} {} {} {} {} 2>/dev/null",
-                                CJAX_BENCH_DIR, B, T, N, H, dtype, reps);
+  std::string cmd = fmt::format("{}/usr/bin/python3 {}/peers/torch_attention.py {} {} {} {} {} {} 2>/dev/null",
+                                cjax::bench::torch_isa_env(), CJAX_BENCH_DIR, B, T, N, H, dtype, reps);
   std::map<std::string, double> out;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;

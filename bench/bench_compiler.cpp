@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
   if (!py.empty()) {
     // 1 thread: torch's intra-op threads and OpenBLAS's (torch's matmuls) pinned to 1; N: torch
     // on N threads, OpenBLAS on its default (the cores), as cjax's own 2-thread rows.
-    std::string script = py + " " CJAX_BENCH_DIR "/peers/torch_compiler.py ";
+    std::string script = torch_isa_env() + py + " " CJAX_BENCH_DIR "/peers/torch_compiler.py ";
     torch = run_command("OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 " + script + "1 t1 2>/dev/null") +
             run_command(script + std::to_string(num_threads()) + " tN 2>/dev/null");
     std::printf("PyTorch peer: %s (torch's default intra-op threads here: %d; N = %d)\n", py.c_str(),

@@ -68,7 +68,7 @@ double read_loop_gbs(const float* p, int64_t n, float* result) {
 
 // PyTorch 1.13 eager numbers from bench/peers/torch_foundation.py, if torch is importable.
 std::string run_torch_peer() {
-  std::string cmd = "/usr/bin/python3 " CJAX_BENCH_DIR "/peers/torch_foundation.py 2>/dev/null";
+  std::string cmd = torch_isa_env() + "/usr/bin/python3 " CJAX_BENCH_DIR "/peers/torch_foundation.py 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {};
   std::string out;

@@ -71,6 +71,17 @@ inline std::vector<double> interleaved_medians(const std::vector<std::function<v
 
 // The host every table was measured on: CPU model, the widest vector ISA it has, the ISA the
 // generated kernels were asked to use (CJAX_ISA), and its logical cores.
+// The environment a PyTorch peer's command runs under: under CJAX_ISA=avx2 (an AVX2-only host,
+// emulated) the peer is held to AVX2 too, ATen's kernels (ATEN_CPU_CAPABILITY) and OpenBLAS's
+// (OPENBLAS_CORETYPE=Haswell unless set). Otherwise ATen ran its AVX-512 kernels against cjax's
+// AVX2 ones (2-core Zen 4: torch.tanh 7x slower with them, the transformer peer 4-11% faster).
+inline std::string torch_isa_env() {
+  const char* requested = std::getenv("CJAX_ISA");
+  if (!requested || std::string(requested) != "avx2") return {};
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  return std::string("ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=") + (core && *core ? core : "Haswell") + " ";
+}
+
 inline void print_host() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, model = "unknown CPU", flags;
@@ -83,8 +94,10 @@ inline void print_host() {
                     : flags.find(" avx2 ") != std::string::npos  ? "AVX2"
                                                                  : "SSE";
   const char* requested = std::getenv("CJAX_ISA");
-  std::printf("host: %s, %s, %u logical cores; kernels: CJAX_ISA=%s\n", model.c_str(), isa,
-              std::thread::hardware_concurrency(), requested && *requested ? requested : "native");
+  std::printf("host: %s, %s, %u logical cores; kernels: CJAX_ISA=%s%s%s\n", model.c_str(), isa,
+              std::thread::hardware_concurrency(), requested && *requested ? requested : "native",
+              torch_isa_env().empty() ? "" : "; PyTorch peers: ",
+              torch_isa_env().substr(0, torch_isa_env().find_last_not_of(' ') + 1).c_str());
 }
 
 inline void row(const std::string& what, const std::string& ours, const std::string& peer, double ratio,

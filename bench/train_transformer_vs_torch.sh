@@ -23,9 +23,17 @@ trap 'rm -rf "$out"' EXIT
 # figure for the whole table skewed the ratios).
 torch_tps=""
 torch_setting=""
+# Under CJAX_ISA=avx2 (an AVX2-only host, emulated) the peer is held to AVX2 as well: ATen's kernels
+# (ATEN_CPU_CAPABILITY=avx2) and OpenBLAS's (OPENBLAS_CORETYPE=Haswell, unless set). Without it
+# ATen ran its AVX-512 kernels against cjax's AVX2 ones (2-core Zen 4: the peer 4-11% faster than
+# with AVX2 kernels only, and torch.tanh 7x slower).
+torch_isa=()
+if [ "${CJAX_ISA:-native}" = avx2 ]; then
+  torch_isa=(ATEN_CPU_CAPABILITY=avx2 "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}")
+fi
 torch_run() {  # torch_run ATEN_THREADS OPENBLAS_THREADS ("" = OpenBLAS's default: one per core)
-  env ${2:+OPENBLAS_NUM_THREADS=$2} /usr/bin/python3 "$here/peers/torch_transformer.py" --steps "$steps" --threads "$1" |
-    sed -n 's/^tokens_per_s=//p'
+  env "${torch_isa[@]}" ${2:+OPENBLAS_NUM_THREADS=$2} /usr/bin/python3 "$here/peers/torch_transformer.py" \
+    --steps "$steps" --threads "$1" | sed -n 's/^tokens_per_s=//p'
 }
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "PyTorch is not installed (python3-torch); cjax numbers only"
@@ -35,7 +43,7 @@ family=$(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -1)
 cpu_model=$(sed -n 's/^model[[:space:]]*: //p' /proc/cpuinfo | head -1)
 isa=AVX2
 grep -qw avx512f /proc/cpuinfo && isa=AVX-512
-echo "host: $model (family $family, model $cpu_model), $isa, $(nproc) logical cores; cjax kernels: CJAX_ISA=${CJAX_ISA:-native}"
+echo "host: $model (family $family, model $cpu_model), $isa, $(nproc) logical cores; cjax kernels: CJAX_ISA=${CJAX_ISA:-native}${torch_isa:+; PyTorch: ${torch_isa[*]}}"
 if [ "$runs" -gt 1 ]; then
   printf "%-34s %14s %10s %14s %10s\n" "config" "tokens/s" "vs torch" "torch tokens/s" "lowest"
 else
