@@ -60,14 +60,15 @@ void gather_convert(const S* src, const GemmOperand& op, int64_t batch, int64_t 
 
 template <class T>
 void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-               T* C, T alpha, T beta) {
+               T* C, T alpha, T beta, int64_t ldc = 0) {
   auto fa = ta ? CblasTrans : CblasNoTrans, fb = tb ? CblasTrans : CblasNoTrans;
+  const blasint ld = blasint(ldc > 0 ? ldc : N);
   if constexpr (std::is_same_v<T, float>)
     cblas_sgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
-                beta, C, blasint(N));
+                beta, C, ld);
   else
     cblas_dgemm(CblasRowMajor, fa, fb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
-                beta, C, blasint(N));
+                beta, C, ld);
 }
 
 // OpenBLAS runs on one thread, always: cjax's pool spreads its calls (row panels of one large
@@ -97,8 +98,9 @@ void pin_blas_to_one_thread() {
 const bool g_blas_pinned_at_load = (pin_blas_to_one_thread(), true);
 
 // Batched OpenBLAS GEMM in T (float or double) on operands already of type T, spread over the
-// pool: by batch entry, or for one product by panels of C's rows (each a single-threaded call;
-// no split of K, so every element sums in OpenBLAS's order whatever the thread count).
+// pool: by batch entry, or for one product by panels of C's rows or columns (each a
+// single-threaded call; no split of K, so every element sums in OpenBLAS's order whatever the
+// thread count).
 template <class T>
 void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                   T alpha, T beta) {
@@ -115,7 +117,18 @@ void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOper
     });
     return;
   }
-  // Row panels of at least 16 rows and ~2^21 multiply-adds each, at most one per thread.
+  // Panels of ~2^21 multiply-adds or more, at most one per thread: of C's rows (at least 16), or
+  // where C has fewer rows than columns, of its columns (at least 64). Each call packs all of the
+  // other operand: two 16-row panels of an MLP layer's 32 x 1024 x 1024 product packed its 4 MB
+  // weight twice and ran at 1.4x the time of OpenBLAS's own threads (AVX2, Zen 4).
+  if (M < N) {
+    int64_t per_col = std::max<int64_t>(1, M * K);
+    int64_t cols = std::max<int64_t>({64, (int64_t(1) << 21) / per_col, (N + num_threads() - 1) / num_threads()});
+    kernel_parallel_for(N, cols, [&](int64_t s, int64_t e) {
+      blas_gemm<T>(A.trans, B.trans, M, e - s, K, a, A.ld, b + (B.trans ? s * B.ld : s), B.ld, C + s, alpha, beta, N);
+    });
+    return;
+  }
   int64_t per_row = std::max<int64_t>(1, N * K);
   int64_t rows = std::max<int64_t>({16, (int64_t(1) << 21) / per_row, (M + num_threads() - 1) / num_threads()});
   kernel_parallel_for(M, rows, [&](int64_t s, int64_t e) {
