@@ -292,6 +292,30 @@ TEST_CASE("with several CPU devices OpenBLAS is pinned to one thread (device wor
   if (device_count() > 1) CHECK(openblas_get_num_threads() == 1);
 }
 
+TEST_CASE("the OpenBLAS path spreads a wide product by column panels, a tall one by row panels: one call's bits") {
+  // Each panel is a single-threaded OpenBLAS call over all of K, so every element sums as in one
+  // call over the whole product. 32 x 1024 x 1024 (fewer rows than columns) goes by columns,
+  // 300 x 70 x 200 by rows; the wide weight gradient reads A transposed.
+  struct Case {
+    int64_t m, n, k;
+    bool a_trans;
+  };
+  set_gemm_engine_override(GemmEngine::blas);
+  for (Case c : {Case{32, 1024, 1024, false}, Case{128, 512, 2048, true}, Case{300, 70, 200, false}}) {
+    CAPTURE(c.m);
+    Array A =
+        jnp::sin(jnp::arange(c.m * c.k).astype(DType::float32)).reshape(c.a_trans ? Shape{c.k, c.m} : Shape{c.m, c.k});
+    Array B = jnp::cos(jnp::arange(c.k * c.n).astype(DType::float32)).reshape({c.k, c.n});
+    lax::DotDimensionNumbers dims{{{c.a_trans ? 0 : 1}, {0}}, {{}, {}}};
+    std::vector<float> got = lax::dot_general(A, B, dims).to_vector<float>(), want(size_t(c.m * c.n));
+    cblas_sgemm(CblasRowMajor, c.a_trans ? CblasTrans : CblasNoTrans, CblasNoTrans, int(c.m), int(c.n), int(c.k), 1.0f,
+                data_ptr<const float>(A), int(c.a_trans ? c.m : c.k), data_ptr<const float>(B), int(c.n), 0.0f,
+                want.data(), int(c.n));
+    CHECK(got == want);
+  }
+  set_gemm_engine_override(std::nullopt);
+}
+
 // Reference C = alpha * op(A) op(B) + beta * C0 in double, over the same strided operands: op(A)
 // and op(B)^T are read element by element into contiguous rows first (the triple loop then runs
 // fast enough under the sanitizers too).
