@@ -153,7 +153,7 @@ Measurement measure_and_record(const GemmClass& c, const std::string& dkey,
 
 std::string gemm_choice_cache_key(const GemmClass& c) {
   static const std::string host = cpu_model();
-  return fmt::format("cjax-gemm-choice-6|{}|isa={}|threads={}|{}", host,
+  return fmt::format("cjax-gemm-choice-7|{}|isa={}|threads={}|{}", host,
                      requested_cpu_isa() == CpuIsa::Avx2 ? "avx2" : "native", num_threads(), c.str());
 }
 
