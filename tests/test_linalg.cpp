@@ -292,30 +292,6 @@ TEST_CASE("with several CPU devices OpenBLAS is pinned to one thread (device wor
   if (device_count() > 1) CHECK(openblas_get_num_threads() == 1);
 }
 
-TEST_CASE("the OpenBLAS path spreads a wide product by column panels, a tall one by row panels: one call's bits") {
-  // Each panel is a single-threaded OpenBLAS call over all of K, so every element sums as in one
-  // call over the whole product. 32 x 1024 x 1024 (fewer rows than columns) goes by columns,
-  // 300 x 70 x 200 by rows; the wide weight gradient reads A transposed.
-  struct Case {
-    int64_t m, n, k;
-    bool a_trans;
-  };
-  set_gemm_engine_override(GemmEngine::blas);
-  for (Case c : {Case{32, 1024, 1024, false}, Case{128, 512, 2048, true}, Case{300, 70, 200, false}}) {
-    CAPTURE(c.m);
-    Array A =
-        jnp::sin(jnp::arange(c.m * c.k).astype(DType::float32)).reshape(c.a_trans ? Shape{c.k, c.m} : Shape{c.m, c.k});
-    Array B = jnp::cos(jnp::arange(c.k * c.n).astype(DType::float32)).reshape({c.k, c.n});
-    lax::DotDimensionNumbers dims{{{c.a_trans ? 0 : 1}, {0}}, {{}, {}}};
-    std::vector<float> got = lax::dot_general(A, B, dims).to_vector<float>(), want(size_t(c.m * c.n));
-    cblas_sgemm(CblasRowMajor, c.a_trans ? CblasTrans : CblasNoTrans, CblasNoTrans, int(c.m), int(c.n), int(c.k), 1.0f,
-                data_ptr<const float>(A), int(c.a_trans ? c.m : c.k), data_ptr<const float>(B), int(c.n), 0.0f,
-                want.data(), int(c.n));
-    CHECK(got == want);
-  }
-  set_gemm_engine_override(std::nullopt);
-}
-
 // Reference C = alpha * op(A) op(B) + beta * C0 in double, over the same strided operands: op(A)
 // and op(B)^T are read element by element into contiguous rows first (the triple loop then runs
 // fast enough under the sanitizers too).
@@ -343,6 +319,36 @@ std::vector<double> naive_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, c
       }
   }
   return out;
+}
+
+TEST_CASE("the OpenBLAS path spreads a wide product by column panels, a tall one by row panels") {
+  // Each panel is a single-threaded OpenBLAS call over all of K. 32 x 1024 x 1024 (fewer rows
+  // than columns) goes by columns, 300 x 70 x 200 by rows; the wide weight gradient reads A
+  // transposed. Values against a double reference; the same bits on a second call. (Not the bits
+  // of one call over the whole product: OpenBLAS's Haswell kernels round a 150-row panel's
+  // elements differently from a 300-row call's.)
+  struct Case {
+    int64_t m, n, k;
+    bool a_trans;
+  };
+  set_gemm_engine_override(GemmEngine::blas);
+  for (Case c : {Case{32, 1024, 1024, false}, Case{128, 512, 2048, true}, Case{300, 70, 200, false}}) {
+    CAPTURE(c.m);
+    Array A =
+        jnp::sin(jnp::arange(c.m * c.k).astype(DType::float32)).reshape(c.a_trans ? Shape{c.k, c.m} : Shape{c.m, c.k});
+    Array B = jnp::cos(jnp::arange(c.k * c.n).astype(DType::float32)).reshape({c.k, c.n});
+    lax::DotDimensionNumbers dims{{{c.a_trans ? 0 : 1}, {0}}, {{}, {}}};
+    std::vector<float> got = lax::dot_general(A, B, dims).to_vector<float>();
+    CHECK(lax::dot_general(A, B, dims).to_vector<float>() == got);
+    std::vector<float> zeros(size_t(c.m * c.n), 0.0f);
+    std::vector<double> want =
+        naive_gemm<float>(1, c.m, c.n, c.k, GemmOperand{data_ptr<const float>(A), c.a_trans, c.a_trans ? c.m : c.k},
+                          GemmOperand{data_ptr<const float>(B), false, c.n}, zeros, 1.0, 0.0);
+    double worst = 0;  // relative to the magnitude of a sum of K products of size <= 1
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / double(c.k));
+    CHECK(worst <= 1e-6);
+  }
+  set_gemm_engine_override(std::nullopt);
 }
 
 TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles and strided batches", T, float,

@@ -99,8 +99,9 @@ const bool g_blas_pinned_at_load = (pin_blas_to_one_thread(), true);
 
 // Batched OpenBLAS GEMM in T (float or double) on operands already of type T, spread over the
 // pool: by batch entry, or for one product by panels of C's rows or columns (each a
-// single-threaded call; no split of K, so every element sums in OpenBLAS's order whatever the
-// thread count).
+// single-threaded call over all of K). For one thread count the bits are the same from run to
+// run; across thread counts they can differ in the last place, where OpenBLAS's kernels round a
+// panel's elements differently from a larger call's (its Haswell kernels do).
 template <class T>
 void blas_batched(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, T* C,
                   T alpha, T beta) {
