@@ -26,8 +26,10 @@ namespace {
 // Whether `e` is reduce_sum over only size-1 axes that the broadcast_in_dim `b` added to its source
 // (in order, no other change): the sum of one element per row is the source itself.
 bool sums_added_unit_axes(const JaxprEqn& e, const JaxprEqn& b) {
-  if (e.primitive->name != "reduce_sum" || !std::holds_alternative<std::monostate>(e.params.at("out_sharding")))
-    return false;
+  auto unsharded = [](const JaxprEqn& q, const char* param) {
+    return !q.params.has(param) || std::holds_alternative<std::monostate>(q.params.at(param));
+  };
+  if (e.primitive->name != "reduce_sum" || !unsharded(e, "out_sharding") || !unsharded(b, "sharding")) return false;
   const AbstractValue &src = atom_aval(b.inputs[0]), &out = e.outputs[0].aval();
   if (src.shape != out.shape || src.dtype != out.dtype) return false;
   const Shape& wide = b.params.ints("shape");
