@@ -69,8 +69,6 @@ inline std::vector<double> interleaved_medians(const std::vector<std::function<v
   return out;
 }
 
-// The host every table was measured on: CPU model, the widest vector ISA it has, the ISA the
-// generated kernels were asked to use (CJAX_ISA), and its logical cores.
 // The environment a PyTorch peer's command runs under: under CJAX_ISA=avx2 (an AVX2-only host,
 // emulated) the peer is held to AVX2 too, ATen's kernels (ATEN_CPU_CAPABILITY) and OpenBLAS's
 // (OPENBLAS_CORETYPE=Haswell unless set). Otherwise ATen ran its AVX-512 kernels against cjax's
@@ -82,6 +80,9 @@ inline std::string torch_isa_env() {
   return std::string("ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=") + (core && *core ? core : "Haswell") + " ";
 }
 
+// The host every table was measured on: CPU model, the widest vector ISA it has, the ISA the
+// generated kernels were asked to use (CJAX_ISA), its logical cores, and the PyTorch peers' ISA
+// settings where they are held to AVX2.
 inline void print_host() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, model = "unknown CPU", flags;
@@ -94,10 +95,10 @@ inline void print_host() {
                     : flags.find(" avx2 ") != std::string::npos  ? "AVX2"
                                                                  : "SSE";
   const char* requested = std::getenv("CJAX_ISA");
+  const std::string peer = torch_isa_env();
   std::printf("host: %s, %s, %u logical cores; kernels: CJAX_ISA=%s%s%s\n", model.c_str(), isa,
               std::thread::hardware_concurrency(), requested && *requested ? requested : "native",
-              torch_isa_env().empty() ? "" : "; PyTorch peers: ",
-              torch_isa_env().substr(0, torch_isa_env().find_last_not_of(' ') + 1).c_str());
+              peer.empty() ? "" : "; PyTorch peers: ", peer.substr(0, peer.find_last_not_of(' ') + 1).c_str());
 }
 
 inline void row(const std::string& what, const std::string& ours, const std::string& peer, double ratio,

@@ -10,7 +10,6 @@
 // already. XLA makes the same trade when it duplicates
 // cheap producers into their consumers.
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -110,7 +109,10 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr) {
       if (std::find(values.begin(), values.end(), v.id()) == values.end()) values.push_back(v.id());
     std::vector<size_t> group(values.size());
     for (size_t i = 0; i < group.size(); ++i) group[i] = i;
-    std::function<size_t(size_t)> find = [&](size_t i) { return group[i] == i ? i : group[i] = find(group[i]); };
+    auto find = [&](size_t i) {
+      while (group[i] != i) i = group[i] = group[group[i]];
+      return i;
+    };
     std::unordered_map<const void*, size_t> reader_of;  // an extra root -> a candidate reading it
     for (size_t i = 0; i < values.size(); ++i)
       for (const void* r : roots_of.at(values[i]))

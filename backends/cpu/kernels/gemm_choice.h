@@ -7,14 +7,14 @@
 // call's own operands into scratch memory, taking turns (three runs each, more only while neither
 // is 25% faster), and OpenBLAS is chosen where its median time per run is at least 5% under
 // LIBXSMM's (in the faster of two measurements). OpenBLAS runs on one thread per call, cjax's
-// pool spreading its calls over row panels or batch entries (linalg.cpp says why). Decisions are kept in memory and in
-// the kernel cache on disk, keyed by CPU model, ISA (CJAX_ISA), thread count and class, and a run uses one library per
-// class from start to end. A close decision (the libraries within 25%) is not settled by one measurement: a process
-// meeting an unsettled class measures it again at its 64th call (in the steady state, away from the first steps'
-// compiles), until three measurements are recorded, the record keeping the least of their medians per library. The run
-// that re-measures keeps its library; the next processes read the new record. So one measurement taken in a slow moment
-// of a shared host does not decide for good (on a Zen 4 VM, one taken during a transformer's first step chose OpenBLAS
-// for the weight gradients' class, where LIBXSMM was 10-15% faster in every later run).
+// pool spreading its calls over row or column panels or batch entries (linalg.cpp says why). Decisions are kept in
+// memory and in the kernel cache on disk, keyed by CPU model, ISA (CJAX_ISA), thread count and class, and a run uses
+// one library per class from start to end. A close decision (the libraries within 25%) is not settled by one
+// measurement: a process meeting an unsettled class measures it again at its 64th call (in the steady state, away from
+// the first steps' compiles), until three measurements are recorded, the record keeping the least of their medians per
+// library. The run that re-measures keeps its library; the next processes read the new record. So one measurement taken
+// in a slow moment of a shared host does not decide for good (on a Zen 4 VM, one taken during a transformer's first
+// step chose OpenBLAS for the weight gradients' class, where LIBXSMM was 10-15% faster in every later run).
 //
 // CJAX_GEMM=xsmm or CJAX_GEMM=blas fixes the library for every GEMM (for bit-for-bit comparisons
 // across hosts, or to rule one out); CJAX_GEMM=auto, the default, measures. CJAX_LOG_GEMM=1 prints
