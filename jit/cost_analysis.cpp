@@ -52,9 +52,12 @@ CostAnalysis first_order_cost(const JaxprEqn& e) {
   } else if (n.rfind("flash_attention", 0) == 0) {
     // 2 T S H multiply-adds per (batch, head) for each product: 2 forward, 2 more for the tangent,
     // 5 backward (QK^T recomputed, dO V^T, dV, dK, dQ); causal attention computes about half.
-    const Shape& q = atom_aval(e.inputs[0]).shape;
-    double products = n == "flash_attention" ? 2 : n == "flash_attention_tangent" ? 4 : 5;
-    double pairs = double(q[0]) * double(q[2]) * double(q[1]) * double(atom_aval(e.inputs[1]).shape[1]);
+    // The packed forms (jit's pack_attention) name q's and k's shapes in their params.
+    const bool packed = n.ends_with("_packed");
+    const Shape q = packed ? Shape(e.params.ints("q_shape")) : atom_aval(e.inputs[0]).shape;
+    const int64_t keys = packed ? e.params.ints("kv_shape")[1] : atom_aval(e.inputs[1]).shape[1];
+    double products = n.rfind("flash_attention_backward", 0) == 0 ? 5 : n == "flash_attention_tangent" ? 4 : 2;
+    double pairs = double(q[0]) * double(q[2]) * double(q[1]) * double(keys);
     if (e.params.get<bool>("is_causal")) pairs /= 2;
     c.flops = 2 * products * pairs * double(q[3]);
     c.transcendentals = pairs;

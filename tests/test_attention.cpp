@@ -245,3 +245,128 @@ TEST_CASE("jit rewrites softmax attention written by hand into the fused kernel 
     testing::check_all_close(g(q), grad(loss)(q), 1e-4);
   }
 }
+
+// ---- packed q, k and v (jit's pack_attention; core/lax/attention.h) ----
+
+namespace {
+
+// x's pieces [starts[i], limits[i]) along `axis` as q [B,T,N,H] and k, v [B,T,K,H].
+attention::Packing packing(int64_t axis, std::vector<int64_t> starts, std::vector<int64_t> limits, Shape q, Shape kv) {
+  return attention::Packing{axis, std::move(starts), std::move(limits), std::move(q), std::move(kv)};
+}
+
+}  // namespace
+
+TEST_CASE("packed attention reads q, k and v in x's rows and writes dx whole: the unpacked kernels' bits") {
+  struct Case {
+    const char* what;
+    Shape x;
+    attention::Packing k;
+    DType dtype;
+  };
+  for (const Case& c :
+       {// A fused projection's [B, T, 3, N, H], split on axis 2; T = 70 crosses a query block, H = 20 a vector.
+        Case{"[B,T,3,N,H]", {2, 70, 3, 4, 20}, packing(2, {0, 1, 2}, {1, 2, 3}, {2, 70, 4, 20}, {2, 70, 4, 20}), f32},
+        // [B T, (N + 2K) H] with grouped heads and the ranges in the order v, q, k.
+        Case{"[B*T,C] v,q,k", {99, 160}, packing(1, {32, 128, 0}, {128, 160, 32}, {3, 33, 6, 16}, {3, 33, 2, 16}), f32},
+        Case{"bf16", {2, 16, 3, 2, 8}, packing(2, {0, 1, 2}, {1, 2, 3}, {2, 16, 2, 8}, {2, 16, 2, 8}), bf16}}) {
+    for (bool causal : {false, true}) {
+      CAPTURE(c.what);
+      CAPTURE(causal);
+      Array x = random::normal(random::key(21), c.x, c.dtype);
+      attention::Options o{.scale = 0.3, .is_causal = causal};
+      std::vector<Array> qkv = attention::unpack(x, c.k);
+      std::vector<Array> want = attention::forward(qkv[0], qkv[1], qkv[2], o);
+      std::vector<Array> got = attention::forward_packed(x, o, c.k);
+      CHECK(rel_err(got[0], want[0]) == 0);
+      CHECK(rel_err(got[1], want[1]) == 0);
+      Array dout = random::normal(random::key(22), c.k.q_shape, c.dtype);
+      Array dx = attention::backward_packed(x, want[0], want[1], dout, o, c.k);
+      Array dx_want = attention::expand_backward_packed(x, want[0], want[1], dout, o, c.k);
+      CHECK(rel_err(dx, dx_want) == 0);
+      // and the unfused reference
+      std::vector<Array> g = attention::composite_backward(qkv[0], qkv[1], qkv[2], want[0], want[1], dout, o);
+      std::vector<Array> dpieces = attention::unpack(dx, c.k);
+      for (size_t i = 0; i < 3; ++i) CHECK(rel_err(dpieces[i], g[i]) < (c.dtype == f32 ? 1e-5 : 1e-2));
+    }
+  }
+}
+
+TEST_CASE("packed attention: forward mode, vmap, and the packings it refuses") {
+  attention::Packing k = packing(2, {0, 1, 2}, {1, 2, 3}, {2, 9, 2, 8}, {2, 9, 2, 8});
+  attention::Options o{.scale = 0.5, .is_causal = true};
+  Array x = random::normal(random::key(23), {2, 9, 3, 2, 8}), t = random::normal(random::key(24), {2, 9, 3, 2, 8});
+  auto packed = [&](const Array& a) { return attention::forward_packed(a, o, k)[0]; };
+  auto unpacked = [&](const Array& a) { return attention::expand_forward_packed(a, o, k)[0]; };
+  auto jp = jvp(packed, std::tuple{x}, std::tuple{t});
+  auto ju = jvp(unpacked, std::tuple{x}, std::tuple{t});
+  CHECK(rel_err(jp.first, ju.first) == 0);
+  CHECK(rel_err(jp.second, ju.second) < 1e-5);
+  // Under vmap the mapped axis becomes more rows of x (B grows by the batch size).
+  Array xs = jnp::stack({x, t}, 1);
+  Array got = vmap(packed, {1})(xs);
+  CHECK(rel_err(got[0], packed(x)) == 0);
+  CHECK(rel_err(got[1], packed(t)) == 0);
+
+  // Ranges that are not whole rows' columns, and (backward) ranges that leave part of x unwritten.
+  CHECK_ERR(attention::forward_packed(x, o, packing(3, {0, 1, 0}, {1, 2, 2}, {2, 9, 2, 8}, {2, 9, 2, 8})), ShapeError,
+            "flash_attention_packed", "B x T rows");
+  Array wide = random::normal(random::key(25), {2, 9, 4, 2, 8});
+  attention::Packing gap = packing(2, {0, 1, 3}, {1, 2, 4}, {2, 9, 2, 8}, {2, 9, 2, 8});
+  std::vector<Array> fwd = attention::forward_packed(wide, o, gap);  // the forward reads any three ranges
+  CHECK_ERR(attention::backward_packed(wide, fwd[0], fwd[1], fwd[0], o, gap), ShapeError,
+            "flash_attention_backward_packed", "tile the packed axis");
+}
+
+TEST_CASE(
+    "jit runs attention over a fused q/k/v projection on the projection's rows: no slices, no "
+    "concatenate" CJAX_JIT_ONLY) {
+  const int64_t B = 4, T = 32, D = 32, N = 4, H = 8;
+  Array x = random::normal(random::key(26), {B, T, D});
+  Array w = random::normal(random::key(27), {D, 3 * N * H}) * 0.2f;
+  Array w2 = random::normal(random::key(28), {D, 2 * N * H}) * 0.2f;
+  auto attend_heads = [](const Array& q, const Array& k, const Array& v) {
+    return nn::dot_product_attention(q, k, v, {.is_causal = true, .implementation = Impl::fused});
+  };
+  // Self-attention from one projection, split as [B, T, 3, N, H].
+  auto self = [&](const Array& wqkv, const Array& xs) {
+    Array qkv = jnp::matmul(xs, wqkv).reshape({B, T, 3, N, H});
+    auto piece = [&](int64_t i) { return lax::slice_in_dim(qkv, i, i + 1, 1, 2).reshape({B, T, N, H}); };
+    return jnp::sum(jnp::square(attend_heads(piece(0), piece(1), piece(2))));
+  };
+  // q from one projection, k and v from another: not one packed value.
+  auto split = [&](const Array& wq, const Array& xs) {
+    Array q = jnp::matmul(xs, lax::slice_in_dim(w, 0, N * H, 1, 1)).reshape({B, T, N, H});
+    Array kv = jnp::matmul(xs, wq);
+    Array k = lax::slice_in_dim(kv, 0, N * H, 1, 2).reshape({B, T, N, H});
+    Array v = lax::slice_in_dim(kv, N * H, 2 * N * H, 1, 2).reshape({B, T, N, H});
+    return jnp::sum(jnp::square(attend_heads(q, k, v)));
+  };
+  auto text_of = [](auto& jitted, auto&&... args) { return jitted.lower(args...).compile().as_text(); };
+
+  auto g = jit(grad(self, argnums<0, 1>));
+  std::string program = text_of(g, w, x);
+  INFO(program);
+  CHECK(program.find("flash_attention_packed[") != std::string::npos);
+  CHECK(program.find("flash_attention_backward_packed[") != std::string::npos);
+  CHECK(program.find("concatenate") == std::string::npos);
+  CHECK(program.find(" slice[") == std::string::npos);
+  auto got = g(w, x);
+  auto want = grad(self, argnums<0, 1>)(w, x);  // eager: the unpacked primitives
+  CHECK(rel_err(std::get<0>(got), std::get<0>(want)) < 1e-5);
+  CHECK(rel_err(std::get<1>(got), std::get<1>(want)) < 1e-5);
+  // The pass switched off: the same bits through three slices and a concatenate.
+  setenv("CJAX_PACK_ATTENTION", "0", 1);
+  auto g_off = jit(grad(self, argnums<0, 1>));
+  std::string unpacked = text_of(g_off, w, x);
+  auto off = g_off(w, x);
+  unsetenv("CJAX_PACK_ATTENTION");
+  CHECK(unpacked.find("flash_attention_packed") == std::string::npos);
+  CHECK(unpacked.find("concatenate") != std::string::npos);
+  CHECK(rel_err(std::get<0>(got), std::get<0>(off)) == 0);
+  CHECK(rel_err(std::get<1>(got), std::get<1>(off)) == 0);
+
+  auto gs = jit(grad(split));
+  CHECK(text_of(gs, w2, x).find("_packed") == std::string::npos);
+  CHECK(rel_err(gs(w2, x), grad(split)(w2, x)) < 1e-5);
+}

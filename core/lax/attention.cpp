@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "cjax/lax.h"
@@ -113,6 +114,58 @@ const PrimitiveDef& g_backward = register_primitive([] {
   return def;
 }());
 
+// ---- the packed primitives: q, k and v sliced from one x (attention.h) ----
+
+int64_t product(const Shape& s, size_t from, size_t to) {
+  int64_t n = 1;
+  for (size_t i = from; i < to && i < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+const PrimitiveDef& g_forward_packed = register_primitive([] {
+  PrimitiveDef def;
+  def.name = "flash_attention_packed";
+  def.kind = PrimKind::Linalg;
+  def.arity = Arity::exactly(1);
+  def.abstract_eval = [](std::span<const Array> in, const Params& p) {
+    options_of(p);
+    Packing k = packing_of(p);
+    check_packing("flash_attention_packed", in[0].shape(), k, false);
+    if (!fused_dtype(in[0].dtype()))
+      throw DTypeError(fmt::format("flash_attention_packed: x must be float16, bfloat16 or float32, got {}",
+                                   dtype_name(in[0].dtype())));
+    const Shape& q = k.q_shape;
+    return std::vector<AbstractValue>{AbstractValue{q, in[0].dtype(), false, in[0].aval().vma},
+                                      AbstractValue{{q[0], q[2], q[1]}, DType::float32, false, in[0].aval().vma}};
+  };
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+    return expand_forward_packed(in[0], options_of(p), packing_of(p));
+  };
+  return def;
+}());
+
+const PrimitiveDef& g_backward_packed = register_primitive([] {
+  PrimitiveDef def;
+  def.name = "flash_attention_backward_packed";
+  def.kind = PrimKind::Linalg;
+  def.arity = Arity::exactly(4);
+  def.abstract_eval = [](std::span<const Array> in, const Params& p) {
+    options_of(p);
+    const char* prim = "flash_attention_backward_packed";
+    Packing k = packing_of(p);
+    check_packing(prim, in[0].shape(), k, true);
+    const Shape& q = k.q_shape;
+    expect_aval(prim, "out", in[1], q, in[0].dtype());
+    expect_aval(prim, "lse", in[2], {q[0], q[2], q[1]}, DType::float32);
+    expect_aval(prim, "the output cotangent", in[3], q, in[0].dtype());
+    return std::vector<AbstractValue>{like(in[0])};
+  };
+  def.impl = [](std::span<const Array> in, std::span<const AbstractValue>, const Params& p) {
+    return std::vector<Array>{expand_backward_packed(in[0], in[1], in[2], in[3], options_of(p), packing_of(p))};
+  };
+  return def;
+}());
+
 // ---- the composite, in [B, K, G, T, *] layout (one batch of G x T query rows per key head) ----
 
 // `x` (made on the host) on the device of `like` where that is not host memory.
@@ -178,6 +231,90 @@ bool fused_dtype(DType d) { return d == DType::float32 || d == DType::bfloat16 |
 
 Params params_of(const Options& o) { return Params{{"is_causal", o.is_causal}, {"scale", o.scale}}; }
 Options options_of(const Params& p) { return Options{p.get<double>("scale"), p.get<bool>("is_causal")}; }
+
+int64_t Packing::row_width(const Shape& x) const { return product(x, size_t(axis), x.size()); }
+int64_t Packing::offset(const Shape& x, size_t i) const { return starts[i] * product(x, size_t(axis) + 1, x.size()); }
+
+Params packed_params_of(const Options& o, const Packing& k) {
+  Params p = params_of(o);
+  p.set("axis", k.axis);
+  p.set("starts", k.starts);
+  p.set("limits", k.limits);
+  p.set("q_shape", k.q_shape);
+  p.set("kv_shape", k.kv_shape);
+  return p;
+}
+Packing packing_of(const Params& p) {
+  const auto& q = p.ints("q_shape");
+  const auto& kv = p.ints("kv_shape");
+  return Packing{p.get<int64_t>("axis"), p.ints("starts"), p.ints("limits"), q, kv};
+}
+
+void check_packing(std::string_view prim, const Shape& x, const Packing& k, bool tiled) {
+  auto fail = [&](std::string_view why) {
+    throw ShapeError(fmt::format("{}: x [{}] with q, k and v at [{}] .. [{}] along axis {} as [{}], [{}]: {}", prim,
+                                 fmt::join(x, ","), fmt::join(k.starts, ","), fmt::join(k.limits, ","), k.axis,
+                                 fmt::join(k.q_shape, ","), fmt::join(k.kv_shape, ","), why));
+  };
+  if (k.axis < 0 || size_t(k.axis) >= x.size() || k.starts.size() != 3 || k.limits.size() != 3 ||
+      k.q_shape.size() != 4 || k.kv_shape.size() != 4)
+    fail("malformed packing");
+  const Shape &q = k.q_shape, &kv = k.kv_shape;
+  if (kv[0] != q[0] || kv[1] != q[1] || kv[3] != q[3] || kv[2] == 0 || q[2] % kv[2] != 0)
+    fail("k and v must be [B, T, K, H] with q's B, T and H, K dividing q's heads");
+  if (product(x, 0, size_t(k.axis)) != q[0] * q[1]) fail("x's axes before the packed axis must hold the B x T rows");
+  const int64_t inner = product(x, size_t(k.axis) + 1, x.size());
+  for (size_t i = 0; i < 3; ++i) {
+    if (k.starts[i] < 0 || k.limits[i] > x[size_t(k.axis)] || k.starts[i] > k.limits[i]) fail("a range outside x");
+    if ((k.limits[i] - k.starts[i]) * inner != (i == 0 ? q[2] : kv[2]) * q[3])
+      fail("a range's columns are not its operand's heads x head size");
+  }
+  if (tiled) {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (size_t i = 0; i < 3; ++i) r.emplace_back(k.starts[i], k.limits[i]);
+    std::sort(r.begin(), r.end());
+    if (r[0].first != 0 || r[0].second != r[1].first || r[1].second != r[2].first || r[2].second != x[size_t(k.axis)])
+      fail("the ranges must tile the packed axis (dx is written whole)");
+  }
+}
+
+// q, k and v sliced out of x.
+std::vector<Array> unpack(const Array& x, const Packing& k) {
+  std::vector<Array> r;
+  for (size_t i = 0; i < 3; ++i)
+    r.push_back(
+        lax::reshape(lax::slice_in_dim(x, k.starts[i], k.limits[i], 1, k.axis), i == 0 ? k.q_shape : k.kv_shape));
+  return r;
+}
+
+std::vector<Array> expand_forward_packed(const Array& x, const Options& o, const Packing& k) {
+  std::vector<Array> qkv = unpack(x, k);
+  return forward(qkv[0], qkv[1], qkv[2], o);
+}
+
+Array expand_backward_packed(const Array& x, const Array& out, const Array& lse, const Array& dout, const Options& o,
+                             const Packing& k) {
+  std::vector<Array> qkv = unpack(x, k);
+  std::vector<Array> g = backward(qkv[0], qkv[1], qkv[2], out, lse, dout, o);
+  // The gradients in the order of their ranges along the axis (they tile it).
+  std::vector<size_t> order{0, 1, 2};
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return k.starts[a] < k.starts[b]; });
+  std::vector<Array> pieces;
+  for (size_t i : order) {
+    Shape s = x.shape();
+    s[size_t(k.axis)] = k.limits[i] - k.starts[i];
+    pieces.push_back(lax::reshape(g[i], s));
+  }
+  return lax::concatenate(pieces, k.axis);
+}
+
+std::vector<Array> forward_packed(const Array& x, const Options& o, const Packing& k) {
+  return bind(g_forward_packed, {x}, packed_params_of(o, k));
+}
+Array backward_packed(const Array& x, const Array& out, const Array& lse, const Array& dout, const Options& o,
+                      const Packing& k) {
+  return bind1(g_backward_packed, {x, out, lse, dout}, packed_params_of(o, k));
+}
 
 std::vector<Array> forward(const Array& q, const Array& k, const Array& v, const Options& o) {
   return bind(g_forward, {q, k, v}, params_of(o));
@@ -247,6 +384,8 @@ namespace prims {
 const PrimitiveDef& flash_attention() { return attention::g_forward; }
 const PrimitiveDef& flash_attention_tangent() { return attention::g_tangent; }
 const PrimitiveDef& flash_attention_backward() { return attention::g_backward; }
+const PrimitiveDef& flash_attention_packed() { return attention::g_forward_packed; }
+const PrimitiveDef& flash_attention_backward_packed() { return attention::g_backward_packed; }
 }  // namespace prims
 
 }  // namespace cjax

@@ -32,6 +32,7 @@ std::shared_ptr<const Jaxpr> optimize(const Jaxpr& jaxpr, const std::vector<Arra
   j = cse(*j);
   j = concatenate_pads(*j);
   j = simplify_transposes(*j);
+  if (env_not_off("CJAX_PACK_ATTENTION")) j = pack_attention(*j);  // =0: off (A/B runs)
   j = fuse_gemm_updates(*j);
   if (env_not_off("CJAX_RECOMPUTE_ELEMENTWISE")) j = recompute_elementwise(*j);  // =0: off (A/B runs)
   return dce(*j);

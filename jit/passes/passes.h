@@ -42,6 +42,12 @@
 //                    the transposes left over only move dimensions of size 1 (reshapes): a fused
 //                    q/k/v projection's three pieces are sliced from the dot_general's result,
 //                    and their gradients concatenated into the layout its gradients read,
+//   pack_attention : flash attention whose q, k and v are three slices of one value along one axis
+//                    (a fused q/k/v projection's result) reads that value's rows in place, and its
+//                    backward writes the concatenate of dq, dk and dv that follows it as one
+//                    gradient: flash_attention_packed and flash_attention_backward_packed
+//                    (core/lax/attention.h), no sliced copies and no concatenate
+//                    (CJAX_PACK_ATTENTION=0: off),
 //   fuse_gemm_updates : `acc - s * dot_general(a, b)` (an SGD step on a weight gradient; also
 //                    `+`, without `s`, either operand order) becomes dot_general_accumulate, one
 //                    BLAS call with beta = 1 that the executable runs in place over a dying or
@@ -89,6 +95,7 @@ std::shared_ptr<const Jaxpr> recompute_elementwise(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> recompute_shard_map_residuals(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> merge_shard_maps(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> simplify_transposes(const Jaxpr& jaxpr);
+std::shared_ptr<const Jaxpr> pack_attention(const Jaxpr& jaxpr);
 std::shared_ptr<const Jaxpr> fuse_gemm_updates(const Jaxpr& jaxpr);
 // dce: trace/jaxpr.h.
 // All of the above, in that order (`consts`: the values of the jaxpr's constvars).

@@ -1,4 +1,5 @@
-// flash_attention and flash_attention_backward (core/lax/attention.h): the CPU kernels.
+// flash_attention and flash_attention_backward (core/lax/attention.h): the CPU kernels, also of
+// their packed forms (q, k and v as column ranges of one x's rows, read and written in place).
 //
 // The FlashAttention schedule with the caches in the role of GPU shared memory: the logits are
 // never materialized. One task owns a (batch, key/value head) pair and a block of query rows, for
@@ -218,6 +219,9 @@ struct Dims {
   double scale;
   bool causal;
   int64_t Hp;  // H rounded up to whole vectors: the width of every f32 buffer (zero padded)
+  // Elements from one (batch, position) row of q (and dq) or of k and v (dk, dv) to the next: N H
+  // and K H, or the packed operand's row width (flash_attention_packed). o and do are unpacked.
+  int64_t ldq, ldkv;
   int64_t query_blocks() const { return (T + kQuery - 1) / kQuery; }
   // Keys a query block [t0, t0 + rows) reads: all, or up to its last row's diagonal.
   int64_t key_end(int64_t t0, int64_t rows) const { return causal ? std::min(S, t0 + rows) : S; }
@@ -241,9 +245,8 @@ struct Dims {
   }
 };
 
-Dims dims_of(std::span<const Array> in, const Params& p) {
+Dims dims_of(const Shape& q, const Shape& k, const Params& p) {
   attention::Options o = attention::options_of(p);
-  const Shape &q = in[0].shape(), &k = in[1].shape();
   return Dims{q[0],
               q[1],
               q[2],
@@ -253,7 +256,9 @@ Dims dims_of(std::span<const Array> in, const Params& p) {
               q[2] / std::max<int64_t>(k[2], 1),
               o.scale,
               o.is_causal,
-              round_up(q[3], kLanes)};
+              round_up(q[3], kLanes),
+              q[2] * q[3],
+              k[2] * k[3]};
 }
 
 // One source row of H elements as f32 times `scale` into `dst`, zero padded to Hp. (Converting,
@@ -270,27 +275,28 @@ inline void load_row(float* dst, const T* src, const Dims& d, float scale) {
   std::fill(dst + d.H, dst + d.Hp, 0.0f);
 }
 
-// Heads [n0, n1) of rows [r0, r0 + rows) of one batch entry of x ([batch][R][heads][H]) as f32,
+// Heads [n0, n1) of rows [r0, r0 + rows) of one batch entry of x ([batch][R] rows `ld` elements
+// apart, each [heads][H] from its start) as f32,
 // [head][padded][Hp] zero padded (only the padding is zeroed: the buffers are reused from call
 // to call). Read in address order (each row's heads are adjacent): a task that read one head's
 // rows, H elements every heads * H, missed the cache on every row, which cost more than the
 // arithmetic at small head widths.
 template <class T>
-void load_heads(std::vector<float>& dst, const T* x, int64_t R, int64_t heads, const Dims& d, int64_t b, int64_t r0,
+void load_heads(std::vector<float>& dst, const T* x, int64_t R, int64_t ld, const Dims& d, int64_t b, int64_t r0,
                 int64_t rows, int64_t n0, int64_t n1, int64_t padded, float scale = 1.0f) {
   dst.resize(size_t((n1 - n0) * padded * d.Hp));
   for (int64_t i = 0; i < rows; ++i) {
-    const T* src = x + ((b * R + r0 + i) * heads + n0) * d.H;
+    const T* src = x + (b * R + r0 + i) * ld + n0 * d.H;
     for (int64_t n = 0; n < n1 - n0; ++n) load_row(dst.data() + (n * padded + i) * d.Hp, src + n * d.H, d, scale);
   }
   for (int64_t n = 0; n < n1 - n0; ++n)
     std::fill(dst.data() + (n * padded + rows) * d.Hp, dst.data() + (n + 1) * padded * d.Hp, 0.0f);
 }
 template <class T>
-void store_heads(T* x, const std::vector<float>& src, int64_t R, int64_t heads, const Dims& d, int64_t b, int64_t r0,
+void store_heads(T* x, const std::vector<float>& src, int64_t R, int64_t ld, const Dims& d, int64_t b, int64_t r0,
                  int64_t rows, int64_t n0, int64_t n1, int64_t padded) {
   for (int64_t i = 0; i < rows; ++i) {
-    T* dst = x + ((b * R + r0 + i) * heads + n0) * d.H;
+    T* dst = x + (b * R + r0 + i) * ld + n0 * d.H;
     for (int64_t n = 0; n < n1 - n0; ++n) {
       const float* row = src.data() + (n * padded + i) * d.Hp;
       if constexpr (std::is_same_v<T, float>) {
@@ -315,7 +321,7 @@ struct KeyPanels {
   template <class T>
   void load(const T* x, const Dims& d, int64_t b, int64_t kh0, int64_t kh1, int64_t end, int want) {
     padded = round_up(std::max<int64_t>(end, 1), kKeys);
-    if (want & kRows) load_heads(rows, x, d.S, d.K, d, b, 0, end, kh0, kh1, padded);
+    if (want & kRows) load_heads(rows, x, d.S, d.ldkv, d, b, 0, end, kh0, kh1, padded);
     if (!(want & kPanels)) return;
     // Straight from the source, in its address order; the padding (keys past `end`, widths past H)
     // stays zero.
@@ -328,7 +334,7 @@ struct KeyPanels {
           for (int64_t n = 0; n < kh1 - kh0; ++n)
             for (int64_t h = 0; h < d.H; h += 8) {
               v8 r[8];
-              for (int j = 0; j < 8; ++j) r[j] = load8(x + ((b * d.S + s + j) * d.K + kh0 + n) * d.H + h);
+              for (int j = 0; j < 8; ++j) r[j] = load8(x + (b * d.S + s + j) * d.ldkv + (kh0 + n) * d.H + h);
               transpose8(r);
               float* panel = panels.data() + (n * padded + s0) * d.Hp + k;
               for (int j = 0; j < 8; ++j) store8(panel + (h + j) * kKeys, r[j]);
@@ -336,7 +342,7 @@ struct KeyPanels {
         }
     }
     for (; s < end; ++s) {
-      const T* src = x + ((b * d.S + s) * d.K + kh0) * d.H;
+      const T* src = x + (b * d.S + s) * d.ldkv + kh0 * d.H;
       const int64_t s0 = s / kKeys * kKeys, k = s - s0;
       for (int64_t n = 0; n < kh1 - kh0; ++n) {
         float* panel = panels.data() + (n * padded + s0) * d.Hp + k;
@@ -410,7 +416,7 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
         loaded = bg;
       }
       // (scale q) . k = scale (q . k), to within a rounding.
-      load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery, float(d.scale));
+      load_heads(qrows, q, d.T, d.ldq, d, b, t0, rows, n0, n1, kQuery, float(d.scale));
       orows.assign(qrows.size(), 0.0f);
       for (int64_t n = n0; n < n1; ++n) {
         const int64_t kn = n / d.G - kh0;  // its key head, among the loaded ones
@@ -467,7 +473,7 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, cons
           lse[(b * d.N + n) * d.T + t0 + i] = m[size_t(i)] + std::log(li);
         }
       }
-      store_heads(out, orows, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+      store_heads(out, orows, d.T, d.N * d.H, d, b, t0, rows, n0, n1, kQuery);
     }
   });
 }
@@ -497,8 +503,8 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
       dv_acc.assign(kp.rows.size(), 0.0f);
       for (int64_t t0 = 0; t0 < d.T; t0 += kQuery) {
         const int64_t rows = std::min(kQuery, d.T - t0), M = round_up(rows, 8), s_end = d.key_end(t0, rows);
-        load_heads(qrows, q, d.T, d.N, d, b, t0, rows, n0, n1, kQuery, scale);
-        load_heads(dorows, dout, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+        load_heads(qrows, q, d.T, d.ldq, d, b, t0, rows, n0, n1, kQuery, scale);
+        load_heads(dorows, dout, d.T, d.N * d.H, d, b, t0, rows, n0, n1, kQuery);
         dqrows.assign(qrows.size(), 0.0f);
         // delta = rowsum(dO o) of every head's rows; o is read only here, a row of heads at a time
         // (in address order, as load_heads does).
@@ -550,16 +556,16 @@ void backward_kernel(const T* q, const T* k, const T* v, const T* out, const flo
           // dK took dS / scale against scale q; dQ = scale (dS / scale) K.
           for (int64_t i = 0; i < rows * d.Hp; i += kLanes) storev(dqn + i, loadv(dqn + i) * scale);
         }
-        store_heads(dq, dqrows, d.T, d.N, d, b, t0, rows, n0, n1, kQuery);
+        store_heads(dq, dqrows, d.T, d.ldq, d, b, t0, rows, n0, n1, kQuery);
       }
       // Keys no query reads (causal, S > T) have zero gradients: the accumulators' rows past `need`
       // are zero, and the rows past the padding are written from a zero block.
-      store_heads(dk, dk_acc, d.S, d.K, d, b, 0, need, kh0, kh0 + hg, kp.padded);
-      store_heads(dv, dv_acc, d.S, d.K, d, b, 0, need, kh0, kh0 + hg, kp.padded);
+      store_heads(dk, dk_acc, d.S, d.ldkv, d, b, 0, need, kh0, kh0 + hg, kp.padded);
+      store_heads(dv, dv_acc, d.S, d.ldkv, d, b, 0, need, kh0, kh0 + hg, kp.padded);
       if (need < d.S) {
         std::vector<float> zeros(size_t(hg * (d.S - need) * d.Hp), 0.0f);
-        store_heads(dk, zeros, d.S, d.K, d, b, need, d.S - need, kh0, kh0 + hg, d.S - need);
-        store_heads(dv, zeros, d.S, d.K, d, b, need, d.S - need, kh0, kh0 + hg, d.S - need);
+        store_heads(dk, zeros, d.S, d.ldkv, d, b, need, d.S - need, kh0, kh0 + hg, d.S - need);
+        store_heads(dv, zeros, d.S, d.ldkv, d, b, need, d.S - need, kh0, kh0 + hg, d.S - need);
       }
     }
   });
@@ -575,16 +581,30 @@ void visit_attention_dtype(DType dtype, F&& f) {
   }
 }
 
+// The kernels' operands: q, k and v (and dq, dk, dv) separate, or columns of one packed x.
+template <class T>
+struct Operands {
+  const T *q, *k, *v;
+  T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+
 std::vector<Array> forward_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   Device dev = concrete(in[0])->device();
   Array out = make_uninitialized(out_avals[0], dev), lse = make_uninitialized(out_avals[1], dev);
   for (const Array& x : in) concrete(x);
-  Dims d = dims_of(in, p);
+  const bool packed = in.size() == 1;
+  attention::Packing pk;
+  if (packed) pk = attention::packing_of(p);
+  Dims d = packed ? dims_of(pk.q_shape, pk.kv_shape, p) : dims_of(in[0].shape(), in[1].shape(), p);
+  if (packed) d.ldq = d.ldkv = pk.row_width(in[0].shape());
   if (out.size() > 0)
     visit_attention_dtype(in[0].dtype(), [&](auto tag) {
       using T = decltype(tag);
-      forward_kernel(data_ptr<const T>(in[0]), data_ptr<const T>(in[1]), data_ptr<const T>(in[2]), data_ptr<T>(out),
-                     data_ptr<float>(lse), d);
+      const T* x = data_ptr<const T>(in[0]);
+      Operands<T> o = packed ? Operands<T>{x + pk.offset(in[0].shape(), 0), x + pk.offset(in[0].shape(), 1),
+                                           x + pk.offset(in[0].shape(), 2)}
+                             : Operands<T>{x, data_ptr<const T>(in[1]), data_ptr<const T>(in[2])};
+      forward_kernel(o.q, o.k, o.v, data_ptr<T>(out), data_ptr<float>(lse), d);
     });
   return {out, lse};
 }
@@ -594,16 +614,32 @@ std::vector<Array> backward_impl(std::span<const Array> in, std::span<const Abst
   std::vector<Array> outs;
   for (const AbstractValue& a : out_avals) outs.push_back(make_uninitialized(a, dev));
   for (const Array& x : in) concrete(x);
-  Dims d = dims_of(in, p);
+  // Packed: (x, o, lse, do) -> dx; else (q, k, v, o, lse, do) -> (dq, dk, dv).
+  const bool packed = in.size() == 4;
+  const size_t res = packed ? 1 : 3;  // where o, lse and do start
+  attention::Packing pk;
+  if (packed) pk = attention::packing_of(p);
+  Dims d = packed ? dims_of(pk.q_shape, pk.kv_shape, p) : dims_of(in[0].shape(), in[1].shape(), p);
+  if (packed) d.ldq = d.ldkv = pk.row_width(in[0].shape());
   visit_attention_dtype(in[0].dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if (outs[1].size() == 0) {  // no keys: every gradient is zero
+    if (d.B * d.S * d.K * d.H == 0) {  // no keys: every gradient is zero
       for (Array& o : outs) std::memset(raw_ptr(o), 0, size_t(o.size()) * sizeof(T));
       return;
     }
-    backward_kernel(data_ptr<const T>(in[0]), data_ptr<const T>(in[1]), data_ptr<const T>(in[2]),
-                    data_ptr<const T>(in[3]), data_ptr<const float>(in[4]), data_ptr<const T>(in[5]),
-                    data_ptr<T>(outs[0]), data_ptr<T>(outs[1]), data_ptr<T>(outs[2]), d);
+    Operands<T> o;
+    if (packed) {
+      const Shape& xs = in[0].shape();
+      const T* x = data_ptr<const T>(in[0]);
+      T* dx = data_ptr<T>(outs[0]);
+      o = {x + pk.offset(xs, 0),  x + pk.offset(xs, 1),  x + pk.offset(xs, 2),
+           dx + pk.offset(xs, 0), dx + pk.offset(xs, 1), dx + pk.offset(xs, 2)};
+    } else {
+      o = {data_ptr<const T>(in[0]), data_ptr<const T>(in[1]), data_ptr<const T>(in[2]),
+           data_ptr<T>(outs[0]),     data_ptr<T>(outs[1]),     data_ptr<T>(outs[2])};
+    }
+    backward_kernel(o.q, o.k, o.v, data_ptr<const T>(in[res]), data_ptr<const float>(in[res + 1]),
+                    data_ptr<const T>(in[res + 2]), o.dq, o.dk, o.dv, d);
   });
   return outs;
 }
@@ -611,6 +647,8 @@ std::vector<Array> backward_impl(std::span<const Array> in, std::span<const Abst
 const bool g_registered = [] {
   register_kernel("flash_attention", Platform::cpu, forward_impl);
   register_kernel("flash_attention_backward", Platform::cpu, backward_impl);
+  register_kernel("flash_attention_packed", Platform::cpu, forward_impl);
+  register_kernel("flash_attention_backward_packed", Platform::cpu, backward_impl);
   return true;
 }();
 
