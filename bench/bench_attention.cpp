@@ -2,7 +2,8 @@
 // its unfused path (implementation = xla, also jitted: logits materialized, softmax fused by jit)
 // and PyTorch's (bench/peers/torch_attention.py: scaled_dot_product_attention where it exists,
 // else the matmul + softmax that SDPA's CPU math path computes). Forward alone (inference) and
-// forward + backward (the gradient of sum(attention * w) w.r.t. q, k and v), all jitted.
+// forward + backward (the gradient of sum(attention * w) w.r.t. q, k and v), all jitted; and at
+// the sample's shape, q, k and v sliced from one projection with jit's pack_attention on and off.
 //   build/bench/bench_attention [reps]
 #include <fmt/format.h>
 
@@ -85,6 +86,33 @@ void bench_shape(int64_t B, int64_t T, int64_t N, int64_t H, DType dt, int reps)
   }
 }
 
+// q, k and v sliced from one fused projection's result x [B, T, 3, N, H], forward and backward
+// (the gradient of sum(attention * w) w.r.t. x): jit's pack_attention pass (the kernels read x's
+// rows in place and write dx whole) against the same program with the pass off (three slices
+// copied out, a concatenate of dq, dk and dv), compiled under CJAX_PACK_ATTENTION=0.
+void bench_packed(int64_t B, int64_t T, int64_t N, int64_t H, int reps) {
+  auto keys = random::split(random::key(1), 2);
+  Array x = random::normal(keys[0], {B, T, 3, N, H}), w = random::normal(keys[1], {B, T, N, H});
+  auto loss = [=](const Array& x, const Array& w) {
+    auto piece = [&](int64_t i) { return lax::slice_in_dim(x, i, i + 1, 1, 2).reshape({B, T, N, H}); };
+    Array o =
+        nn::dot_product_attention(piece(0), piece(1), piece(2), {.is_causal = true, .implementation = Impl::fused});
+    return jnp::sum(o * w);
+  };
+  auto packed = jit(grad(loss));
+  packed(x, w).block_until_ready();
+  setenv("CJAX_PACK_ATTENTION", "0", 1);
+  auto unpacked = jit(grad(loss));
+  unpacked(x, w).block_until_ready();  // compiled now, with the pass off
+  unsetenv("CJAX_PACK_ATTENTION");
+  auto t = bench::interleaved_medians({[&] { packed(x, w).block_until_ready(); },
+                                       [&] { unpacked(x, w).block_until_ready(); }},
+                                      reps);
+  auto ms = [](double s) { return fmt::format("{:.3f} ms", s * 1e3); };
+  bench::row(fmt::format("attention fwd+bwd [{},{},3,{},{}] f32 packed q/k/v vs sliced", B, T, N, H), ms(t[0]),
+             ms(t[1]), t[1] / t[0], ">= 1");
+}
+
 }  // namespace
 
 // `bench_attention profile [fwd|bwd]`: the fused path alone on the sample's shape, for perf record.
@@ -118,6 +146,7 @@ int main(int argc, char** argv) {
   std::printf("causal attention, [B,T,N,H]; ratio = peer time / fused time; torch: %s\n",
               "scaled_dot_product_attention if present, else matmul + softmax (PyTorch 1.13)");
   bench_shape(32, 64, 8, 16, DType::float32, reps);  // the transformer sample's attention
+  bench_packed(32, 64, 8, 16, reps);
   bench_shape(32, 64, 8, 16, DType::bfloat16, reps);
   bench_shape(8, 128, 8, 16, DType::float32, reps);
   bench_shape(8, 256, 8, 64, DType::float32, reps);
