@@ -122,6 +122,11 @@ int64_t product(const Shape& s, size_t from, size_t to) {
   return n;
 }
 
+void check_packed_dtype(std::string_view prim, const Array& x) {
+  if (!fused_dtype(x.dtype()))
+    throw DTypeError(fmt::format("{}: x must be float16, bfloat16 or float32, got {}", prim, dtype_name(x.dtype())));
+}
+
 const PrimitiveDef& g_forward_packed = register_primitive([] {
   PrimitiveDef def;
   def.name = "flash_attention_packed";
@@ -131,9 +136,7 @@ const PrimitiveDef& g_forward_packed = register_primitive([] {
     options_of(p);
     Packing k = packing_of(p);
     check_packing("flash_attention_packed", in[0].shape(), k, false);
-    if (!fused_dtype(in[0].dtype()))
-      throw DTypeError(fmt::format("flash_attention_packed: x must be float16, bfloat16 or float32, got {}",
-                                   dtype_name(in[0].dtype())));
+    check_packed_dtype("flash_attention_packed", in[0]);
     const Shape& q = k.q_shape;
     return std::vector<AbstractValue>{AbstractValue{q, in[0].dtype(), false, in[0].aval().vma},
                                       AbstractValue{{q[0], q[2], q[1]}, DType::float32, false, in[0].aval().vma}};
@@ -154,6 +157,7 @@ const PrimitiveDef& g_backward_packed = register_primitive([] {
     const char* prim = "flash_attention_backward_packed";
     Packing k = packing_of(p);
     check_packing(prim, in[0].shape(), k, true);
+    check_packed_dtype(prim, in[0]);
     const Shape& q = k.q_shape;
     expect_aval(prim, "out", in[1], q, in[0].dtype());
     expect_aval(prim, "lse", in[2], {q[0], q[2], q[1]}, DType::float32);

@@ -13,7 +13,7 @@
 // flash_attention emits flash_attention_tangent, whose transpose is flash_attention_backward, so
 // grad runs the fused backward kernel and forward-mode works as well.
 //
-// Two more, made only by jit's pack_attention_operands pass (jit/passes/passes.h), never by user code:
+// Two more, made only by jit's pack_attention pass (jit/passes/passes.h), never by user code:
 //
 //   flash_attention_packed          (x)                 -> (o [B,T,N,H], lse [B,N,T] f32)
 //   flash_attention_backward_packed (x, o, lse, do)     -> dx (x's shape)
