@@ -151,9 +151,11 @@ Measurement measure_and_record(const GemmClass& c, const std::string& dkey,
 
 }  // namespace
 
+// Version 8: LIBXSMM's path packs panels of a B whose rows are 4 KiB apart (gemm_xsmm.cpp), so
+// records of such classes measured before describe other code.
 std::string gemm_choice_cache_key(const GemmClass& c) {
   static const std::string host = cpu_model();
-  return fmt::format("cjax-gemm-choice-7|{}|isa={}|threads={}|{}", host,
+  return fmt::format("cjax-gemm-choice-8|{}|isa={}|threads={}|{}", host,
                      requested_cpu_isa() == CpuIsa::Avx2 ? "avx2" : "native", num_threads(), c.str());
 }
 

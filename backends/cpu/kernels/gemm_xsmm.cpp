@@ -67,10 +67,12 @@ const bool g_affinity_env_set_at_load = [] {
 }();
 
 std::atomic<bool> g_initialized{false};
+bool g_avx2_kernels = false;  // LIBXSMM generates AVX2 (not AVX-512) kernels: set once, before g_initialized
 void init_once() {
   static const bool done = [] {
     if (requested_cpu_isa() == CpuIsa::Avx2) libxsmm_set_target_arch("hsw");  // LIBXSMM's AVX2 kernels
     libxsmm_init();
+    g_avx2_kernels = libxsmm_get_target_archid() < LIBXSMM_X86_AVX512;
     g_initialized.store(true, std::memory_order_release);
     return true;
   }();
@@ -142,9 +144,16 @@ bool xsmm_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const GemmOperand
   // Edge tiles are smaller: at most four kernel shapes per call (LIBXSMM caches them).
   int64_t tm = std::min(M, kTile), tn = std::min(N, kTile), rm = M % tm, rn = N % tn;
   int64_t tiles_m = (M + tm - 1) / tm, tiles_n = (N + tn - 1) / tn, per_batch = tiles_m * tiles_n;
-  // Panels pay off where several row tiles read each one and a panel outgrows the L1 cache.
+  // Panels pay off where several row tiles read each one and a panel outgrows the L1 cache; and
+  // where B's rows are a multiple of 4 KiB apart (ld 1024 floats), which maps a panel's rows onto a
+  // few cache sets: LIBXSMM's AVX2 kernels ran at 0.55-0.6x their speed there (2-core Zen 4:
+  // 2048x1024x256 8.4 -> 4.9 ms, 32x1024x1024 576 -> 365 us with panels), its AVX-512 ones at the
+  // same speed. A single row tile (M <= 64) reads each panel once: copying B then costs the
+  // AVX-512 kernels more than it saves (307 -> 351 us), so only the AVX2 ones get panels there.
   ScratchArray<T> panels;
-  if (!packed_b && tiles_m >= 2 && K * tn * int64_t(sizeof(T)) > (int64_t(64) << 10))
+  const bool aliased = B.ld * int64_t(sizeof(T)) % 4096 == 0 && K >= 64 && N > tn;
+  if (!packed_b &&
+      ((tiles_m >= 2 && (aliased || K * tn * int64_t(sizeof(T)) > (int64_t(64) << 10))) || (aliased && g_avx2_kernels)))
     panels = pack_panels<T>(batch, K, N, tn, B);
   int64_t lda = packed_a ? K : A.ld, ldb = packed_b ? N : B.ld;
   int64_t ldb_full = panels ? tn : ldb, ldb_edge = panels ? rn : ldb;
