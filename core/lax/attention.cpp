@@ -238,6 +238,11 @@ Options options_of(const Params& p) { return Options{p.get<double>("scale"), p.g
 
 int64_t Packing::row_width(const Shape& x) const { return product(x, size_t(axis), x.size()); }
 int64_t Packing::offset(const Shape& x, size_t i) const { return starts[i] * product(x, size_t(axis) + 1, x.size()); }
+std::array<size_t, 3> Packing::axis_order() const {
+  std::array<size_t, 3> order{0, 1, 2};
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return starts[a] < starts[b]; });
+  return order;
+}
 
 Params packed_params_of(const Options& o, const Packing& k) {
   Params p = params_of(o);
@@ -301,10 +306,8 @@ Array expand_backward_packed(const Array& x, const Array& out, const Array& lse,
   std::vector<Array> qkv = unpack(x, k);
   std::vector<Array> g = backward(qkv[0], qkv[1], qkv[2], out, lse, dout, o);
   // The gradients in the order of their ranges along the axis (they tile it).
-  std::vector<size_t> order{0, 1, 2};
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return k.starts[a] < k.starts[b]; });
   std::vector<Array> pieces;
-  for (size_t i : order) {
+  for (size_t i : k.axis_order()) {
     Shape s = x.shape();
     s[size_t(k.axis)] = k.limits[i] - k.starts[i];
     pieces.push_back(lax::reshape(g[i], s));

@@ -31,6 +31,7 @@
 // dtype (float16, bfloat16 or float32). The CPU kernels are in backends/cpu/kernels/attention.cpp;
 // other platforms run the unfused composite below (the primitives' `impl`).
 #pragma once
+#include <array>
 #include <vector>
 
 #include "core/array/primitive.h"
@@ -63,6 +64,8 @@ struct Packing {
   // A row of x: row_width elements; q, k and v start at columns offsets[0..2].
   int64_t row_width(const Shape& x) const;
   int64_t offset(const Shape& x, size_t i) const;
+  // 0 (q), 1 (k), 2 (v) in the order of their ranges along `axis` (dx's pieces, concatenated).
+  std::array<size_t, 3> axis_order() const;
 };
 Params packed_params_of(const Options& o, const Packing& k);
 Packing packing_of(const Params& p);

@@ -15,7 +15,7 @@
 // it, each gradient read by that concatenate alone. The slices left without readers go with dce.
 #include <fmt/format.h>
 
-#include <algorithm>
+#include <array>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -113,7 +113,6 @@ class Packer {
                          {p[0]->limit, p[1]->limit, p[2]->limit},
                          atom_aval(e.inputs[0]).shape,
                          atom_aval(e.inputs[1]).shape};
-    if (atom_aval(e.inputs[0]).dtype != p[0]->x.aval().dtype) return std::nullopt;
     try {
       attention::check_packing(e.primitive->name, p[0]->x.aval().shape, k, false);
     } catch (const ShapeError&) {
@@ -176,8 +175,7 @@ class Packer {
       return;
     }
     // The concatenate's operands in the order of the ranges along the axis.
-    std::vector<size_t> order{0, 1, 2};
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return k.starts[a] < k.starts[b]; });
+    const std::array<size_t, 3> order = k.axis_order();
     for (size_t j = 0; j < 3; ++j) {
       auto* v = std::get_if<Var>(&c.inputs[j]);
       if (!v || !(*v == std::get<Var>(piece[order[j]]))) return;

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -582,29 +583,39 @@ void visit_attention_dtype(DType dtype, F&& f) {
 }
 
 // The kernels' operands: q, k and v (and dq, dk, dv) separate, or columns of one packed x.
-template <class T>
+// The kernels' operands: q, k and v (and dq, dk, dv) as three arrays, or packed as column ranges
+// of one x's rows (and of dx's): their Dims, and where each starts.
 struct Operands {
-  const T *q, *k, *v;
-  T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  Dims d;
+  bool packed;
+  int64_t offset[3] = {0, 0, 0};
+  // q, k, v (or dq, dk, dv): the data of a[0], a[1], a[2], or three column ranges of a[0]'s.
+  template <class P, class Arrays>
+  std::array<P*, 3> of(const Arrays& a) const {
+    P* first = data_ptr<P>(a[0]);
+    if (packed) return {first + offset[0], first + offset[1], first + offset[2]};
+    return {first, data_ptr<P>(a[1]), data_ptr<P>(a[2])};
+  }
 };
+Operands operands_of(std::span<const Array> in, const Params& p, bool packed) {
+  if (!packed) return Operands{dims_of(in[0].shape(), in[1].shape(), p), false};
+  attention::Packing pk = attention::packing_of(p);
+  const Shape& xs = in[0].shape();
+  Operands o{dims_of(pk.q_shape, pk.kv_shape, p), true, {pk.offset(xs, 0), pk.offset(xs, 1), pk.offset(xs, 2)}};
+  o.d.ldq = o.d.ldkv = pk.row_width(xs);
+  return o;
+}
 
 std::vector<Array> forward_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals, const Params& p) {
   Device dev = concrete(in[0])->device();
   Array out = make_uninitialized(out_avals[0], dev), lse = make_uninitialized(out_avals[1], dev);
   for (const Array& x : in) concrete(x);
-  const bool packed = in.size() == 1;
-  attention::Packing pk;
-  if (packed) pk = attention::packing_of(p);
-  Dims d = packed ? dims_of(pk.q_shape, pk.kv_shape, p) : dims_of(in[0].shape(), in[1].shape(), p);
-  if (packed) d.ldq = d.ldkv = pk.row_width(in[0].shape());
+  const Operands ops = operands_of(in, p, in.size() == 1);
   if (out.size() > 0)
     visit_attention_dtype(in[0].dtype(), [&](auto tag) {
       using T = decltype(tag);
-      const T* x = data_ptr<const T>(in[0]);
-      Operands<T> o = packed ? Operands<T>{x + pk.offset(in[0].shape(), 0), x + pk.offset(in[0].shape(), 1),
-                                           x + pk.offset(in[0].shape(), 2)}
-                             : Operands<T>{x, data_ptr<const T>(in[1]), data_ptr<const T>(in[2])};
-      forward_kernel(o.q, o.k, o.v, data_ptr<T>(out), data_ptr<float>(lse), d);
+      auto [q, k, v] = ops.of<const T>(in);
+      forward_kernel(q, k, v, data_ptr<T>(out), data_ptr<float>(lse), ops.d);
     });
   return {out, lse};
 }
@@ -617,29 +628,18 @@ std::vector<Array> backward_impl(std::span<const Array> in, std::span<const Abst
   // Packed: (x, o, lse, do) -> dx; else (q, k, v, o, lse, do) -> (dq, dk, dv).
   const bool packed = in.size() == 4;
   const size_t res = packed ? 1 : 3;  // where o, lse and do start
-  attention::Packing pk;
-  if (packed) pk = attention::packing_of(p);
-  Dims d = packed ? dims_of(pk.q_shape, pk.kv_shape, p) : dims_of(in[0].shape(), in[1].shape(), p);
-  if (packed) d.ldq = d.ldkv = pk.row_width(in[0].shape());
+  const Operands ops = operands_of(in, p, packed);
+  const Dims& d = ops.d;
   visit_attention_dtype(in[0].dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (d.B * d.S * d.K * d.H == 0) {  // no keys: every gradient is zero
       for (Array& o : outs) std::memset(raw_ptr(o), 0, size_t(o.size()) * sizeof(T));
       return;
     }
-    Operands<T> o;
-    if (packed) {
-      const Shape& xs = in[0].shape();
-      const T* x = data_ptr<const T>(in[0]);
-      T* dx = data_ptr<T>(outs[0]);
-      o = {x + pk.offset(xs, 0),  x + pk.offset(xs, 1),  x + pk.offset(xs, 2),
-           dx + pk.offset(xs, 0), dx + pk.offset(xs, 1), dx + pk.offset(xs, 2)};
-    } else {
-      o = {data_ptr<const T>(in[0]), data_ptr<const T>(in[1]), data_ptr<const T>(in[2]),
-           data_ptr<T>(outs[0]),     data_ptr<T>(outs[1]),     data_ptr<T>(outs[2])};
-    }
-    backward_kernel(o.q, o.k, o.v, data_ptr<const T>(in[res]), data_ptr<const float>(in[res + 1]),
-                    data_ptr<const T>(in[res + 2]), o.dq, o.dk, o.dv, d);
+    auto [q, k, v] = ops.of<const T>(in);
+    auto [dq, dk, dv] = ops.of<T>(outs);
+    backward_kernel(q, k, v, data_ptr<const T>(in[res]), data_ptr<const float>(in[res + 1]),
+                    data_ptr<const T>(in[res + 2]), dq, dk, dv, d);
   });
   return outs;
 }
