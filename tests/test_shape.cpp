@@ -143,6 +143,21 @@ TEST_CASE("transpose large (cache-blocked and parallel)") {
     for (int64_t j = 0; j < b; ++j)
       for (int64_t k = 0; k < c; ++k) ok = ok && t[size_t((k * a + i) * b + j)] == v[size_t((i * b + j) * c + k)];
   CHECK(ok);
+  // A weight gradient's [3, N, H, D] -> [3, D, N, H] (8 x 8 register blocks, D and N H multiples of 8),
+  // and the same with a ragged edge (D = 131) for the blocks' scalar rows and columns.
+  for (int64_t d : {128, 131}) {
+    CAPTURE(d);
+    VF w(size_t(3 * 8 * 16 * d));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float(i) * 0.5f - 7.0f;
+    auto wt = vec<float>(lax::transpose(jnp::array<float>(w, {3, 8, 16, d}), {0, 3, 1, 2}));
+    bool same = true;
+    for (int64_t q = 0; q < 3; ++q)
+      for (int64_t n = 0; n < 8; ++n)
+        for (int64_t h = 0; h < 16; ++h)
+          for (int64_t e = 0; e < d; ++e)
+            same = same && wt[size_t(((q * d + e) * 8 + n) * 16 + h)] == w[size_t(((q * 8 + n) * 16 + h) * d + e)];
+    CHECK(same);
+  }
 }
 
 TEST_CASE("squeeze / expand_dims") {

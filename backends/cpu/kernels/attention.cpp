@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/cpu/kernels/transpose8.h"
 #include "backends/cpu/llvm_math_coefficients.h"
 #include "core/array/array_impl.h"
 #include "core/array/kernel_table.h"
@@ -110,28 +111,6 @@ inline float lane_max(vf v) {
   return v[0];
 }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// 8 x 8 transposes of f32 (on every build: AVX2's unpack and lane shuffles).
-using v8 = float __attribute__((vector_size(32)));
-using v8_unaligned = float __attribute__((vector_size(32), aligned(4), may_alias));
-inline v8 load8(const float* p) { return *reinterpret_cast<const v8_unaligned*>(p); }
-inline void store8(float* p, v8 v) { *reinterpret_cast<v8_unaligned*>(p) = v; }
-inline void transpose8(v8 r[8]) {
-  v8 t[8], u[8];
-  for (int j = 0; j < 8; j += 2) {
-    t[j] = __builtin_shufflevector(r[j], r[j + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-    t[j + 1] = __builtin_shufflevector(r[j], r[j + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-  }
-  for (int j = 0; j < 8; j += 4)
-    for (int h = 0; h < 2; ++h) {
-      u[j + 2 * h] = __builtin_shufflevector(t[j + h], t[j + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-      u[j + 2 * h + 1] = __builtin_shufflevector(t[j + h], t[j + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-    }
-  for (int j = 0; j < 4; ++j) {
-    r[j] = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-    r[j + 4] = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-}
 
 // exp(x) for softmax arguments (x <= 0): 0 below -87 (where f32 exp underflows to subnormals),
 // relative error 2e-8 elsewhere (the polynomial of the LLVM kernels' f32 exp).
