@@ -390,26 +390,30 @@ TEST_CASE_TEMPLATE("LIBXSMM GEMMs: every transpose, alpha, beta 0/1, edge tiles 
   CHECK(c == std::vector<T>(4, T(1)));
 }
 
-TEST_CASE("LIBXSMM GEMMs whose B rows are 4 KiB apart go through column panels: values of the reference") {
+TEST_CASE("LIBXSMM GEMMs whose B rows are 4 KiB or 2 KiB apart go through column panels: values of the reference") {
   // B is the first N = 200 columns of a [K, 1024] f32 array (ld 4 KiB): panels for several row
-  // tiles (M = 130), and with AVX2 kernels for a single one too (M = 40).
-  const int64_t K = 96, N = 200, ld = 1024;
-  std::vector<float> b(size_t(K * ld));
-  for (size_t i = 0; i < b.size(); ++i) b[i] = float(std::cos(0.11 * double(i)));
-  for (int64_t M : {130, 40})
-    for (double beta : {0.0, 1.0}) {
-      CAPTURE(M);
-      CAPTURE(beta);
-      std::vector<float> a(size_t(M * K)), c(size_t(M * N));
-      for (size_t i = 0; i < a.size(); ++i) a[i] = float(std::sin(0.37 * double(i)));
-      for (size_t i = 0; i < c.size(); ++i) c[i] = float(0.25 * double(i % 7));
-      GemmOperand A{a.data(), false, K}, B{b.data(), false, ld};
-      std::vector<double> want = naive_gemm<float>(1, M, N, K, A, B, c, 1.0, beta);
-      REQUIRE(xsmm_gemm<float>(1, M, N, K, A, B, c.data(), 1.0f, float(beta)));
-      double worst = 0;
-      for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::fabs(double(c[i]) - want[i]) / double(K));
-      CHECK(worst <= 1e-6);
-    }
+  // tiles (M = 130), and with AVX2 kernels for a single one too (M = 40); and of a [K, 512] one
+  // (ld 2 KiB): panels with AVX2 kernels for several row tiles.
+  const int64_t K = 96, N = 200;
+  for (int64_t ld : {1024, 512}) {
+    std::vector<float> b(size_t(K * ld));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = float(std::cos(0.11 * double(i)));
+    for (int64_t M : {130, 40})
+      for (double beta : {0.0, 1.0}) {
+        CAPTURE(ld);
+        CAPTURE(M);
+        CAPTURE(beta);
+        std::vector<float> a(size_t(M * K)), c(size_t(M * N));
+        for (size_t i = 0; i < a.size(); ++i) a[i] = float(std::sin(0.37 * double(i)));
+        for (size_t i = 0; i < c.size(); ++i) c[i] = float(0.25 * double(i % 7));
+        GemmOperand A{a.data(), false, K}, B{b.data(), false, ld};
+        std::vector<double> want = naive_gemm<float>(1, M, N, K, A, B, c, 1.0, beta);
+        REQUIRE(xsmm_gemm<float>(1, M, N, K, A, B, c.data(), 1.0f, float(beta)));
+        double worst = 0;
+        for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::fabs(double(c[i]) - want[i]) / double(K));
+        CHECK(worst <= 1e-6);
+      }
+  }
 }
 
 TEST_CASE("the GEMM library is measured once per host and shape class, then read from memory or disk") {
