@@ -561,7 +561,6 @@ void visit_attention_dtype(DType dtype, F&& f) {
   }
 }
 
-// The kernels' operands: q, k and v (and dq, dk, dv) separate, or columns of one packed x.
 // The kernels' operands: q, k and v (and dq, dk, dv) as three arrays, or packed as column ranges
 // of one x's rows (and of dx's): their Dims, and where each starts.
 struct Operands {
