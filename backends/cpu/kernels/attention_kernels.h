@@ -320,13 +320,9 @@ struct KeyPanels {
         for (; s + 8 <= end; s += 8) {  // kKeys is a multiple of 8: a group of 8 keys is in one block
           const int64_t s0 = s / kKeys * kKeys, k = s - s0;
           for (int64_t n = 0; n < kh1 - kh0; ++n)
-            for (int64_t h = 0; h < d.H; h += 8) {
-              v8 r[8];
-              for (int j = 0; j < 8; ++j) r[j] = load8(x + (b * d.S + s + j) * d.ldkv + (kh0 + n) * d.H + h);
-              transpose8(r);
-              float* panel = panels.data() + (n * padded + s0) * d.Hp + k;
-              for (int j = 0; j < 8; ++j) store8(panel + (h + j) * kKeys, r[j]);
-            }
+            for (int64_t h = 0; h < d.H; h += 8)
+              transpose_block8(panels.data() + (n * padded + s0) * d.Hp + k + h * kKeys, kKeys,
+                               x + (b * d.S + s) * d.ldkv + (kh0 + n) * d.H + h, d.ldkv);
         }
     }
     for (; s < end; ++s) {
