@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string_view>
 #include <thread>
 
 #include "backends/cpu/kernels/gemm_choice.h"
@@ -69,7 +70,9 @@ void gemm_row(const Shape3& s) {
 
 }  // namespace
 
-int main() {
+// bench_gemm [substring]: only the rows whose description contains it ("MLP layer", "dW").
+int main(int argc, char** argv) {
+  std::string_view only = argc > 1 ? argv[1] : "";
   print_host();
   std::printf("%-44s %-18s %-26s %8s\n", "GEMM f32 (batch x [M x N x K])", "cjax (chosen)", "libraries", "vs best");
   for (const Shape3& s :
@@ -83,6 +86,6 @@ int main() {
         Shape3{"transformer MLP out, dX", 1, 2048, 512, 128, false, true},
         Shape3{"transformer MLP in, dW", 1, 128, 512, 2048, true, false},
         Shape3{"transformer MLP out, dW", 1, 512, 128, 2048, true, false}})
-    gemm_row(s);
+    if (std::string_view(s.what).find(only) != std::string_view::npos) gemm_row(s);
   return 0;
 }

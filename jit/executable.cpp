@@ -413,14 +413,22 @@ bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>
   return true;
 }
 
+std::string Executable::instr_shapes(const Instr& instr, const std::vector<Array>& slots) const {
+  std::vector<Array> in;
+  for (size_t k = 0; k < instr.inputs.size(); ++k)
+    in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+  return shapes_label(in, instr.out_avals);
+}
+
 void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const {
   bool profiling = profiler::enabled();
+  std::string shapes = profiling ? instr_shapes(instr, slots) : std::string();
   ProfileScope timing(profiling);
   if (instr.kernel >= 0) {
     run_kernel(*module_, nullptr, instr, slots, donated);
-    if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
+    if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_, std::move(shapes));
   } else if (instr.def == gemm_update_ && run_gemm_update_in_place(instr, slots, donated)) {
-    if (profiling) timing.record(instr.def->name, name_);
+    if (profiling) timing.record(instr.def->name, name_, std::move(shapes));
   } else {
     std::vector<Array> in;
     in.reserve(instr.inputs.size());
@@ -440,7 +448,7 @@ void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::v
     std::vector<Array> outs = instr.cpu_kernel && !sharded ? (*instr.cpu_kernel)(in, instr.out_avals, instr.params)
                                                            : cjax::bind(*instr.def, in, instr.params);
     for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
-    if (profiling) timing.record(instr.def->name, name_);
+    if (profiling) timing.record(instr.def->name, name_, std::move(shapes));
   }
   for (int s : instr.release) slots[size_t(s)] = Array();
 }
@@ -546,10 +554,11 @@ void Executable::run_device_instrs(const DeviceProgram& program, const Device& d
   TraceScope scope(eval_trace());
   bool profiling = profiler::enabled();
   for (const Instr& instr : program_) {
+    std::string shapes = profiling ? instr_shapes(instr, slots) : std::string();
     ProfileScope timing(profiling);
     if (instr.kernel >= 0) {
       run_kernel(*program.module, &d, instr, slots, donated);
-      if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_);
+      if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_, std::move(shapes));
     } else {
       std::vector<Array> in;
       in.reserve(instr.inputs.size());
@@ -573,7 +582,7 @@ void Executable::run_device_instrs(const DeviceProgram& program, const Device& d
         outs = cjax::bind(*instr.def, in, instr.params);
       }
       for (size_t k = 0; k < outs.size(); ++k) slots[size_t(instr.outputs[k])] = std::move(outs[k]);
-      if (profiling) timing.record(instr.def->name, name_);
+      if (profiling) timing.record(instr.def->name, name_, std::move(shapes));
     }
     for (int s : instr.release) slots[size_t(s)] = Array();
   }

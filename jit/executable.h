@@ -97,6 +97,7 @@ class Executable {
   void bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
                    std::vector<bool>& donated) const;
   void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  std::string instr_shapes(const Instr& instr, const std::vector<Array>& slots) const;  // for profiles
   std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
   bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   bool gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots,

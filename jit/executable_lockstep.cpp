@@ -228,10 +228,11 @@ void Executable::run_collective_group(const LockstepPhase& phase, const Mesh& me
       for (size_t k = 0; k < instr.inputs.size(); ++k)
         group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
     bool profiling = profiler::enabled();
+    std::string shapes = profiling ? shapes_label(group_in[0], instr.out_avals) : std::string();
     ProfileScope timing(profiling);
     outs[g] = run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
                                             backward || instr.backward);
-    if (profiling) timing.record(instr.def->name, name_);
+    if (profiling) timing.record(instr.def->name, name_, std::move(shapes));
   };
   // Each collective of the group on its own pool task (its own work then runs serially); the
   // collective recorder sees them one at a time, in program order.

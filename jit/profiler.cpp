@@ -74,7 +74,7 @@ void export_chrome_trace(const std::string& path) {
                      {"dur", e.duration_us},
                      {"pid", 0},
                      {"tid", e.thread},
-                     {"args", {{"jit", e.jit}}}});
+                     {"args", {{"jit", e.jit}, {"shapes", e.shapes}}}});
   // A temporary named as cjax::io names its own (io::remove_stale_temporaries), removed on any error.
   std::filesystem::path target(path);
   std::filesystem::path tmp =
@@ -100,16 +100,25 @@ void export_chrome_trace(const std::string& path) {
 
 namespace cjax {
 
+std::string shapes_label(std::span<const Array> operands, std::span<const AbstractValue> results) {
+  std::string s;
+  for (const Array& x : operands) s += (x.defined() ? x.aval().str() : std::string("_")) + " ";
+  s += "->";
+  for (const AbstractValue& a : results) s += " " + a.str();
+  return s;
+}
+
 ProfileScope::ProfileScope(bool on) : on_(on) {
   if (on_) t0_ = std::chrono::steady_clock::now();
 }
-void ProfileScope::record(std::string name, const std::string& jit) {
+void ProfileScope::record(std::string name, const std::string& jit, std::string shapes) {
   if (!on_) return;
   auto t1 = std::chrono::steady_clock::now();
   auto& s = profiler::state();
   profiler::Event e;
   e.name = std::move(name);
   e.jit = jit;
+  e.shapes = std::move(shapes);
   e.start_us = std::chrono::duration<double, std::micro>(t0_ - s.origin).count();
   e.duration_us = std::chrono::duration<double, std::micro>(t1 - t0_).count();
   e.thread = std::hash<std::thread::id>()(std::this_thread::get_id()) % 100000;

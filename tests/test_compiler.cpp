@@ -814,8 +814,14 @@ TEST_CASE("the profiler records every kernel of a jit program and exports Chrome
   for (const auto& e : ev) {
     CHECK(e.jit == "profiled");
     CHECK(e.duration_us >= 0);
-    dots += e.name == "dot_general";
-    fused += e.name.rfind("fused[tanh reduce_max", 0) == 0;
+    if (e.name == "dot_general") {
+      ++dots;
+      CHECK(e.shapes == "f32[64,32] f32[32,16] -> f32[64,16]");
+    }
+    if (e.name.rfind("fused[tanh reduce_max", 0) == 0) {
+      ++fused;
+      CHECK(e.shapes == "f32[64,16] -> f32[64,16]");
+    }
   }
   CHECK(dots == 3);
   CHECK(fused == 3);
@@ -826,6 +832,7 @@ TEST_CASE("the profiler records every kernel of a jit program and exports Chrome
   CHECK(json.find("\"traceEvents\"") != std::string::npos);
   CHECK(json.find("\"ph\":\"X\"") != std::string::npos);
   CHECK(json.find("\"name\":\"dot_general\"") != std::string::npos);
+  CHECK(json.find("\"shapes\":\"f32[64,32] f32[32,16] -> f32[64,16]\"") != std::string::npos);
   CHECK_THROWS_AS(profiler::export_chrome_trace((dir / "no_such_dir" / "t.json").string()), IoError);
   std::filesystem::remove_all(dir);
 }
