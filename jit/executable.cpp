@@ -114,6 +114,7 @@ Executable::Executable(const ClosedJaxpr& traced, std::string name, std::vector<
       name_(std::move(name)),
       optimized_(optimize(*splat_constants(*traced, traced.consts), traced.consts)),
       consts_(traced.consts) {
+  optimized_ = pretranspose_shared_operands(std::move(optimized_));
   const Jaxpr& j = *optimized_;
   has_effects_ = jaxpr_has_effects(j);
   // Constants created on a device (CJAX_PLATFORM=cuda) get host copies for runs on the CPU.

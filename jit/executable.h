@@ -97,6 +97,8 @@ class Executable {
   void bind_inputs(std::span<const Array> args, std::span<const size_t> donated_args, std::vector<Array>& slots,
                    std::vector<bool>& donated) const;
   void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
+  // In a shard_map body: GEMM operands shared by devices, transposed once (executable_lockstep.cpp).
+  std::shared_ptr<const Jaxpr> pretranspose_shared_operands(std::shared_ptr<const Jaxpr> jaxpr) const;
   std::string instr_shapes(const Instr& instr, const std::vector<Array>& slots) const;  // for profiles
   std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
   bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;

@@ -22,6 +22,9 @@
 //  - on every device otherwise.
 // A step that a class-wise step of the same segment reads runs on every device that reads it (its
 // class includes the reader's), so each device's class-wise steps need no other device's results.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <string_view>
 #include <unordered_map>
@@ -32,6 +35,7 @@
 #include "core/array/spmd.h"
 #include "core/array/trace.h"
 #include "core/backend/parallel.h"
+#include "core/lax/linalg.h"
 #include "core/spmd/collectives.h"
 #include "jit/executable.h"
 #include "jit/profile_internal.h"
@@ -60,26 +64,33 @@ GroupResult group_result(const PrimitiveDef& def) {
   return it == known.end() ? GroupResult::Typed : it->second;
 }
 
+// Bit k set for each of `names` that is axes[k].
+uint64_t axes_mask(const std::vector<ManualAxis>& axes, const std::vector<std::string>& names) {
+  uint64_t m = 0;
+  for (const std::string& n : names)
+    for (size_t k = 0; k < axes.size(); ++k)
+      if (axes[k].name == n) m |= uint64_t(1) << k;
+  return m;
+}
+
+// Whether the variation of a body's values can be worked out: by their in_specs where the runner
+// gave them (`by_spec`), else by their types, which say so only where every manual axis checks
+// varying axes (with check_vma off, every type is unvarying).
+bool variation_known(const std::vector<ManualAxis>& axes, bool by_spec) {
+  bool typed = std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma; });
+  return !axes.empty() && axes.size() <= 64 && (typed || by_spec) &&
+         std::none_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.batch; });
+}
+
 }  // namespace
 
 std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& axes) const {
   constexpr uint64_t kEveryAxis = ~uint64_t(0);
   std::vector<uint64_t> vary(program_.size(), kEveryAxis);
-  // How the body's inputs vary: by their in_specs where the runner gave them, else by their types,
-  // which say so only where every manual axis checks varying axes (with check_vma off, every type
-  // is unvarying).
   bool typed = std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma; });
   bool by_spec = input_axes_.size() == in_slots_.size() && !in_slots_.empty();
-  if (axes.empty() || axes.size() > 64 || (!typed && !by_spec) ||
-      std::any_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.batch; }))
-    return vary;
-  auto mask_of = [&](const std::vector<std::string>& names) {
-    uint64_t m = 0;
-    for (const std::string& n : names)
-      for (size_t k = 0; k < axes.size(); ++k)
-        if (axes[k].name == n) m |= uint64_t(1) << k;
-    return m;
-  };
+  if (!variation_known(axes, by_spec)) return vary;
+  auto mask_of = [&](const std::vector<std::string>& names) { return axes_mask(axes, names); };
   const Jaxpr& j = *optimized_;
   std::vector<uint64_t> slot(num_slots_, 0);  // constants: the same everywhere
   for (size_t k = 0; k < in_slots_.size(); ++k)
@@ -119,6 +130,101 @@ std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& 
     }
   }
   return vary;
+}
+
+// A GEMM copies its right operand into [batch, K, N] order when it is stored otherwise (a weight's
+// dX product, B = W^T: LIBXSMM's packing; a q/k/v projection's [3, D, n, H] weight: a permuted
+// copy). In a body run in lockstep every device did so for its own GEMM, also where the operand is
+// the same on several devices (a replicated or all-gathered weight): 8 virtual devices transposed
+// each weight 8 times a step (2-core Zen 4, AVX2, FSDP transformer sample: 2.5% of the step's
+// CPU time). Here such an operand gets an explicit transpose into that order, which the lockstep
+// runs once per class of devices that share the operand (plan_lockstep_phases), and the GEMM
+// reads it in place. Operands varying along every axis of the mesh, and bodies whose values'
+// variation is unknown (unchecked types and no in_specs), are left as they were.
+std::shared_ptr<const Jaxpr> Executable::pretranspose_shared_operands(std::shared_ptr<const Jaxpr> jaxpr) const {
+  // Not for GPUs: cuBLASLt reads a transposed operand in place.
+  if (default_device().platform() != Platform::cpu) return jaxpr;
+  std::vector<ManualAxis> axes = manual_axes_in_scope();
+  uint64_t every_axis = 0;
+  for (size_t k = 0; k < axes.size() && k < 64; ++k)
+    if (axes[k].size > 1) every_axis |= uint64_t(1) << k;
+  bool typed = std::all_of(axes.begin(), axes.end(), [](const ManualAxis& a) { return a.check_vma; });
+  bool by_spec = input_axes_.size() == jaxpr->invars().size() && !input_axes_.empty();
+  if (every_axis == 0 || !variation_known(axes, by_spec)) return jaxpr;
+  auto mask_of = [&](const std::vector<std::string>& names) { return axes_mask(axes, names); };
+  std::unordered_map<const void*, uint64_t> vary;  // by Var; constants vary along no axis
+  for (size_t k = 0; k < jaxpr->invars().size(); ++k)
+    vary[jaxpr->invars()[k].id()] = mask_of(by_spec ? input_axes_[k] : jaxpr->invars()[k].aval().vma);
+  auto vary_of = [&](const Atom& a) -> uint64_t {
+    auto* v = std::get_if<Var>(&a);
+    if (!v) return 0;
+    auto it = vary.find(v->id());
+    return it == vary.end() ? 0 : it->second;
+  };
+  std::unordered_map<std::string, Var> transposed;  // "<operand id>/<permutation>" -> its transpose
+  std::vector<JaxprEqn> eqns;
+  bool changed = false;
+  for (const JaxprEqn& e : jaxpr->eqns()) {
+    uint64_t in = 0;
+    for (const Atom& a : e.inputs) in |= vary_of(a);
+    for (size_t o = 0; o < e.outputs.size(); ++o) {
+      uint64_t out = in;
+      if (needs_all_devices(*e.primitive)) {
+        uint64_t group = mask_of(collective_axes(e.params));
+        switch (group_result(*e.primitive)) {
+          case GroupResult::Same: out = in & ~group; break;
+          case GroupResult::PerMember: out = in | group; break;
+          case GroupResult::Typed: out = typed ? mask_of(e.outputs[o].aval().vma) : ~uint64_t(0); break;
+        }
+      }
+      vary[e.outputs[o].id()] = out;
+    }
+    const std::string& name = e.primitive->name;
+    const Var* rhs = e.inputs.size() >= 2 ? std::get_if<Var>(&e.inputs[1]) : nullptr;
+    if ((name != "dot_general" && name != "dot_general_accumulate") || !rhs ||
+        (vary_of(*rhs) & every_axis) == every_axis) {
+      eqns.push_back(e);
+      continue;
+    }
+    const auto& dn = *e.params.object<DotDimsParam>("dimension_numbers");
+    const AbstractValue& rv = rhs->aval();
+    GemmDims d = gemm_dims(atom_aval(e.inputs[0]).shape, rv.shape, dn);
+    std::optional<GemmOperand> view = gemm_operand_view(rv.shape, dn.rhs_batch, dn.rhs_contracting, d.rhs_free);
+    if (d.K == 0 || (view && !view->trans)) {
+      eqns.push_back(e);
+      continue;
+    }
+    std::vector<int64_t> perm = dn.rhs_batch;  // [batch..., K..., N...]
+    perm.insert(perm.end(), dn.rhs_contracting.begin(), dn.rhs_contracting.end());
+    perm.insert(perm.end(), d.rhs_free.begin(), d.rhs_free.end());
+    std::string key = fmt::format("{}/{}", rhs->id(), fmt::join(perm, ","));
+    auto it = transposed.find(key);
+    if (it == transposed.end()) {
+      AbstractValue t = rv;
+      for (size_t k = 0; k < perm.size(); ++k) t.shape[k] = rv.shape[size_t(perm[k])];
+      Var out(std::move(t));
+      JaxprEqn tr;
+      tr.primitive = find_primitive("transpose");
+      tr.inputs = {*rhs};
+      tr.outputs = {out};
+      tr.params = Params{{"permutation", perm}};
+      tr.source_info = e.source_info;
+      vary[out.id()] = vary_of(*rhs);
+      eqns.push_back(std::move(tr));
+      it = transposed.emplace(key, out).first;
+    }
+    auto laid_out = std::make_shared<DotDimsParam>(dn);
+    int64_t nb = int64_t(dn.rhs_batch.size()), nk = int64_t(dn.rhs_contracting.size());
+    for (int64_t k = 0; k < nb; ++k) laid_out->rhs_batch[size_t(k)] = k;
+    for (int64_t k = 0; k < nk; ++k) laid_out->rhs_contracting[size_t(k)] = nb + k;
+    JaxprEqn dot = e;
+    dot.inputs[1] = it->second;
+    dot.params.set("dimension_numbers", std::shared_ptr<const ParamObject>(std::move(laid_out)));
+    eqns.push_back(std::move(dot));
+    changed = true;
+  }
+  if (!changed) return jaxpr;
+  return std::make_shared<const Jaxpr>(jaxpr->constvars(), jaxpr->invars(), std::move(eqns), jaxpr->outvars());
 }
 
 void Executable::plan_lockstep_phases() {

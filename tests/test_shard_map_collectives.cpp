@@ -951,3 +951,47 @@ TEST_CASE("steps the same along one mesh axis run once per class of devices, the
   CHECK(fv(gw_in) == fv(tw_in));
   CHECK(fv(gw_out) == fv(tw_out));
 }
+
+TEST_CASE("a GEMM operand the devices share is laid out for the GEMM once, not once per device") {
+  // x W^T with W replicated (a dX product: W stored [N, K]) and a q/k/v-style weight whose
+  // contracted dimension sits between free ones ([3, D, H]): each needs [K, N] order, which the
+  // lockstep run makes with one transpose shared by the devices.
+  Mesh mesh = mesh_i();
+  auto body = [](const Array& x, const Array& w, const Array& wqkv) {
+    Array h = jnp::tanh(jnp::einsum("bk,nk->bn", x, w));  // x W^T: [b, 12] from w [12, 8]
+    Array qkv = jnp::einsum("bd,cdh->bch", h, wqkv);      // wqkv [3, 12, 5]
+    return jnp::sum(qkv, {1});
+  };
+  SpecTree in_specs{P("i"), P(), P()};
+  auto f = jit(shard_map(body, mesh, in_specs, P("i")));
+  Array x = random::normal(random::key(11), {16, 8}), w = random::normal(random::key(12), {12, 8}) * 0.4f,
+        wqkv = random::normal(random::key(13), {3, 12, 5}) * 0.4f;
+  auto transposes = [] {
+    int k = 0;
+    for (const profiler::Event& e : profiler::events()) k += e.name == "transpose";
+    return k;
+  };
+  f(x, w, wqkv).block_until_ready();  // compiled
+  profiler::start();
+  Array once = f(x, w, wqkv);
+  once.block_until_ready();
+  profiler::stop();
+  CHECK(transposes() == 2);  // w and wqkv, once each for the 4 devices
+  setenv("CJAX_SPMD_THREADS", "1", 1);
+  Array threaded = f(x, w, wqkv);
+  threaded.block_until_ready();
+  unsetenv("CJAX_SPMD_THREADS");
+  CHECK(fv(once) == fv(threaded));  // bit for bit
+  Array plain = jnp::sum(jnp::einsum("bd,cdh->bch", jnp::tanh(jnp::matmul(x, jnp::transpose(w))), wqkv), {1});
+  std::vector<float> got = fv(once), want = fv(plain);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  // An operand that differs on every device keeps the GEMM's own packing: no transpose step.
+  auto varying = jit(shard_map(body, mesh, SpecTree{P("i"), P("i"), P()}, P("i")));
+  Array wide_w = random::normal(random::key(14), {48, 8}) * 0.4f;
+  varying(x, wide_w, wqkv).block_until_ready();
+  profiler::start();
+  varying(x, wide_w, wqkv).block_until_ready();
+  profiler::stop();
+  CHECK(transposes() == 1);  // wqkv only
+}
