@@ -415,10 +415,19 @@ bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>
 }
 
 std::string Executable::instr_shapes(const Instr& instr, const std::vector<Array>& slots) const {
-  std::vector<Array> in;
-  for (size_t k = 0; k < instr.inputs.size(); ++k)
-    in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
-  return shapes_label(in, instr.out_avals);
+  // Formatted at the step's first profiled run and kept: the shapes are the same on every run, and
+  // formatting them each time would widen the gaps between a profile's events.
+  size_t i = size_t(&instr - program_.data());
+  std::lock_guard lock(shapes_->mu);
+  if (shapes_->labels.size() != program_.size()) shapes_->labels.resize(program_.size());
+  std::optional<std::string>& label = shapes_->labels[i];
+  if (!label) {
+    std::vector<Array> in;
+    for (size_t k = 0; k < instr.inputs.size(); ++k)
+      in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+    label = shapes_label(in, instr.out_avals);
+  }
+  return *label;
 }
 
 void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const {

@@ -100,6 +100,11 @@ class Executable {
   // In a shard_map body: GEMM operands shared by devices, transposed once (executable_lockstep.cpp).
   std::shared_ptr<const Jaxpr> pretranspose_shared_operands(std::shared_ptr<const Jaxpr> jaxpr) const;
   std::string instr_shapes(const Instr& instr, const std::vector<Array>& slots) const;  // for profiles
+  struct ShapeLabels {
+    std::mutex mu;
+    std::vector<std::optional<std::string>> labels;  // by instruction, once profiled
+  };
+  std::unique_ptr<ShapeLabels> shapes_ = std::make_unique<ShapeLabels>();
   std::vector<Array> collect_outputs(const std::vector<Array>& slots) const;
   bool run_gemm_update_in_place(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   bool gemm_update_may_reuse(const Instr& instr, const std::vector<Array>& slots,
