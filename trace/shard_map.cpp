@@ -198,7 +198,9 @@ Params ShardMapInfo::params() const {
           {"manual_axes", std::make_shared<ManualAxesParam>(manual_axes)}};
 }
 
-std::vector<ManualAxis> ShardMapInfo::axis_frame() const {
+std::vector<ManualAxis> ShardMapInfo::axis_frame() const { return axis_frame(mesh, manual_axes, check_vma); }
+std::vector<ManualAxis> ShardMapInfo::axis_frame(const Mesh& mesh, const std::vector<std::string>& manual_axes,
+                                                 bool check_vma) {
   std::vector<ManualAxis> out;
   for (const std::string& a : manual_axes) out.push_back({a, mesh.axis_size(a), check_vma});
   return out;
@@ -219,17 +221,25 @@ Shape global_shape(const Mesh& mesh, const PartitionSpec& spec, const Shape& blo
 }
 std::vector<std::string> spec_vma(const PartitionSpec& spec) { return sorted_axes(spec.mentioned_axes()); }
 
-std::vector<Array> slice_blocks(const Array& x, const Mesh& mesh, const PartitionSpec& spec) {
-  NamedSharding s(mesh, spec);
-  Array placed = device_put(x, s);
+const std::shared_ptr<const NamedSharding>& NamedShardings::of(const PartitionSpec& spec) {
+  for (const auto& s : made_)
+    if (s->spec() == spec) return s;
+  return made_.emplace_back(std::make_shared<const NamedSharding>(mesh_, spec));
+}
+
+std::vector<Array> slice_blocks(const Array& x, const NamedSharding& sharding) {
+  Array placed = device_put(x, sharding);
   ConcreteArray& c = require_concrete(placed, "shard_map");
-  AbstractValue block{block_shape(mesh, spec, x.shape()), x.dtype(), x.weak_type(), {}};
+  AbstractValue block{block_shape(sharding.mesh(), sharding.spec(), x.shape()), x.dtype(), x.weak_type(), {}};
   std::vector<Array> out;
   for (const auto& buf : c.buffers) out.push_back(Array(std::make_shared<ConcreteArray>(block, buf)));
   return out;
 }
 
-Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const PartitionSpec& spec, AbstractValue global) {
+Array assemble_blocks(std::vector<Array> blocks, const std::shared_ptr<const NamedSharding>& sharding,
+                      AbstractValue global) {
+  const Mesh& mesh = sharding->mesh();
+  const PartitionSpec& spec = sharding->spec();
   global.vma.clear();
   size_t nbytes = size_t(shape_size(block_shape(mesh, spec, global.shape))) * itemsize(global.dtype);
   std::shared_ptr<ConcreteArray> out;
@@ -249,7 +259,7 @@ Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const Partiti
     else
       out->buffers.push_back(std::move(buf));
   }
-  out->sharding = std::make_shared<NamedSharding>(mesh, spec);
+  out->sharding = sharding;
   return Array(std::move(out));
 }
 
@@ -414,23 +424,30 @@ std::vector<Array> nested_shard_map_impl(const ShardMapInfo& info, std::span<con
 
 std::vector<Array> shard_map_impl(std::span<const Array> in, std::span<const AbstractValue> out_avals,
                                   const Params& p) {
-  ShardMapInfo info = ShardMapInfo::from(p);
-  if (current_spmd()) return nested_shard_map_impl(info, in, out_avals);
-  size_t n = size_t(info.mesh.size());
+  if (current_spmd()) return nested_shard_map_impl(ShardMapInfo::from(p), in, out_avals);
+  // The parameters are read in place, not copied into a ShardMapInfo.
+  const Mesh& mesh = p.object<MeshParam>("mesh")->mesh;
+  const std::vector<PartitionSpec>& in_specs = p.object<SpecsParam>("in_specs")->specs;
+  const std::vector<PartitionSpec>& out_specs = p.object<SpecsParam>("out_specs")->specs;
+  size_t n = size_t(mesh.size());
   std::vector<std::vector<Array>> per_device(n);
+  NamedShardings shardings(mesh);
   for (size_t i = 0; i < in.size(); ++i) {
-    std::vector<Array> blocks = slice_blocks(in[i], info.mesh, info.in_specs[i]);
+    std::vector<Array> blocks = slice_blocks(in[i], *shardings.of(in_specs[i]));
     for (size_t d = 0; d < n; ++d) per_device[d].push_back(std::move(blocks[d]));
   }
   std::vector<std::vector<std::string>> input_axes;
-  for (const PartitionSpec& s : info.in_specs) input_axes.push_back(s.mentioned_axes());
+  for (const PartitionSpec& s : in_specs) input_axes.push_back(s.mentioned_axes());
   std::vector<std::vector<Array>> outs =
-      spmd_runner()(info.body, info.mesh, info.axis_frame(), input_axes, std::move(per_device));
+      spmd_runner()(p.object<JaxprParam>("jaxpr")->jaxpr, mesh,
+                    ShardMapInfo::axis_frame(mesh, p.object<ManualAxesParam>("manual_axes")->names,
+                                             p.get<bool>("check_vma")),
+                    input_axes, std::move(per_device));
   std::vector<Array> result;
   for (size_t k = 0; k < out_avals.size(); ++k) {
     std::vector<Array> blocks;
     for (size_t d = 0; d < n; ++d) blocks.push_back(outs[d].empty() ? Array() : outs[d][k]);  // empty: remote
-    result.push_back(assemble_blocks(std::move(blocks), info.mesh, info.out_specs[k], out_avals[k]));
+    result.push_back(assemble_blocks(std::move(blocks), shardings.of(out_specs[k]), out_avals[k]));
   }
   return result;
 }

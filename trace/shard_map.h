@@ -52,6 +52,8 @@ struct ShardMapInfo {
   static ShardMapInfo from(const Params& p);
   Params params() const;
   std::vector<ManualAxis> axis_frame() const;  // for AxisEnvScope
+  static std::vector<ManualAxis> axis_frame(const Mesh& mesh, const std::vector<std::string>& manual_axes,
+                                            bool check_vma);
 };
 
 // Shape of one device's block of a value of `global` shape under `spec` (sizes already checked).
@@ -59,10 +61,22 @@ Shape block_shape(const Mesh& mesh, const PartitionSpec& spec, const Shape& glob
 Shape global_shape(const Mesh& mesh, const PartitionSpec& spec, const Shape& block);
 // The axes a spec names, sorted (a block's varying axes).
 std::vector<std::string> spec_vma(const PartitionSpec& spec);
-// Per mesh device, its block of `x` under `spec` (no copy when x is already laid out that way).
-std::vector<Array> slice_blocks(const Array& x, const Mesh& mesh, const PartitionSpec& spec);
-// The global array whose per-device blocks are `blocks` under `spec`.
-Array assemble_blocks(std::vector<Array> blocks, const Mesh& mesh, const PartitionSpec& spec, AbstractValue global);
+// The NamedSharding of each spec over one mesh, made once (a sharding copies its mesh) and shared
+// by the arrays a call splits and assembles.
+class NamedShardings {
+ public:
+  explicit NamedShardings(const Mesh& mesh) : mesh_(mesh) {}
+  const std::shared_ptr<const NamedSharding>& of(const PartitionSpec& spec);
+
+ private:
+  const Mesh& mesh_;
+  std::vector<std::shared_ptr<const NamedSharding>> made_;
+};
+// Per mesh device, its block of `x` under `sharding` (no copy when x is already laid out that way).
+std::vector<Array> slice_blocks(const Array& x, const NamedSharding& sharding);
+// The global array whose per-device blocks are `blocks` under `sharding`.
+Array assemble_blocks(std::vector<Array> blocks, const std::shared_ptr<const NamedSharding>& sharding,
+                      AbstractValue global);
 // Binds a shard_map equation (the front end after tracing, and the rules).
 std::vector<Array> bind_shard_map(const ShardMapInfo& info, std::span<const Array> args);
 // True if the primitive's sub-jaxprs contain an equation that needs_communicator (at any depth).

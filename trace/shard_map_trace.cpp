@@ -175,8 +175,9 @@ std::vector<Array> eager_shard_map(const shard_map_detail::FlatFn& f, const Mesh
   ShardMapTrace trace(eval_trace(), ctx);
   AxisEnvScope env(ctx->frame());
   std::vector<Array> tracers;
+  NamedShardings shardings(mesh);
   for (size_t i = 0; i < args.size(); ++i) {
-    std::vector<Array> blocks = slice_blocks(args[i], mesh, in_specs[i]);
+    std::vector<Array> blocks = slice_blocks(args[i], *shardings.of(in_specs[i]));
     AbstractValue a = blocks[0].aval();
     a.vma = opts.check_vma ? spec_vma(in_specs[i]) : std::vector<std::string>{};
     tracers.push_back(trace.make_tracer(std::move(a), std::move(blocks)));
@@ -203,7 +204,7 @@ std::vector<Array> eager_shard_map(const shard_map_detail::FlatFn& f, const Mesh
     AbstractValue g = avals[k];
     g.shape = global_shape(mesh, out_specs[k], g.shape);
     g.vma.clear();
-    result.push_back(assemble_blocks(std::move(blocks[k]), mesh, out_specs[k], std::move(g)));
+    result.push_back(assemble_blocks(std::move(blocks[k]), shardings.of(out_specs[k]), std::move(g)));
   }
   return result;
 }
