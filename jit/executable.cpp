@@ -404,14 +404,21 @@ bool Executable::run_gemm_update_in_place(const Instr& instr, std::vector<Array>
   if (!gemm_update_may_reuse(instr, slots, donated)) return false;
   const PrimitiveKernel* update = find_kernel(instr.def->name, Platform::cpu);
   if (!update) return false;
-  std::vector<Array> in;
-  for (int k : instr.inputs) in.push_back(slots[size_t(k)]);
+  std::vector<Array> in = operands(instr, slots);
   // The GEMM adds into the accumulator's buffer, which nothing else holds.
   Params params = instr.params;
   params.set("accumulate_in_place", true);
   slots[size_t(instr.outputs[0])] = (*update)(in, instr.out_avals, params)[0];
   for (int r : instr.release) slots[size_t(r)] = Array();
   return true;
+}
+
+std::vector<Array> Executable::operands(const Instr& instr, const std::vector<Array>& slots) const {
+  std::vector<Array> in;
+  in.reserve(instr.inputs.size());
+  for (size_t k = 0; k < instr.inputs.size(); ++k)
+    in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+  return in;
 }
 
 std::string Executable::instr_shapes(const Instr& instr, const std::vector<Array>& slots) const {
@@ -421,12 +428,7 @@ std::string Executable::instr_shapes(const Instr& instr, const std::vector<Array
   std::lock_guard lock(shapes_->mu);
   if (shapes_->labels.size() != program_.size()) shapes_->labels.resize(program_.size());
   std::optional<std::string>& label = shapes_->labels[i];
-  if (!label) {
-    std::vector<Array> in;
-    for (size_t k = 0; k < instr.inputs.size(); ++k)
-      in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
-    label = shapes_label(in, instr.out_avals);
-  }
+  if (!label) label = shapes_label(operands(instr, slots), instr.out_avals);
   return *label;
 }
 
@@ -440,10 +442,7 @@ void Executable::run_instr(const Instr& instr, std::vector<Array>& slots, std::v
   } else if (instr.def == gemm_update_ && run_gemm_update_in_place(instr, slots, donated)) {
     if (profiling) timing.record(instr.def->name, name_, std::move(shapes));
   } else {
-    std::vector<Array> in;
-    in.reserve(instr.inputs.size());
-    for (size_t k = 0; k < instr.inputs.size(); ++k)
-      in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+    std::vector<Array> in = operands(instr, slots);
     // Kernels read one buffer: an intermediate sharded by a shard_map goes through the eager
     // per-shard path (or its ShardingError) rather than being read from its first shard.
     bool sharded = false;
@@ -570,10 +569,7 @@ void Executable::run_device_instrs(const DeviceProgram& program, const Device& d
       run_kernel(*program.module, &d, instr, slots, donated);
       if (profiling) timing.record(kernel_label(plan_.kernels[size_t(instr.kernel)]), name_, std::move(shapes));
     } else {
-      std::vector<Array> in;
-      in.reserve(instr.inputs.size());
-      for (size_t k = 0; k < instr.inputs.size(); ++k)
-        in.push_back(instr.inputs[k] >= 0 ? slots[size_t(instr.inputs[k])] : instr.literals[k]);
+      std::vector<Array> in = operands(instr, slots);
       std::vector<Array> outs;
       const PrimitiveKernel* update = nullptr;
       auto on_device = [&] {

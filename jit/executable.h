@@ -99,6 +99,8 @@ class Executable {
   void run_instr(const Instr& instr, std::vector<Array>& slots, std::vector<bool>& donated) const;
   // In a shard_map body: GEMM operands shared by devices, transposed once (executable_lockstep.cpp).
   std::shared_ptr<const Jaxpr> pretranspose_shared_operands(std::shared_ptr<const Jaxpr> jaxpr) const;
+  // The instruction's operands: its slots' values, literals where it has them.
+  std::vector<Array> operands(const Instr& instr, const std::vector<Array>& slots) const;
   std::string instr_shapes(const Instr& instr, const std::vector<Array>& slots) const;  // for profiles
   struct ShapeLabels {
     std::mutex mu;

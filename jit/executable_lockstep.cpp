@@ -64,6 +64,17 @@ GroupResult group_result(const PrimitiveDef& def) {
   return it == known.end() ? GroupResult::Typed : it->second;
 }
 
+// How output `o` of collective `def` over `group` (an axis mask) varies, its operands varying
+// along `in`; `typed`: the output's type says (`typed_vma`, where every axis checks types).
+uint64_t collective_variation(const PrimitiveDef& def, uint64_t in, uint64_t group, bool typed, uint64_t typed_vma) {
+  switch (group_result(def)) {
+    case GroupResult::Same: return in & ~group;
+    case GroupResult::PerMember: return in | group;
+    case GroupResult::Typed: break;
+  }
+  return typed ? typed_vma : ~uint64_t(0);
+}
+
 // Bit k set for each of `names` that is axes[k].
 uint64_t axes_mask(const std::vector<ManualAxis>& axes, const std::vector<std::string>& names) {
   uint64_t m = 0;
@@ -115,13 +126,8 @@ std::vector<uint64_t> Executable::step_variation(const std::vector<ManualAxis>& 
       for (size_t o = 0; o < out.size(); ++o) out[o] = node[size_t(spec.outputs[o].node)];
     } else if (instr.def && needs_all_devices(*instr.def)) {
       uint64_t group = mask_of(collective_axes(instr.params));
-      for (size_t o = 0; o < out.size(); ++o) switch (group_result(*instr.def)) {
-          case GroupResult::Same: out[o] = in & ~group; break;
-          case GroupResult::PerMember: out[o] = in | group; break;
-          case GroupResult::Typed:
-            out[o] = (typed ? 0 : kEveryAxis) | mask_of(plan_.steps[i].eqn.outputs[o].aval().vma);
-            break;
-        }
+      for (size_t o = 0; o < out.size(); ++o)
+        out[o] = collective_variation(*instr.def, in, group, typed, mask_of(plan_.steps[i].eqn.outputs[o].aval().vma));
     }
     vary[i] = 0;
     for (size_t o = 0; o < out.size(); ++o) {
@@ -169,14 +175,9 @@ std::shared_ptr<const Jaxpr> Executable::pretranspose_shared_operands(std::share
     for (const Atom& a : e.inputs) in |= vary_of(a);
     for (size_t o = 0; o < e.outputs.size(); ++o) {
       uint64_t out = in;
-      if (needs_all_devices(*e.primitive)) {
-        uint64_t group = mask_of(collective_axes(e.params));
-        switch (group_result(*e.primitive)) {
-          case GroupResult::Same: out = in & ~group; break;
-          case GroupResult::PerMember: out = in | group; break;
-          case GroupResult::Typed: out = typed ? mask_of(e.outputs[o].aval().vma) : ~uint64_t(0); break;
-        }
-      }
+      if (needs_all_devices(*e.primitive))
+        out = collective_variation(*e.primitive, in, mask_of(collective_axes(e.params)), typed,
+                                   mask_of(e.outputs[o].aval().vma));
       vary[e.outputs[o].id()] = out;
     }
     const std::string& name = e.primitive->name;
@@ -330,11 +331,9 @@ void Executable::run_collective_group(const LockstepPhase& phase, const Mesh& me
   auto run_one = [&](size_t g) {
     const Instr& instr = program_[phase.collectives[g]];
     std::vector<std::vector<Array>> group_in(n);
-    for (size_t d = 0; d < n; ++d)
-      for (size_t k = 0; k < instr.inputs.size(); ++k)
-        group_in[d].push_back(instr.inputs[k] >= 0 ? slots[d][size_t(instr.inputs[k])] : instr.literals[k]);
+    for (size_t d = 0; d < n; ++d) group_in[d] = operands(instr, slots[d]);
     bool profiling = profiler::enabled();
-    std::string shapes = profiling ? shapes_label(group_in[0], instr.out_avals) : std::string();
+    std::string shapes = profiling ? instr_shapes(instr, slots[0]) : std::string();
     ProfileScope timing(profiling);
     outs[g] = run_collective_on_all_devices(*instr.def, instr.params, group_in, instr.out_avals, mesh, true,
                                             backward || instr.backward);
